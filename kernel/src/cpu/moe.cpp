@@ -1,0 +1,284 @@
+// MoE expert forward for one CPU variant:
+//   y[t] = sum_k w[t,k] * down_e( silu(gate_e(x[t])) * up_e(x[t]) ),  e = ids[t,k]
+// Pairs (t, k) are sorted by expert so that each weight row is read once per
+// call and reused from cache across all tokens routed to that expert.
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <utility>
+#include <vector>
+
+#include "amx.h"
+#include "common.h"
+#include "dot.h"
+
+#ifndef KT_VARIANT_NAME
+#error "KT_VARIANT_NAME must be set by add_cpu_variant()"
+#endif
+
+namespace kt {
+namespace {
+
+constexpr int64_t kRowsA = 16;        // gate/up rows per work item
+constexpr int64_t kRowsC = 32;        // down rows per work item
+constexpr int64_t kAmxMinPairs = 16;  // AMX pays off from one full tile of tokens
+
+// Symmetric per-row int8 quantization; returns the scale (0 for an all-zero row).
+float quantize_i8(const float* v, int64_t n, int8_t* q) {
+  float amax = 0.f;
+  for (int64_t i = 0; i < n; ++i) amax = std::fmax(amax, std::fabs(v[i]));
+  if (amax == 0.f) {
+    std::memset(q, 0, static_cast<size_t>(n));
+    return 0.f;
+  }
+  const float inv = 127.f / amax;
+  for (int64_t i = 0; i < n; ++i) q[i] = static_cast<int8_t>(std::nearbyint(v[i] * inv));
+  return amax / 127.f;
+}
+
+// bf16 copy plus per-group sums of the rounded values.
+void to_bf16_groups(const float* v, int64_t n, int g, uint16_t* b, float* gsum) {
+  for (int64_t i = 0; i < n; i += g) {
+    float s = 0.f;
+    for (int64_t j = i; j < i + g; ++j) {
+      b[j] = f32_to_bf16(v[j]);
+      s += bf16_to_f32(b[j]);
+    }
+    gsum[i / g] = s;
+  }
+}
+
+inline float silu(float v) { return v / (1.f + std::exp(-v)); }
+
+struct Plan {
+  const kt_moe_args& a;
+  Routing r;
+  bool bf16_path;  // RAWINT4 against bf16 activations (vdpbf16ps)
+  int64_t P, H, I, ngh, ngi;
+  size_t ldx, ldxb, ldxg, ldh, ldhq, ldhb, ldhg, ldo;
+  Scratch s;
+  size_t o_xq, o_xs, o_xb, o_xg, o_h, o_hq, o_hs, o_hb, o_hg, o_out, o_amx;
+
+  explicit Plan(const kt_moe_args& args) : a(args) {}
+
+  void layout(int threads) {
+    P = a.tokens * a.topk;
+    H = a.hidden;
+    I = a.inter;
+    ngh = a.wfmt == KT_RAWINT4 ? H / a.group_size : 0;
+    ngi = a.wfmt == KT_RAWINT4 ? I / a.group_size : 0;
+    bf16_path = KT_BF16_DOT && a.wfmt == KT_RAWINT4;
+    // Every per-pair row is rounded up to 64 bytes.
+    ldx = align_up(H);
+    ldxb = align_up(2 * H);
+    ldxg = align_up(4 * ngh);
+    ldh = align_up(4 * I);
+    ldhq = align_up(I);
+    ldhb = align_up(2 * I);
+    ldhg = align_up(4 * ngi);
+    ldo = align_up(4 * H);
+    o_xq = s.reserve(P * ldx);
+    o_xs = s.reserve(4 * P);
+    o_xb = bf16_path ? s.reserve(P * ldxb) : 0;
+    o_xg = bf16_path ? s.reserve(P * ldxg) : 0;
+    o_h = s.reserve(P * ldh);
+    o_hq = s.reserve(P * ldhq);
+    o_hs = s.reserve(4 * P);
+    o_hb = bf16_path ? s.reserve(P * ldhb) : 0;
+    o_hg = bf16_path ? s.reserve(P * ldhg) : 0;
+    o_out = s.reserve(P * ldo);
+    // AMX per-thread: packed B (16*K), padded A (16*K), C (P*16 int32), K = max(H, I)
+    const int64_t K = H > I ? H : I;
+    o_amx = amx_available() ? s.reserve(static_cast<size_t>(threads) * align_up(32 * K + 128 * (P + 16))) : 0;
+  }
+
+  int8_t* xq(int64_t p) const { return s.at<int8_t>(o_xq + p * ldx); }
+  float* xs() const { return s.at<float>(o_xs); }
+  uint16_t* xb(int64_t p) const { return s.at<uint16_t>(o_xb + p * ldxb); }
+  float* xg(int64_t p) const { return s.at<float>(o_xg + p * ldxg); }
+  float* h(int64_t p) const { return s.at<float>(o_h + p * ldh); }
+  int8_t* hq(int64_t p) const { return s.at<int8_t>(o_hq + p * ldhq); }
+  float* hs() const { return s.at<float>(o_hs); }
+  uint16_t* hb(int64_t p) const { return s.at<uint16_t>(o_hb + p * ldhb); }
+  float* hg(int64_t p) const { return s.at<float>(o_hg + p * ldhg); }
+  float* out(int64_t p) const { return s.at<float>(o_out + p * ldo); }
+};
+
+// One projection row against one prepared activation row; returns the real dot.
+struct Proj {
+  const kt_qweight& w;
+  int64_t rows, cols;
+  int wfmt, g;
+  float dot(int64_t e, int64_t r, const int8_t* q, float qs, const uint16_t* b, const float* gs) const {
+    const int64_t row = e * rows + r;
+    if (wfmt == KT_INT8) {
+      const int8_t* wr = static_cast<const int8_t*>(w.q) + row * cols;
+      return static_cast<float>(dot_i8(wr, q, cols)) * qs * w.scale[row];
+    }
+    const uint8_t* wr = static_cast<const uint8_t*>(w.q) + row * (cols / 2);
+    const float* sr = w.scale + row * (cols / g);
+#if KT_BF16_DOT
+    (void)q;
+    (void)qs;
+    return dot_i4_bf16(wr, sr, b, gs, cols, g);
+#else
+    (void)b;
+    (void)gs;
+    return dot_i4(wr, sr, q, cols, g) * qs;
+#endif
+  }
+};
+
+void prepare(const Plan& pl, int64_t p, const float* v, int64_t n, int8_t* q, float* qs, uint16_t* b, float* gs) {
+  if (pl.bf16_path)
+    to_bf16_groups(v, n, pl.a.group_size, b, gs);
+  else
+    qs[p] = quantize_i8(v, n, q);
+}
+
+// Gate/up rows [r0, r0 + 16) of expert e for all its pairs, through AMX.
+void gate_up_amx(const Plan& pl, int64_t e, int64_t r0, int thread) {
+  const auto& a = pl.a;
+  const int64_t b = pl.r.expert_begin[e], m = pl.r.expert_begin[e + 1] - b, H = pl.H;
+  int8_t* ws = pl.s.at<int8_t>(pl.o_amx + thread * align_up(32 * (H > pl.I ? H : pl.I) + 128 * (pl.P + 16)));
+  const int64_t K = H > pl.I ? H : pl.I;
+  int8_t* pack_b = ws;
+  int8_t* pad_a = ws + 16 * K;
+  int32_t* cg = reinterpret_cast<int32_t*>(ws + 32 * K);
+  int32_t* cu = cg + 16 * (m + 16);
+  const int8_t* gw = static_cast<const int8_t*>(a.gate.q) + (e * pl.I + r0) * H;
+  const int8_t* uw = static_cast<const int8_t*>(a.up.q) + (e * pl.I + r0) * H;
+  amx_gemm_i8_rows16(pl.xq(b), static_cast<int64_t>(pl.ldx), m, gw, H, cg, pack_b, pad_a);
+  amx_gemm_i8_rows16(pl.xq(b), static_cast<int64_t>(pl.ldx), m, uw, H, cu, pack_b, pad_a);
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t n = 0; n < 16; ++n) {
+      const int64_t row = e * pl.I + r0 + n;
+      const float g = static_cast<float>(cg[i * 16 + n]) * pl.xs()[b + i] * a.gate.scale[row];
+      const float u = static_cast<float>(cu[i * 16 + n]) * pl.xs()[b + i] * a.up.scale[row];
+      pl.h(b + i)[r0 + n] = silu(g) * u;
+    }
+}
+
+void down_amx(const Plan& pl, int64_t e, int64_t r0, int64_t rows, int thread) {
+  const auto& a = pl.a;
+  const int64_t b = pl.r.expert_begin[e], m = pl.r.expert_begin[e + 1] - b, I = pl.I;
+  const int64_t K = pl.H > I ? pl.H : I;
+  int8_t* ws = pl.s.at<int8_t>(pl.o_amx + thread * align_up(32 * K + 128 * (pl.P + 16)));
+  int32_t* c = reinterpret_cast<int32_t*>(ws + 32 * K);
+  for (int64_t rr = r0; rr < r0 + rows; rr += 16) {
+    const int8_t* dw = static_cast<const int8_t*>(a.down.q) + (e * pl.H + rr) * I;
+    amx_gemm_i8_rows16(pl.hq(b), static_cast<int64_t>(pl.ldhq), m, dw, I, c, ws, ws + 16 * K);
+    for (int64_t i = 0; i < m; ++i)
+      for (int64_t n = 0; n < 16; ++n)
+        pl.out(b + i)[rr + n] = static_cast<float>(c[i * 16 + n]) * pl.hs()[b + i] * a.down.scale[e * pl.H + rr + n];
+  }
+}
+
+int moe_forward(const kt_moe_args* args, char* err, size_t err_len) {
+  const kt_moe_args& a = *args;
+  if (!validate_args(a, err, err_len)) return 1;
+  if (a.tokens == 0) return 0;
+  const int threads = a.num_threads < 1 ? 1 : a.num_threads;
+  Plan pl(a);
+  if (!build_routing(a, &pl.r, err, err_len)) return 1;
+  pl.layout(threads);
+  if (!pl.s.allocate()) {
+    std::snprintf(err, err_len, "out of memory allocating MoE scratch buffers");
+    return 1;
+  }
+  const Proj gate{a.gate, pl.I, pl.H, a.wfmt, a.group_size};
+  const Proj up{a.up, pl.I, pl.H, a.wfmt, a.group_size};
+  const Proj down{a.down, pl.H, pl.I, a.wfmt, a.group_size};
+  const bool amx = amx_available() && a.wfmt == KT_INT8;
+
+  // 1. Activations per sorted pair: int8 + scale, or bf16 + group sums.
+  parallel_for(pl.P, threads, [&](int64_t p, int) {
+    const int64_t t = pl.r.pair_token[p];
+    float* row = pl.out(p);  // scratch row, overwritten in step 3
+    if (a.x_dtype == KT_BF16) {
+      const uint16_t* x = static_cast<const uint16_t*>(a.x) + t * pl.H;
+      for (int64_t i = 0; i < pl.H; ++i) row[i] = bf16_to_f32(x[i]);
+    } else {
+      std::memcpy(row, static_cast<const float*>(a.x) + t * pl.H, static_cast<size_t>(pl.H) * 4);
+    }
+    prepare(pl, p, row, pl.H, pl.xq(p), pl.xs(), pl.bf16_path ? pl.xb(p) : nullptr,
+            pl.bf16_path ? pl.xg(p) : nullptr);
+  });
+
+  // Work items: (active expert, row block).
+  std::vector<std::pair<int64_t, int64_t>> items;
+  for (int64_t e : pl.r.active)
+    for (int64_t r0 = 0; r0 < pl.I; r0 += kRowsA) items.emplace_back(e, r0);
+
+  // 2. h = silu(gate x) * (up x) per pair.
+  parallel_for(static_cast<int64_t>(items.size()), threads, [&](int64_t it, int tid) {
+    const int64_t e = items[it].first, r0 = items[it].second;
+    const int64_t b = pl.r.expert_begin[e], end = pl.r.expert_begin[e + 1];
+    if (amx && end - b >= kAmxMinPairs) return gate_up_amx(pl, e, r0, tid);
+    for (int64_t p = b; p < end; ++p) {
+      const int8_t* q = pl.xq(p);
+      const uint16_t* xb = pl.bf16_path ? pl.xb(p) : nullptr;
+      const float* xg = pl.bf16_path ? pl.xg(p) : nullptr;
+      float* h = pl.h(p);
+      for (int64_t r = r0; r < r0 + kRowsA; ++r) {
+        const float g = gate.dot(e, r, q, pl.xs()[p], xb, xg);
+        const float u = up.dot(e, r, q, pl.xs()[p], xb, xg);
+        h[r] = silu(g) * u;
+      }
+    }
+  });
+  parallel_for(pl.P, threads, [&](int64_t p, int) {
+    prepare(pl, p, pl.h(p), pl.I, pl.hq(p), pl.hs(), pl.bf16_path ? pl.hb(p) : nullptr,
+            pl.bf16_path ? pl.hg(p) : nullptr);
+  });
+
+  // 3. down projection per pair.
+  items.clear();
+  for (int64_t e : pl.r.active)
+    for (int64_t r0 = 0; r0 < pl.H; r0 += kRowsC) items.emplace_back(e, r0);
+  parallel_for(static_cast<int64_t>(items.size()), threads, [&](int64_t it, int tid) {
+    const int64_t e = items[it].first, r0 = items[it].second;
+    const int64_t b = pl.r.expert_begin[e], end = pl.r.expert_begin[e + 1];
+    if (amx && end - b >= kAmxMinPairs) return down_amx(pl, e, r0, kRowsC, tid);
+    for (int64_t p = b; p < end; ++p) {
+      const int8_t* q = pl.hq(p);
+      const uint16_t* hb = pl.bf16_path ? pl.hb(p) : nullptr;
+      const float* hg = pl.bf16_path ? pl.hg(p) : nullptr;
+      float* o = pl.out(p);
+      for (int64_t r = r0; r < r0 + kRowsC; ++r) o[r] = down.dot(e, r, q, pl.hs()[p], hb, hg);
+    }
+  });
+
+  // 4. y[t] = sum_k w[t,k] * out[pair(t,k)]
+  parallel_for(a.tokens, threads, [&](int64_t t, int) {
+    float* acc = nullptr;
+    alignas(64) float local[1024];
+    std::vector<float> big;
+    if (pl.H <= 1024) {
+      acc = local;
+    } else {
+      big.resize(pl.H);
+      acc = big.data();
+    }
+    std::memset(acc, 0, static_cast<size_t>(pl.H) * 4);
+    for (int64_t k = 0; k < a.topk; ++k) {
+      const float wk = a.weights[t * a.topk + k];
+      const float* o = pl.out(pl.r.pair_of[t * a.topk + k]);
+      for (int64_t i = 0; i < pl.H; ++i) acc[i] += wk * o[i];
+    }
+    if (a.x_dtype == KT_BF16) {
+      uint16_t* y = static_cast<uint16_t*>(a.y) + t * pl.H;
+      for (int64_t i = 0; i < pl.H; ++i) y[i] = f32_to_bf16(acc[i]);
+    } else {
+      std::memcpy(static_cast<float*>(a.y) + t * pl.H, acc, static_cast<size_t>(pl.H) * 4);
+    }
+  });
+  return 0;
+}
+
+const kt_cpu_ops kOps = {KT_CPU_ABI_VERSION, KT_VARIANT_NAME, &moe_forward};
+
+}  // namespace
+}  // namespace kt
+
+extern "C" __attribute__((visibility("default"))) const kt_cpu_ops* kt_cpu_variant_ops(void) { return &kt::kOps; }
