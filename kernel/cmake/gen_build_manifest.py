@@ -24,7 +24,7 @@ def main(argv: list[str] | None = None) -> int:
 
     match = re.search(r'^__version__\s*=\s*"([^"]+)"', args.version_file.read_text(), re.MULTILINE)
     if not match:
-        sys.exit(f"{args.version_file}: no line __version__ = \"...\"; the KT version lives there")
+        sys.exit(f'{args.version_file}: no line __version__ = "..."; the KT version lives there')
     ladder = {v["name"]: v for v in json.loads(args.ladder.read_text())["variants"]}
     built = [n for n in args.variants.split(";") if n]
     unknown = sorted(set(built) - set(ladder))

@@ -88,8 +88,9 @@ def cpu_report() -> CpuReport:
 
 
 def build_manifest() -> dict[str, Any]:
-    """The wheel's build manifest (kt_kernel/_build.json)."""
-    return json.loads(json.dumps(_MANIFEST))
+    """The wheel's build manifest (kt_kernel/_build.json), as a copy."""
+    copy: dict[str, Any] = json.loads(json.dumps(_MANIFEST))
+    return copy
 
 
 # numpy and the kernels' Python API load only after the CPU check passed.

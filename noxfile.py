@@ -1,0 +1,98 @@
+# /// script
+# dependencies = ["nox>=2025.2.9"]
+# ///
+"""kt-release front door. Sessions hold no logic: they install a lock and call
+into kernel/, audits/, carriers/ or tools/. Arguments go after ``--``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from pathlib import Path
+
+import nox
+
+nox.needs_version = ">=2025.2.9"
+nox.options.default_venv_backend = "uv"
+nox.options.error_on_external_run = True
+nox.options.reuse_existing_virtualenvs = True
+nox.options.sessions = ["build_cpu"]
+
+PYTHON = "3.11"
+ROOT = Path(__file__).resolve().parent
+DIST = ROOT / "dist"
+# The machine's wheel directory (it holds the CPU torch build); never written into a lock.
+FIND_LINKS = os.environ.get("KT_FIND_LINKS", "/opt/wheels")
+CPU_VARIANTS = tuple(
+    v["name"] for v in json.loads((ROOT / "kernel/python/kt_kernel/cpu_variants.json").read_text())["variants"]
+)
+
+
+def _install_lock(session: nox.Session, name: str) -> None:
+    """Install lockfiles/NAME.txt with every hash checked."""
+    args = ["--require-hashes", "-r", str(ROOT / "lockfiles" / f"{name}.txt")]
+    if Path(FIND_LINKS).is_dir():
+        args += ["--find-links", FIND_LINKS]
+    session.install(*args)
+
+
+def _parser(name: str) -> argparse.ArgumentParser:
+    return argparse.ArgumentParser(prog=f"nox -s {name} --")
+
+
+@nox.session(python=PYTHON, tags=["build"])
+def build_cpu(session: nox.Session) -> None:
+    """Build, repair and stage the kt-kernel wheel with the six CPU variants."""
+    p = _parser("build_cpu")
+    p.add_argument("--variant", action="append", default=[], choices=CPU_VARIANTS, help="CI shard: only this variant")
+    args = p.parse_args(session.posargs)
+    _install_lock(session, "toolchain")
+    session.run("python", "kernel/tools/build_wheel.py", "--dist", str(DIST), *(f"--variant={v}" for v in args.variant))
+
+
+@nox.session(python=PYTHON)
+def tests(session: nox.Session) -> None:
+    """Build the wheel, then run tests/unit and tests/integration against it."""
+    p = _parser("tests")
+    p.add_argument("--no-build", action="store_true", help="test the wheel already in dist/")
+    p.add_argument("pytest_args", nargs="*")
+    args = p.parse_args(session.posargs)
+    _install_lock(session, "test")
+    if not args.no_build:
+        session.run("python", "kernel/tools/build_wheel.py", "--dist", str(DIST))
+    session.run("pytest", *args.pytest_args, env={"KT_DIST": str(DIST), "KT_FIND_LINKS": FIND_LINKS})
+
+
+@nox.session(python=PYTHON, tags=["lint"])
+def lint(session: nox.Session) -> None:
+    """ruff (lint + format check), mypy --strict, and the offline lock drift check."""
+    _install_lock(session, "lint")
+    session.run("ruff", "check", ".")
+    session.run("ruff", "format", "--check", ".")
+    session.run("mypy")
+    session.run("python", "-m", "tools.lock", "--check")
+
+
+@nox.session(python=PYTHON, default=False)
+def lock(session: nox.Session) -> None:
+    """Regenerate lockfiles/*.txt with uv (network); `-- --check` only checks drift."""
+    _install_lock(session, "nox")
+    session.install("--require-hashes", "-r", "lockfiles/lint.txt")
+    session.run("python", "-m", "tools.lock", *session.posargs)
+
+
+@nox.session(python=PYTHON, default=False)
+def bench(session: nox.Session) -> None:
+    """Kernel throughput per variant vs torch bf16 and the bandwidth roofline; build times."""
+    p = _parser("bench")
+    p.add_argument("--no-build-times", action="store_true", help="skip the cold/incremental build timing")
+    p.add_argument("--json", default=str(ROOT / "build" / "bench.json"))
+    args = p.parse_args(session.posargs)
+    _install_lock(session, "test")
+    session.run("python", "kernel/tools/build_wheel.py", "--dist", str(DIST))
+    (wheel,) = DIST.glob("kt_kernel-*.whl")
+    session.install("--no-deps", "--force-reinstall", str(wheel))
+    session.run(
+        "python", "-m", "tools.bench", "--json", args.json, *(["--no-build-times"] if args.no_build_times else [])
+    )

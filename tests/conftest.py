@@ -1,0 +1,22 @@
+"""Shared helpers: paths, and importing kernel sources without building them."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+
+ROOT = Path(__file__).resolve().parent.parent
+KT_SRC = ROOT / "kernel" / "python" / "kt_kernel"
+
+
+def load_source_module(name: str, path: Path) -> ModuleType:
+    """Import one pure-Python file of kt_kernel without importing the package."""
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module

@@ -1,0 +1,67 @@
+"""The repaired kt-kernel wheel, installed by hash into a fresh venv."""
+
+from __future__ import annotations
+
+import json
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import KT_SRC
+from tests.integration.conftest import SCRIPTS, Venv
+
+LADDER = json.loads((KT_SRC / "cpu_variants.json").read_text())["variants"]
+VARIANTS = [v["name"] for v in LADDER]
+# Numerics bound: activations are quantized per token to int8 (or rounded to
+# bf16), so the kernel differs from an fp32 reference by ~1-2% in relative L2.
+REL_TOL = 3e-2
+
+
+def test_wheel_is_repaired_and_carries_the_manifest(kt_wheel: Path) -> None:
+    assert "manylinux_" in kt_wheel.name
+    with zipfile.ZipFile(kt_wheel) as zf:
+        manifest = json.loads(zf.read("kt_kernel/_build.json"))
+        names = set(zf.namelist())
+    assert manifest["schema_version"] == 1
+    assert sorted(manifest["variants"]) == sorted(VARIANTS)
+    for name, entry in manifest["variants"].items():
+        assert entry["file"] in names, name
+        assert entry["features"] == next(v["features"] for v in LADDER if v["name"] == name)
+
+
+def test_import_reports_a_variant(fresh_venv: Venv, host_report: dict[str, Any]) -> None:
+    assert host_report["selected"] in VARIANTS
+    assert host_report["variants"][host_report["selected"]]["usable"]
+    text = fresh_venv.run("-c", "import kt_kernel; print(kt_kernel.cpu_report())").stdout
+    assert f"selected: {host_report['selected']} (best usable)" in text
+
+
+def test_override_to_unknown_variant_is_a_clear_import_error(fresh_venv: Venv) -> None:
+    proc = fresh_venv.run("-c", "import kt_kernel", env={"KT_KERNEL_CPU_VARIANT": "avx3"}, check=False)
+    assert proc.returncode == 1
+    assert "KT_KERNEL_CPU_VARIANT='avx3' is not a CPU variant" in proc.stderr
+    assert "avx512_vnni" in proc.stderr
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_variant_matches_torch_fp32_reference(variant: str, fresh_venv: Venv, host_report: dict[str, Any]) -> None:
+    status = host_report["variants"][variant]
+    if not status["usable"]:
+        pytest.skip(f"this host cannot run {variant}: {status['why']}")
+    result = fresh_venv.json(str(SCRIPTS / "numerics.py"), env={"KT_KERNEL_CPU_VARIANT": variant})
+    assert result["variant"] == variant
+    bad = [c for c in result["cases"] if not c["rel_err"] < REL_TOL]
+    assert not bad, f"{len(bad)} cases above {REL_TOL}: {bad[:5]}"
+    assert len(result["cases"]) == 4 * 5 * 4 * 2
+
+
+def test_refused_override_names_missing_features(fresh_venv: Venv, host_report: dict[str, Any]) -> None:
+    refused = [n for n in VARIANTS if not host_report["variants"][n]["usable"]]
+    if not refused:
+        pytest.skip("this host can run every variant; nothing to refuse")
+    proc = fresh_venv.run("-c", "import kt_kernel", env={"KT_KERNEL_CPU_VARIANT": refused[-1]}, check=False)
+    assert proc.returncode == 1
+    assert f"KT_KERNEL_CPU_VARIANT={refused[-1]} cannot run on this CPU" in proc.stderr
+    assert "missing" in proc.stderr

@@ -1,0 +1,1 @@
+"""Release tooling that belongs to no single part (locks, benchmarks)."""
