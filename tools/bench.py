@@ -1,0 +1,180 @@
+"""Benchmarks behind the numbers in closing notes (`nox -s bench`).
+
+Per CPU variant this host can run: decode (1-8 tokens) and prefill (256 tokens)
+for a realistic MoE layer (hidden 2048, intermediate 768, 64 experts, top-8),
+against torch bf16 on the same dequantized weights, and as a fraction of this
+machine's read bandwidth measured in the same run. Then the cold build time of
+the kernel and the incremental rebuild after touching one variant source.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+HIDDEN, INTER, EXPERTS, TOPK = 2048, 768, 64, 8
+DECODE_TOKENS = (1, 2, 4, 8)
+PREFILL_TOKENS = 256
+
+
+def _timeit(fn: Any, min_time: float = 0.6, min_reps: int = 5) -> float:
+    """Median seconds per call after one warm-up."""
+    fn()
+    times: list[float] = []
+    start = time.perf_counter()
+    while len(times) < min_reps or time.perf_counter() - start < min_time:
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def read_bandwidth(threads: int, gib: float = 1.0) -> float:
+    """GB/s of a streaming read (int8 max) over `gib` GiB split across threads."""
+    import numpy as np
+
+    a = np.ones(int(gib * (1 << 30)), dtype=np.int8)
+    parts = np.array_split(a, threads)
+
+    def run() -> None:
+        ts = [threading.Thread(target=p.max) for p in parts]  # numpy releases the GIL here
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join()
+
+    return a.nbytes / _timeit(run, min_time=1.0) / 1e9
+
+
+def worker(variant: str, fmt: str, group: int) -> dict[str, Any]:
+    import numpy as np
+    import torch
+
+    import kt_kernel
+
+    threads = len(os.sched_getaffinity(0))
+    torch.set_num_threads(threads)
+    rng = np.random.default_rng(0)
+    q, deq = [], []
+    for rows, cols in ((INTER, HIDDEN), (INTER, HIDDEN), (HIDDEN, INTER)):
+        w = rng.standard_normal((EXPERTS, rows, cols), dtype=np.float32) * 0.02
+        qw = kt_kernel.quantize(w, fmt, group)
+        q.append(qw)
+        deq.append(torch.from_numpy(kt_kernel.dequantize(qw)).bfloat16())
+        del w
+    layer = kt_kernel.MoE(*q)
+    per_expert_bytes = sum(x.nbytes for x in q) / EXPERTS
+    gate, up, down = deq
+
+    def torch_moe(x: torch.Tensor, ids: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        y = torch.zeros_like(x)
+        for e in torch.unique(ids).tolist():
+            tok, k = (ids == e).nonzero(as_tuple=True)
+            xe = x[tok]
+            h = torch.nn.functional.silu(xe @ gate[e].T) * (xe @ up[e].T)
+            y.index_add_(0, tok, (h @ down[e].T) * w[tok, k, None].to(x.dtype))
+        return y
+
+    rows = []
+    for tokens in (*DECODE_TOKENS, PREFILL_TOKENS):
+        x = torch.from_numpy(rng.standard_normal((tokens, HIDDEN), dtype=np.float32)).bfloat16()
+        ids = torch.from_numpy(np.stack([rng.permutation(EXPERTS)[:TOPK] for _ in range(tokens)]))
+        w = torch.from_numpy(rng.random((tokens, TOPK), dtype=np.float32))
+        t_kt = _timeit(lambda x=x, ids=ids, w=w: layer(x, ids, w))
+        with torch.inference_mode():
+            t_ref = _timeit(lambda x=x, ids=ids, w=w: torch_moe(x, ids, w))
+        touched = len(torch.unique(ids)) * per_expert_bytes
+        rows.append({
+            "tokens": tokens, "kt_ms": t_kt * 1e3, "torch_bf16_ms": t_ref * 1e3, "speedup": t_ref / t_kt,
+            "tokens_per_s": tokens / t_kt, "weight_gb_per_s": touched / t_kt / 1e9,
+        })  # fmt: skip
+    return {"variant": kt_kernel.__cpu_variant__, "fmt": fmt, "group": group, "threads": threads, "rows": rows}
+
+
+def build_times() -> dict[str, Any]:
+    """Cold build (no ccache, empty build dir) and rebuild after touching one variant source."""
+    env = dict(os.environ, CCACHE_DISABLE="1")
+    work = ROOT / "build" / "bench-build"
+    build_dir = ROOT / "kernel" / "build"
+    cold_dir = [d for d in build_dir.glob("*-all")] if build_dir.exists() else []
+    for d in cold_dir:
+        shutil.rmtree(d)
+    t0 = time.perf_counter()
+    subprocess.run(
+        [sys.executable, str(ROOT / "kernel/tools/build_wheel.py"), "--dist", str(work / "dist"), "--work", str(work)],
+        env=env, check=True, capture_output=True,
+    )  # fmt: skip
+    cold = time.perf_counter() - t0
+    (cmake_dir,) = build_dir.glob("*-all")
+    src = ROOT / "kernel/src/cpu/amx.cpp"
+    src.touch()
+    t0 = time.perf_counter()
+    out = subprocess.run(
+        ["cmake", "--build", str(cmake_dir), "--verbose"], env=env, check=True, capture_output=True, text=True
+    ).stdout
+    rebuild = time.perf_counter() - t0
+    compiled = sorted(
+        line.split(" -o ", 1)[1].split()[0] for line in out.splitlines() if " -c " in line and " -o " in line
+    )
+    return {"cold_build_s": cold, "touched": "kernel/src/cpu/amx.cpp", "rebuild_s": rebuild, "recompiled": compiled}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="nox -s bench --")
+    p.add_argument("--json", type=Path, default=ROOT / "build" / "bench.json")
+    p.add_argument("--no-build-times", action="store_true")
+    p.add_argument("--worker", nargs=3, metavar=("VARIANT", "FMT", "GROUP"), help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.worker:
+        print(json.dumps(worker(args.worker[0], args.worker[1], int(args.worker[2]))))
+        return 0
+
+    report_cmd = "import json, kt_kernel; print(json.dumps(kt_kernel.cpu_report().as_dict()))"
+    report = json.loads(subprocess.run([sys.executable, "-c", report_cmd], check=True, capture_output=True,
+                                       text=True).stdout)  # fmt: skip
+    threads = len(os.sched_getaffinity(0))
+    result: dict[str, Any] = {"cpu": report["brand"], "threads": threads, "read_gb_per_s": read_bandwidth(threads)}
+    print(f"CPU {report['brand']}, {threads} threads, read bandwidth {result['read_gb_per_s']:.1f} GB/s")
+    result["variants"] = []
+    for name, st in report["variants"].items():
+        if not st["usable"]:
+            print(f"{name}: skipped ({st['why']})")
+            continue
+        for fmt, group in (("int8", 0), ("rawint4", 64)):
+            env = dict(os.environ, KT_KERNEL_CPU_VARIANT=name)
+            out = subprocess.run(
+                [sys.executable, "-m", "tools.bench", "--worker", name, fmt, str(group or 64)],
+                env=env, check=True, capture_output=True, text=True, cwd=ROOT,
+            ).stdout  # fmt: skip
+            r = json.loads(out.strip().splitlines()[-1])
+            result["variants"].append(r)
+            for row in r["rows"]:
+                roof = row["weight_gb_per_s"] / result["read_gb_per_s"]
+                row["roofline_fraction"] = roof
+                print(
+                    f"{name:<12} {fmt:<7} T={row['tokens']:<4} kt {row['kt_ms']:8.2f} ms  "
+                    f"torch-bf16 {row['torch_bf16_ms']:8.2f} ms  x{row['speedup']:5.2f}  "
+                    f"{row['tokens_per_s']:9.1f} tok/s  {row['weight_gb_per_s']:6.1f} GB/s ({roof:4.0%} of roofline)"
+                )
+    if not args.no_build_times:
+        result["build"] = build_times()
+        b = result["build"]
+        print(f"cold build_cpu {b['cold_build_s']:.1f}s; after touching {b['touched']}: {b['rebuild_s']:.1f}s, "
+              f"{len(b['recompiled'])} objects recompiled: {', '.join(b['recompiled'])}")  # fmt: skip
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps(result, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
