@@ -17,7 +17,7 @@ nox.needs_version = ">=2025.2.9"
 nox.options.default_venv_backend = "uv"
 nox.options.error_on_external_run = True
 nox.options.reuse_existing_virtualenvs = True
-nox.options.sessions = ["build_cpu"]
+nox.options.sessions = ["build_cpu", "audit"]
 
 PYTHON = "3.11"
 ROOT = Path(__file__).resolve().parent
@@ -62,6 +62,19 @@ def tests(session: nox.Session) -> None:
     if not args.no_build:
         session.run("python", "kernel/tools/build_wheel.py", "--dist", str(DIST))
     session.run("pytest", *args.pytest_args, env={"KT_DIST": str(DIST), "KT_FIND_LINKS": FIND_LINKS})
+
+
+@nox.session(python=PYTHON, tags=["audit"])
+def audit(session: nox.Session) -> None:
+    """Run every audit over dist/: dist/audit-report.json and .md; fails on any error finding."""
+    p = _parser("audit")
+    p.add_argument("--baseline", help="a previous audit-report.json, for size growth")
+    p.add_argument("paths", nargs="*", default=[str(DIST)])
+    args = p.parse_args(session.posargs)
+    _install_lock(session, "audit")
+    extra = ["--baseline", args.baseline] if args.baseline else []
+    session.run("python", "-m", "audits", *args.paths, "--json", str(DIST / "audit-report.json"),
+                "--markdown", str(DIST / "audit-report.md"), *extra)  # fmt: skip
 
 
 @nox.session(python=PYTHON, tags=["lint"])

@@ -19,7 +19,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, cast
 
 ROOT = Path(__file__).resolve().parent.parent
 HIDDEN, INTER, EXPERTS, TOPK = 2048, 768, 64, 8
@@ -56,18 +56,17 @@ def read_bandwidth(threads: int, gib: float = 1.0) -> float:
     return a.nbytes / _timeit(run, min_time=1.0) / 1e9
 
 
-def worker(variant: str, fmt: str, group: int) -> dict[str, Any]:
+def worker(variant: str, fmt: Literal["int8", "rawint4"], group: int) -> dict[str, Any]:
+    import kt_kernel
     import numpy as np
     import torch
-
-    import kt_kernel
 
     threads = len(os.sched_getaffinity(0))
     torch.set_num_threads(threads)
     rng = np.random.default_rng(0)
     q, deq = [], []
-    for rows, cols in ((INTER, HIDDEN), (INTER, HIDDEN), (HIDDEN, INTER)):
-        w = rng.standard_normal((EXPERTS, rows, cols), dtype=np.float32) * 0.02
+    for nrows, ncols in ((INTER, HIDDEN), (INTER, HIDDEN), (HIDDEN, INTER)):
+        w = rng.standard_normal((EXPERTS, nrows, ncols), dtype=np.float32) * 0.02
         qw = kt_kernel.quantize(w, fmt, group)
         q.append(qw)
         deq.append(torch.from_numpy(kt_kernel.dequantize(qw)).bfloat16())
@@ -85,15 +84,15 @@ def worker(variant: str, fmt: str, group: int) -> dict[str, Any]:
             y.index_add_(0, tok, (h @ down[e].T) * w[tok, k, None].to(x.dtype))
         return y
 
-    rows = []
+    rows: list[dict[str, float]] = []
     for tokens in (*DECODE_TOKENS, PREFILL_TOKENS):
-        x = torch.from_numpy(rng.standard_normal((tokens, HIDDEN), dtype=np.float32)).bfloat16()
-        ids = torch.from_numpy(np.stack([rng.permutation(EXPERTS)[:TOPK] for _ in range(tokens)]))
-        w = torch.from_numpy(rng.random((tokens, TOPK), dtype=np.float32))
-        t_kt = _timeit(lambda x=x, ids=ids, w=w: layer(x, ids, w))
+        xt = torch.from_numpy(rng.standard_normal((tokens, HIDDEN), dtype=np.float32)).bfloat16()
+        idt = torch.from_numpy(np.stack([rng.permutation(EXPERTS)[:TOPK] for _ in range(tokens)]))
+        wt = torch.from_numpy(rng.random((tokens, TOPK), dtype=np.float32))
+        t_kt = _timeit(lambda xt=xt, idt=idt, wt=wt: layer(xt, idt, wt))
         with torch.inference_mode():
-            t_ref = _timeit(lambda x=x, ids=ids, w=w: torch_moe(x, ids, w))
-        touched = len(torch.unique(ids)) * per_expert_bytes
+            t_ref = _timeit(lambda xt=xt, idt=idt, wt=wt: torch_moe(xt, idt, wt))
+        touched = len(torch.unique(idt)) * per_expert_bytes
         rows.append({
             "tokens": tokens, "kt_ms": t_kt * 1e3, "torch_bf16_ms": t_ref * 1e3, "speedup": t_ref / t_kt,
             "tokens_per_s": tokens / t_kt, "weight_gb_per_s": touched / t_kt / 1e9,
@@ -106,7 +105,7 @@ def build_times() -> dict[str, Any]:
     env = dict(os.environ, CCACHE_DISABLE="1")
     work = ROOT / "build" / "bench-build"
     build_dir = ROOT / "kernel" / "build"
-    cold_dir = [d for d in build_dir.glob("*-all")] if build_dir.exists() else []
+    cold_dir = list(build_dir.glob("*-all")) if build_dir.exists() else []
     for d in cold_dir:
         shutil.rmtree(d)
     t0 = time.perf_counter()
@@ -136,7 +135,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--worker", nargs=3, metavar=("VARIANT", "FMT", "GROUP"), help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.worker:
-        print(json.dumps(worker(args.worker[0], args.worker[1], int(args.worker[2]))))
+        fmt = cast(Literal["int8", "rawint4"], args.worker[1])
+        print(json.dumps(worker(args.worker[0], fmt, int(args.worker[2]))))
         return 0
 
     report_cmd = "import json, kt_kernel; print(json.dumps(kt_kernel.cpu_report().as_dict()))"

@@ -1,0 +1,1 @@
+"""Analyzers: facts + policy -> findings. They never read files or print."""

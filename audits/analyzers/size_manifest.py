@@ -1,0 +1,102 @@
+"""Rules 7-8: size budget and growth; the build manifest's claims."""
+
+from __future__ import annotations
+
+import fnmatch
+import hashlib
+import json
+from typing import Any
+
+from ..model import Finding
+from ..policy import Policy
+from ..readers import ElfFacts, FeatureUse, WheelFacts
+from ._common import finding
+
+MANIFEST = "kt_kernel/_build.json"
+
+
+def size(w: WheelFacts, policy: Policy, baseline: dict[str, Any] | None) -> tuple[list[Finding], dict[str, Any]]:
+    out: list[Finding] = []
+    total = w.path.stat().st_size
+    members = sorted(((m.name, m.size) for m in w.members), key=lambda x: -x[1])
+    breakdown = {"wheel_bytes": total, "installed_bytes": sum(s for _, s in members),
+                 "members": dict(members[:25])}  # fmt: skip
+    if total > policy.wheel_budget_bytes:
+        top = ", ".join(f"{n} ({s / 2**20:.1f} MiB)" for n, s in members[:3])
+        out.append(finding(
+            "size.wheel-budget", w.filename, "",
+            f"{total / 2**20:.1f} MiB is over the {policy.wheel_budget_bytes / 2**20:.0f} MiB budget; largest: {top}",
+            "shrink the largest members (compress the CUDA payload, drop debug info) or raise the budget "
+            f"in {policy.source.name} with a reason",
+        ))  # fmt: skip
+    if baseline is not None:
+        old = baseline.get(str(w.name))
+        if old:
+            growth = 100.0 * (total - old) / old
+            breakdown["growth_pct"] = growth
+            if growth > policy.growth_threshold_pct:
+                out.append(finding(
+                    "size.growth", w.filename, "",
+                    f"grew {growth:.1f}% ({old} -> {total} bytes), above {policy.growth_threshold_pct}%",
+                    "find the member that grew in the report's size breakdown; update the baseline if intended",
+                ))  # fmt: skip
+    return out, breakdown
+
+
+def manifest(w: WheelFacts, elfs: dict[str, ElfFacts], policy: Policy,
+             uses: dict[str, dict[str, FeatureUse]]) -> list[Finding]:  # fmt: skip
+    """Check every claim of kt_kernel/_build.json against the wheel's binaries."""
+    fn = w.filename
+    native = [n for n in elfs if n.startswith("kt_kernel/")]
+    if not native:
+        return []
+    m = w.member(MANIFEST)
+    if m is None:
+        return [finding("manifest.missing", fn, MANIFEST, "kt-kernel wheel without its build manifest",
+                        "build with kernel/CMakeLists.txt, which installs _build.json")]  # fmt: skip
+    try:
+        data = json.loads(m.data)
+        variants: dict[str, Any] = data["variants"]
+    except (ValueError, KeyError, TypeError) as exc:
+        return [finding("manifest.missing", fn, MANIFEST, f"unparseable: {exc}", "rebuild the wheel")]
+    out: list[Finding] = []
+    if data.get("schema_version") != 1:
+        out.append(finding("manifest.claim", fn, MANIFEST, f"schema_version {data.get('schema_version')!r}",
+                           "this audit reads schema_version 1"))  # fmt: skip
+    if str(data.get("version")) != str(w.version):
+        out.append(finding("manifest.claim", fn, MANIFEST,
+                           f"claims version {data.get('version')}, the wheel is {w.version}",
+                           "rebuild: the manifest and the wheel take the version from _version.py"))  # fmt: skip
+    by_name = {v.name: v for v in policy.variants}
+    listed_files = set()
+    for name, entry in variants.items():
+        file = entry.get("file", "")
+        listed_files.add(file)
+        pol = by_name.get(name)
+        if pol is None:
+            out.append(finding("manifest.claim", fn, MANIFEST, f"lists variant {name!r}, which the policy lacks",
+                               "add it to cpu_variants.json or drop it from the build"))  # fmt: skip
+            continue
+        if file not in elfs:
+            out.append(finding("manifest.claim", fn, MANIFEST, f"variant {name}: file {file} is not in the wheel",
+                               "rebuild; the manifest is generated from the variants actually built"))  # fmt: skip
+            continue
+        if set(entry.get("features", [])) != set(pol.features):
+            msg = (f"variant {name} claims features {sorted(entry.get('features', []))}, "
+                   f"the ladder says {sorted(pol.features)}")  # fmt: skip
+            out.append(finding("manifest.claim", fn, MANIFEST, msg, "rebuild from the current ladder"))
+        used = uses.get(file, {})
+        if pol.marker not in used:
+            out.append(finding("manifest.claim", fn, file,
+                               f"variant {name} claims {pol.marker} but its disassembly never uses it",
+                               f"see isa.marker-missing for {file}"))  # fmt: skip
+        if "sha256" in entry:
+            actual = hashlib.sha256(w.member(file).data).hexdigest()  # type: ignore[union-attr]
+            if actual != entry["sha256"]:
+                out.append(finding("manifest.claim", fn, file, f"sha256 {actual} differs from the claimed "
+                                   f"{entry['sha256']}", "rebuild the wheel"))  # fmt: skip
+    for n in native:
+        if fnmatch.fnmatch(n, "kt_kernel/cpu/*.so") and n not in listed_files:
+            out.append(finding("manifest.unlisted", fn, n, f"{n} is in the wheel but not in {MANIFEST}",
+                               "every variant library must be built by add_cpu_variant(), which lists it"))  # fmt: skip
+    return out

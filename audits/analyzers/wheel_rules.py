@@ -1,0 +1,221 @@
+"""Rules 1-2: wheel integrity, metadata and tag consistency."""
+
+from __future__ import annotations
+
+import base64
+import csv
+import hashlib
+import importlib.resources
+import io
+import json
+import re
+from email.parser import HeaderParser
+from functools import cache
+from typing import Any
+
+from packaging.requirements import InvalidRequirement, Requirement
+from packaging.utils import canonicalize_name
+from packaging.version import InvalidVersion, Version
+
+from ..model import Finding
+from ..readers import ElfFacts, WheelFacts
+from ._common import finding
+
+_STRAY = re.compile(r"(^|/)(__pycache__/|CMakeFiles/|\.git/)|\.(pyc|pyo|o|obj|a)$|(^|/)build/(temp|lib)\.")
+_LEGACY = {"manylinux1": (2, 5), "manylinux2010": (2, 12), "manylinux2014": (2, 17)}
+
+
+def _urlsafe_sha256(data: bytes) -> str:
+    return "sha256=" + base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+
+
+def integrity(w: WheelFacts) -> list[Finding]:
+    out: list[Finding] = []
+    fn = w.filename
+    for d in w.duplicates:
+        out.append(finding("wheel.duplicate-member", fn, d, f"{d} appears more than once in the zip",
+                           "rebuild the wheel; an installer keeps only one of the copies"))  # fmt: skip
+    record_name = f"{w.dist_info}/RECORD"
+    record = w.member(record_name)
+    if record is None:
+        out.append(finding("wheel.record-missing", fn, record_name, "the wheel has no RECORD",
+                           "rebuild with a PEP 427 wheel builder"))  # fmt: skip
+        return out
+    rows = {r[0]: r for r in csv.reader(io.StringIO(record.data.decode("utf-8", errors="replace"))) if r}
+    present = {m.name for m in w.members}
+    for m in w.members:
+        if m.name == record_name or m.name.endswith((".dist-info/RECORD.jws", ".dist-info/RECORD.p7s")):
+            continue
+        row = rows.get(m.name)
+        if row is None:
+            out.append(finding("wheel.record-unlisted", fn, m.name, f"{m.name} is in the zip but not in RECORD",
+                               "regenerate RECORD after the last change to the wheel"))  # fmt: skip
+            continue
+        digest, size = (row[1] if len(row) > 1 else ""), (row[2] if len(row) > 2 else "")
+        actual = _urlsafe_sha256(m.data)
+        if digest != actual or (size and size != str(m.size)):
+            out.append(finding(
+                "wheel.record-mismatch", fn, m.name,
+                f"RECORD says {digest or 'no hash'}, {size or '?'} bytes; the member is {actual}, {m.size} bytes",
+                "the file was changed after RECORD was written: rebuild the wheel rather than editing it",
+            ))  # fmt: skip
+    for name in rows:
+        if name not in present:
+            out.append(finding("wheel.record-phantom", fn, name, f"RECORD lists {name}, which the wheel lacks",
+                               "regenerate RECORD from the wheel's actual contents"))  # fmt: skip
+    for m in w.members:
+        if _STRAY.search(m.name):
+            fix = "exclude it (scikit-build-core: wheel.exclude; setuptools: MANIFEST/package_data)"
+            out.append(finding("wheel.stray-content", fn, m.name, f"{m.name} is build or cache debris", fix))
+    return out
+
+
+def wheel_file(w: WheelFacts, elfs: list[ElfFacts]) -> list[Finding]:
+    fn, name = w.filename, f"{w.dist_info}/WHEEL"
+    text = w.text(name)
+    if text is None:
+        return [finding("wheel.wheel-file", fn, name, "no WHEEL file", "rebuild with a PEP 427 wheel builder")]
+    msg = HeaderParser().parsestr(text)
+    out = []
+    tags = {t.strip() for t in msg.get_all("Tag", [])}
+    expected = {str(t) for t in w.tags}
+    if tags != expected:
+        out.append(finding("wheel.wheel-file", fn, name,
+                           f"Tag lines {sorted(tags)} differ from the filename's tags {sorted(expected)}",
+                           "retag with `wheel tags` or auditwheel, which update both together"))  # fmt: skip
+    purelib = (msg.get("Root-Is-Purelib") or "").strip().lower()
+    platform_specific = bool(elfs) or any(t.platform != "any" for t in w.tags)
+    if purelib not in ("true", "false"):
+        out.append(finding("wheel.wheel-file", fn, name, "Root-Is-Purelib is missing or not true/false",
+                           "rebuild the wheel"))  # fmt: skip
+    elif (purelib == "true") == platform_specific:
+        out.append(finding(
+            "wheel.wheel-file", fn, name,
+            f"Root-Is-Purelib: {purelib} but the wheel is {'platform-specific' if platform_specific else 'pure'}",
+            "native wheels need Root-Is-Purelib: false (and pure ones true)",
+        ))  # fmt: skip
+    return out
+
+
+def metadata(w: WheelFacts) -> list[Finding]:
+    fn, name = w.filename, f"{w.dist_info}/METADATA"
+    text = w.text(name)
+    if text is None:
+        return [finding("wheel.metadata", fn, name, "no METADATA", "rebuild with a PEP 427 wheel builder")]
+    msg = HeaderParser().parsestr(text)
+    out = []
+    meta_name, meta_version = msg.get("Name"), msg.get("Version")
+    if not meta_name or not meta_version:
+        return [finding("wheel.metadata", fn, name, "METADATA lacks Name or Version", "rebuild the wheel")]
+    if canonicalize_name(meta_name) != w.name:
+        out.append(finding("wheel.metadata", fn, name,
+                           f"Name {meta_name!r} does not match the filename's {w.name!r}",
+                           "rename the distribution consistently (filename, METADATA, .dist-info)"))  # fmt: skip
+    try:
+        if Version(meta_version) != w.version:
+            out.append(finding("wheel.metadata", fn, name,
+                               f"Version {meta_version} does not match the filename's {w.version}",
+                               "rebuild: the filename and METADATA must carry one version"))  # fmt: skip
+    except InvalidVersion:
+        out.append(finding("wheel.metadata", fn, name, f"Version {meta_version!r} is not PEP 440",
+                           "use a PEP 440 version"))  # fmt: skip
+    for line in msg.get_all("Requires-Dist", []):
+        try:
+            Requirement(line)
+        except InvalidRequirement as exc:
+            out.append(finding("wheel.requires-dist", fn, name, f"Requires-Dist {line!r} does not parse: {exc}",
+                               "write it as a PEP 508 requirement"))  # fmt: skip
+    if not msg.get("Requires-Python"):
+        out.append(finding("wheel.requires-python", fn, name, "no Requires-Python",
+                           "set project.requires-python so old interpreters are not offered this wheel"))  # fmt: skip
+    return out
+
+
+@cache
+def _manylinux_policies() -> list[dict[str, Any]]:
+    """auditwheel's manylinux policy data (symbol versions, library whitelist)."""
+    path = importlib.resources.files("auditwheel.policy") / "manylinux-policy.json"
+    data: list[dict[str, Any]] = json.loads(path.read_text())
+    return data
+
+
+def _glibc_of(platform: str) -> tuple[int, int] | None:
+    for legacy, ver in _LEGACY.items():
+        if platform.startswith(legacy + "_"):
+            return ver
+    m = re.match(r"manylinux_(\d+)_(\d+)_", platform)
+    return (int(m.group(1)), int(m.group(2))) if m else None
+
+
+def policy_for(glibc: tuple[int, int]) -> dict[str, Any] | None:
+    """The auditwheel policy for the newest manylinux_X_Y not above `glibc`."""
+    best = None
+    for p in _manylinux_policies():
+        ver = _glibc_of(p["name"] + "_")
+        if ver and ver <= glibc and (best is None or ver > _glibc_of(best["name"] + "_")):  # type: ignore[operator]
+            best = p
+    return best
+
+
+def system_libraries(w: WheelFacts) -> frozenset[str]:
+    claimed = [g for t in w.tags if (g := _glibc_of(t.platform))]
+    pol = policy_for(min(claimed)) if claimed else None
+    libs = set(pol["lib_whitelist"]) if pol else set(_manylinux_policies()[-1]["lib_whitelist"])
+    return frozenset(libs | {"ld-linux-x86-64.so.2"})
+
+
+def _version_key(v: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in re.findall(r"\d+", v))
+
+
+def tags(w: WheelFacts, elfs: list[ElfFacts]) -> list[Finding]:
+    out: list[Finding] = []
+    fn = w.filename
+    interp = {t.interpreter for t in w.tags}
+    abis = {t.abi for t in w.tags}
+    for e in elfs:
+        m = re.search(r"\.(cpython-(\d+)[a-z]*-[^.]+|abi3)\.so$", e.member)
+        if not m:
+            continue
+        if m.group(1) == "abi3":
+            if "abi3" not in abis:
+                out.append(finding("tag.ext-suffix", fn, e.member, f"abi3 extension in a wheel tagged {sorted(abis)}",
+                                   "tag the wheel cpXY-abi3 or build a version-specific extension"))  # fmt: skip
+        elif f"cp{m.group(2)}" not in interp or f"cp{m.group(2)}" not in abis:
+            out.append(finding(
+                "tag.ext-suffix", fn, e.member,
+                f"extension built for CPython {m.group(2)} in a wheel tagged {sorted(interp)}/{sorted(abis)}",
+                "build the wheel with the interpreter its tag names",
+            ))  # fmt: skip
+    if not elfs:
+        return out
+    claimed = [(g, t.platform) for t in w.tags if (g := _glibc_of(t.platform))]
+    if not claimed:
+        if any(t.platform.startswith("linux_") for t in w.tags):
+            msg = "native wheel tagged linux_*: no installer will take it from an index"
+            out.append(finding("tag.not-portable", fn, "", msg, "run `auditwheel repair` (nox -s build_cpu does)",
+                               "warning"))  # fmt: skip
+        return out
+    glibc, platform = min(claimed)
+    pol = policy_for(glibc)
+    if pol is None:
+        return out
+    allowed = pol["symbol_versions"]["x86_64"]
+    for e in elfs:
+        for lib, versions in e.version_needs:
+            for v in versions:
+                prefix, _, num = v.partition("_")
+                if prefix not in allowed or num in allowed[prefix]:
+                    continue
+                need = next(
+                    (p["name"] for p in sorted(_manylinux_policies(), key=lambda p: p["priority"], reverse=True)
+                     if num in p["symbol_versions"].get("x86_64", {}).get(prefix, [])),
+                    "none known to auditwheel",
+                )  # fmt: skip
+                out.append(finding(
+                    "tag.manylinux-overclaim", fn, e.member,
+                    f"needs {v} from {lib}, which {platform} does not allow (its newest {prefix} is "
+                    f"{max(allowed[prefix], key=_version_key)}); the lowest tag allowing it is {need}",
+                    "let `auditwheel repair` choose the tag, or build in an older manylinux image",
+                ))  # fmt: skip
+    return out

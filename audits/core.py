@@ -1,0 +1,113 @@
+"""Run every analyzer over one wheel or many: read -> analyze."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .analyzers import elf_rules, isa_rules, size_manifest, wheel_rules
+from .analyzers._common import finding
+from .errors import AuditError
+from .model import Finding
+from .policy import Policy
+from .readers import ElfFacts, feature_uses, read_elf, read_wheel
+
+SCHEMA_VERSION = 1
+
+
+@dataclass
+class WheelResult:
+    wheel: str
+    sha256: str
+    size: int
+    findings: list[Finding] = field(default_factory=list)
+    cpu: dict[str, Any] = field(default_factory=dict)
+    cuda: dict[str, Any] = field(default_factory=dict)
+    sizes: dict[str, Any] = field(default_factory=dict)
+
+
+def audit_wheel(path: Path, policy: Policy, baseline: dict[str, Any] | None = None) -> WheelResult:
+    data = path.read_bytes()
+    res = WheelResult(path.name, hashlib.sha256(data).hexdigest(), len(data))
+    try:
+        w = read_wheel(path)
+    except AuditError as exc:
+        res.findings.append(finding("wheel.unreadable", path.name, "", str(exc), "rebuild the wheel"))
+        return res
+    elfs: dict[str, ElfFacts] = {}
+    for m in w.members:
+        try:
+            e = read_elf(m.name, m.data)
+        except ValueError as exc:
+            res.findings.append(finding("wheel.unreadable", w.filename, m.name, str(exc), "rebuild the library"))
+            continue
+        if e is not None:
+            elfs[m.name] = e
+    elf_list = list(elfs.values())
+    res.findings += wheel_rules.integrity(w)
+    res.findings += wheel_rules.wheel_file(w, elf_list)
+    res.findings += wheel_rules.metadata(w)
+    res.findings += wheel_rules.tags(w, elf_list)
+    res.findings += elf_rules.elf_abi(w.filename, str(w.name), elf_list, policy)
+    system = wheel_rules.system_libraries(w)
+    res.findings += elf_rules.rpath(w.filename, elf_list, [m.name for m in w.members], system)
+    isa_findings, res.cpu = isa_rules.isa(w.filename, elfs, policy)
+    res.findings += isa_findings
+    uses = {n: feature_uses(e) for n, e in elfs.items() if any(v.member == n for v in policy.variants)}
+    res.findings += size_manifest.manifest(w, elfs, policy, uses)
+    size_findings, res.sizes = size_manifest.size(w, policy, baseline)
+    res.findings += size_findings
+    return res
+
+
+def expand(paths: list[Path]) -> list[Path]:
+    out: list[Path] = []
+    for p in paths:
+        if p.is_dir():
+            out += sorted(p.glob("*.whl"))
+        elif p.exists():
+            out.append(p)
+        else:
+            raise AuditError(f"{p}: no such file or directory")
+    if not out:
+        raise AuditError(f"no wheels found in {', '.join(map(str, paths))}; build them first (nox -s build_cpu)")
+    return out
+
+
+def run(paths: list[Path], policy: Policy, baseline_file: Path | None = None) -> dict[str, Any]:
+    """Audit every wheel; returns the report (shared/DESIGN.md, 'Audit report')."""
+    baseline = None
+    if baseline_file is not None:
+        try:
+            raw = json.loads(baseline_file.read_text())
+        except (OSError, ValueError) as exc:
+            raise AuditError(f"{baseline_file}: cannot read the size baseline: {exc}") from exc
+        # Accept a previous audit report, or a plain {name: bytes} map.
+        baseline = {w["name"]: w["size"] for w in raw.get("wheels", [])} if "wheels" in raw else raw
+    t0 = time.perf_counter()
+    results = [audit_wheel(p, policy, baseline) for p in expand(paths)]
+    findings = [f for r in results for f in r.findings]
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "passed": not any(f.severity == "error" for f in findings),
+        "policy": str(policy.source),
+        "elapsed_s": round(time.perf_counter() - t0, 3),
+        "wheels": [
+            {
+                "filename": r.wheel,
+                "name": r.wheel.split("-")[0].replace("_", "-").lower(),
+                "sha256": r.sha256,
+                "size": r.size,
+                "errors": sum(f.severity == "error" for f in r.findings),
+            }
+            for r in results
+        ],
+        "findings": [f.as_dict() for f in findings],
+        "cpu_variants": {r.wheel: r.cpu for r in results if r.cpu},
+        "cuda_architectures": {r.wheel: r.cuda for r in results if r.cuda},
+        "sizes": {r.wheel: r.sizes for r in results},
+    }

@@ -1,0 +1,82 @@
+"""Findings and the rule catalogue (stable ids; tests assert on them)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+Severity = Literal["error", "warning", "info"]
+Section = Literal["wheel", "cpu", "cuda"]
+
+
+@dataclass(frozen=True)
+class Finding:
+    rule: str
+    severity: Severity
+    wheel: str
+    member: str
+    message: str
+    fix: str
+
+    def as_dict(self) -> dict[str, str]:
+        return {
+            "rule": self.rule, "severity": self.severity, "wheel": self.wheel, "member": self.member,
+            "message": self.message, "fix": self.fix,
+        }  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Rule:
+    id: str
+    section: Section
+    summary: str
+
+
+RULES: dict[str, Rule] = {
+    r.id: r
+    for r in (
+        # 1. wheel integrity and metadata
+        Rule("wheel.unreadable", "wheel", "the file is not a readable zip / wheel"),
+        Rule("wheel.record-missing", "wheel", "no .dist-info/RECORD"),
+        Rule("wheel.record-mismatch", "wheel", "a member's sha256 or size differs from RECORD"),
+        Rule("wheel.record-unlisted", "wheel", "a member is not listed in RECORD"),
+        Rule("wheel.record-phantom", "wheel", "RECORD lists a file the wheel does not contain"),
+        Rule("wheel.wheel-file", "wheel", "WHEEL: Root-Is-Purelib or Tag lines disagree with the wheel"),
+        Rule("wheel.metadata", "wheel", "METADATA: unparseable, name/version differ from the filename"),
+        Rule("wheel.requires-dist", "wheel", "a Requires-Dist line does not parse"),
+        Rule("wheel.requires-python", "wheel", "no Requires-Python"),
+        Rule("wheel.stray-content", "wheel", "__pycache__, .pyc, build directories or object files"),
+        Rule("wheel.duplicate-member", "wheel", "the same path appears twice in the zip"),
+        # 2. tags
+        Rule("tag.ext-suffix", "wheel", "an extension module's suffix does not match the python/abi tag"),
+        Rule("tag.manylinux-overclaim", "wheel", "an ELF needs symbol versions newer than the platform tag allows"),
+        Rule("tag.not-portable", "wheel", "a native wheel with a plain linux_* tag"),
+        # 3. ELF / ABI
+        Rule("elf.needed-forbidden", "wheel", "DT_NEEDED names a library that must never be needed"),
+        Rule("elf.textrel", "wheel", "text relocations (DT_TEXTREL)"),
+        Rule("elf.execstack", "wheel", "an executable stack (PT_GNU_STACK with X)"),
+        Rule("elf.rwx-segment", "wheel", "a loadable segment that is writable and executable"),
+        Rule("elf.exports", "wheel", "dynamic symbols exported beyond PyInit_* and the declared C API"),
+        # 4. RPATH
+        Rule("rpath.not-origin", "wheel", "an RPATH/RUNPATH entry that is not $ORIGIN-relative, or empty"),
+        Rule("rpath.unresolved", "wheel", "a non-system DT_NEEDED that does not resolve inside the wheel"),
+        # 5. ISA per CPU variant
+        Rule("isa.forbidden-feature", "cpu", "a variant uses an instruction outside its allowed ISA set"),
+        Rule("isa.marker-missing", "cpu", "a variant never uses its distinguishing feature (mislabeled)"),
+        Rule("isa.loader-above-baseline", "cpu", "the loader/detection code uses an instruction above baseline"),
+        Rule("isa.variant-missing", "cpu", "a CPU variant library is missing from the wheel"),
+        # 6. SASS / PTX
+        Rule("cuda.arch-set", "cuda", "a CUDA library's (arch, kind) set differs from the policy"),
+        Rule("cuda.kernel-missing", "cuda", "a kernel is missing for an architecture it should have"),
+        Rule("cuda.ptx-version", "cuda", "PTX ISA newer than the policy's minimum driver can JIT"),
+        Rule("cuda.tool-missing", "cuda", "cuobjdump is not available, CUDA checks could not run"),
+        Rule("cuda.payload", "cuda", "the lazy CUDA payload is unreadable or unsafe"),
+        # 7. size
+        Rule("size.wheel-budget", "wheel", "the wheel is over its size budget"),
+        Rule("size.growth", "wheel", "the wheel grew more than the threshold against the baseline"),
+        # 8. build manifest
+        Rule("manifest.missing", "wheel", "kt_kernel/_build.json is absent or unparseable"),
+        Rule("manifest.claim", "wheel", "a claim in _build.json does not hold for the binaries"),
+        Rule("manifest.unlisted", "wheel", "a native library in the wheel is not described by _build.json"),
+    )
+}

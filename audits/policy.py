@@ -1,0 +1,152 @@
+"""Audit policy: TOML data -> frozen dataclasses, validated on load."""
+
+from __future__ import annotations
+
+import difflib
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import tomllib
+
+from .errors import PolicyError
+
+DEFAULT_POLICY = Path(__file__).resolve().parent / "policy" / "default.toml"
+
+_SCHEMA: dict[str, Any] = {
+    "schema_version": None,
+    "size": {"wheel_budget_mib": None, "growth_threshold_pct": None},
+    "elf": {"forbidden_needed": None, "exports": {"allowed": None, "applies_to": None}},
+    "isa": {
+        "ladder": None,
+        "variant_member": None,
+        "loader_members": None,
+        "baseline": None,
+        "loader_guarded": None,
+        "implies": None,
+    },
+    "cuda": {"libraries": None, "payload_member": None, "min_driver_ptx_isa": None, "kernels": None},
+}
+
+
+def _check_keys(data: Mapping[str, Any], schema: Mapping[str, Any], where: str, source: Path) -> None:
+    for key, value in data.items():
+        if key not in schema:
+            close = difflib.get_close_matches(key, list(schema), n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else f"; known keys: {', '.join(schema)}"
+            raise PolicyError(f"{source}: unknown key {where}{key!r}{hint}")
+        sub = schema[key]
+        if isinstance(sub, dict) and isinstance(value, dict):
+            _check_keys(value, sub, f"{where}{key}.", source)
+
+
+@dataclass(frozen=True)
+class ForbiddenNeeded:
+    pattern: str
+    fix: str
+
+
+@dataclass(frozen=True)
+class CpuVariantPolicy:
+    name: str
+    features: frozenset[str]
+    marker: str
+    allowed: frozenset[str]  # features + implied + baseline
+    member: str
+
+
+@dataclass(frozen=True)
+class CudaLibraryPolicy:
+    member: str  # path inside the CUDA payload
+    sass: frozenset[str]
+    ptx: frozenset[str]
+
+
+@dataclass(frozen=True)
+class Policy:
+    source: Path
+    wheel_budget_bytes: int
+    growth_threshold_pct: float
+    forbidden_needed: tuple[ForbiddenNeeded, ...]
+    exports_allowed: tuple[str, ...]
+    exports_applies_to: frozenset[str]
+    variants: tuple[CpuVariantPolicy, ...]
+    loader_members: tuple[str, ...]
+    baseline: frozenset[str]
+    loader_guarded: frozenset[str]
+    cuda_libraries: tuple[CudaLibraryPolicy, ...] = ()
+    cuda_payload_member: str = ""
+    cuda_min_driver_ptx_isa: str = ""
+    cuda_kernels: tuple[str, ...] = ()
+
+
+def _closure(features: frozenset[str], implies: Mapping[str, list[str]]) -> frozenset[str]:
+    out, todo = set(features), list(features)
+    while todo:
+        for g in implies.get(todo.pop(), []):
+            if g not in out:
+                out.add(g)
+                todo.append(g)
+    return frozenset(out)
+
+
+def load_policy(path: Path | None = None) -> Policy:
+    path = (path or DEFAULT_POLICY).resolve()
+    try:
+        data = tomllib.loads(path.read_text())
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise PolicyError(f"{path}: cannot read policy: {exc}") from exc
+    _check_keys(data, _SCHEMA, "", path)
+    if data.get("schema_version") != 1:
+        raise PolicyError(f"{path}: schema_version must be 1")
+    try:
+        size, elf, isa = data["size"], data["elf"], data["isa"]
+        ladder_path = (path.parent / isa["ladder"]).resolve()
+        ladder = json.loads(ladder_path.read_text())["variants"]
+        implies: dict[str, list[str]] = isa["implies"]
+        baseline = frozenset(isa["baseline"])
+        variants: list[CpuVariantPolicy] = []
+        for v in ladder:
+            feats = frozenset(v["features"])
+            if variants and not variants[-1].features < feats:
+                raise PolicyError(
+                    f"{ladder_path}: variant {v['name']} must strictly contain the features of {variants[-1].name}"
+                )
+            if v["marker"] not in feats:
+                raise PolicyError(f"{ladder_path}: variant {v['name']}: marker {v['marker']} is not a feature")
+            variants.append(
+                CpuVariantPolicy(
+                    v["name"],
+                    feats,
+                    v["marker"],
+                    _closure(feats, implies) | baseline,
+                    isa["variant_member"].format(name=v["name"]),
+                )
+            )
+        cuda = data.get("cuda", {})
+        libs = tuple(
+            CudaLibraryPolicy(m, frozenset(spec.get("sass", [])), frozenset(spec.get("ptx", [])))
+            for m, spec in cuda.get("libraries", {}).items()
+        )
+        return Policy(
+            source=path,
+            wheel_budget_bytes=int(float(size["wheel_budget_mib"]) * (1 << 20)),
+            growth_threshold_pct=float(size["growth_threshold_pct"]),
+            forbidden_needed=tuple(ForbiddenNeeded(f["pattern"], f["fix"]) for f in elf["forbidden_needed"]),
+            exports_allowed=tuple(elf["exports"]["allowed"]),
+            exports_applies_to=frozenset(elf["exports"]["applies_to"]),
+            variants=tuple(variants),
+            loader_members=tuple(isa["loader_members"]),
+            baseline=baseline,
+            loader_guarded=frozenset(isa["loader_guarded"]),
+            cuda_libraries=libs,
+            cuda_payload_member=cuda.get("payload_member", ""),
+            cuda_min_driver_ptx_isa=cuda.get("min_driver_ptx_isa", ""),
+            cuda_kernels=tuple(cuda.get("kernels", [])),
+        )
+    except KeyError as exc:
+        raise PolicyError(f"{path}: missing key {exc}") from exc
+    except (OSError, json.JSONDecodeError) as exc:
+        raise PolicyError(f"{path}: cannot read the CPU variant ladder: {exc}") from exc

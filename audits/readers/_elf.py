@@ -1,0 +1,112 @@
+"""ELF reader (pyelftools): the dynamic section, segments, versions, exports."""
+
+from __future__ import annotations
+
+import io
+from bisect import bisect_right
+from dataclasses import dataclass, field
+
+from elftools.common.exceptions import ELFError
+from elftools.elf.dynamic import DynamicSection
+from elftools.elf.elffile import ELFFile
+from elftools.elf.gnuversions import GNUVerNeedSection
+from elftools.elf.sections import SymbolTableSection
+
+PF_X, PF_W = 0x1, 0x2
+SHF_EXECINSTR = 0x4
+DF_TEXTREL = 0x4
+
+
+@dataclass(frozen=True)
+class ElfFacts:
+    member: str
+    machine: str
+    needed: tuple[str, ...]
+    rpath: tuple[str, ...]
+    runpath: tuple[str, ...]
+    soname: str
+    textrel: bool
+    execstack: bool
+    rwx_segments: tuple[int, ...]
+    exports: tuple[str, ...]
+    # library -> version names it needs (e.g. "libc.so.6" -> ("GLIBC_2.34",))
+    version_needs: tuple[tuple[str, tuple[str, ...]], ...]
+    exec_sections: tuple[tuple[str, int, bytes], ...] = field(repr=False)
+    # sorted (address, name) of functions, for naming addresses
+    symbols: tuple[tuple[int, str], ...] = field(repr=False)
+
+    def symbol_at(self, address: int) -> str:
+        i = bisect_right(self.symbols, (address, "\uffff")) - 1
+        return self.symbols[i][1] if i >= 0 else "?"
+
+
+def is_elf(data: bytes) -> bool:
+    return data[:4] == b"\x7fELF"
+
+
+def read_elf(member: str, data: bytes) -> ElfFacts | None:
+    """Facts about one ELF file, or None if `data` is not ELF."""
+    if not is_elf(data):
+        return None
+    try:
+        elf = ELFFile(io.BytesIO(data))
+        needed: list[str] = []
+        rpath: list[str] = []
+        runpath: list[str] = []
+        soname = ""
+        textrel = False
+        for sec in elf.iter_sections():
+            if isinstance(sec, DynamicSection):
+                for tag in sec.iter_tags():
+                    t = tag.entry.d_tag
+                    # pyelftools sets these attributes per tag type; it has no type hints.
+                    if t == "DT_NEEDED":
+                        needed.append(tag.needed)  # type: ignore[attr-defined]
+                    elif t == "DT_RPATH":
+                        rpath.extend(tag.rpath.split(":"))  # type: ignore[attr-defined]
+                    elif t == "DT_RUNPATH":
+                        runpath.extend(tag.runpath.split(":"))  # type: ignore[attr-defined]
+                    elif t == "DT_SONAME":
+                        soname = tag.soname  # type: ignore[attr-defined]
+                    elif t == "DT_TEXTREL" or (t == "DT_FLAGS" and tag.entry.d_val & DF_TEXTREL):
+                        textrel = True
+        execstack = False
+        rwx: list[int] = []
+        for i, seg in enumerate(elf.iter_segments()):
+            flags = seg["p_flags"]
+            if seg["p_type"] == "PT_GNU_STACK" and flags & PF_X:
+                execstack = True
+            if seg["p_type"] == "PT_LOAD" and flags & PF_W and flags & PF_X:
+                rwx.append(i)
+        exports: list[str] = []
+        dynsym = elf.get_section_by_name(".dynsym")
+        if isinstance(dynsym, SymbolTableSection):
+            for s in dynsym.iter_symbols():
+                e = s.entry
+                if (e.st_shndx != "SHN_UNDEF" and e.st_info.bind in ("STB_GLOBAL", "STB_WEAK", "STB_GNU_UNIQUE")
+                        and e.st_other.visibility in ("STV_DEFAULT", "STV_PROTECTED") and s.name):  # fmt: skip
+                    exports.append(s.name)
+        needs: list[tuple[str, tuple[str, ...]]] = []
+        for sec in elf.iter_sections():
+            if isinstance(sec, GNUVerNeedSection):
+                for verneed, auxs in sec.iter_versions():
+                    needs.append((str(verneed.name), tuple(str(a.name) for a in auxs)))
+        exec_secs = tuple(
+            (s.name, s["sh_addr"], s.data())
+            for s in elf.iter_sections()
+            if s["sh_flags"] & SHF_EXECINSTR and s["sh_type"] == "SHT_PROGBITS"
+        )
+        table = elf.get_section_by_name(".symtab") or dynsym
+        syms: list[tuple[int, str]] = []
+        if isinstance(table, SymbolTableSection):
+            syms = sorted(
+                (s["st_value"], s.name) for s in table.iter_symbols() if s["st_info"]["type"] == "STT_FUNC" and s.name
+            )
+        return ElfFacts(
+            member=member, machine=elf["e_machine"], needed=tuple(needed), rpath=tuple(rpath),
+            runpath=tuple(runpath), soname=soname, textrel=textrel, execstack=execstack, rwx_segments=tuple(rwx),
+            exports=tuple(sorted(set(exports))), version_needs=tuple(needs), exec_sections=exec_secs,
+            symbols=tuple(syms),
+        )  # fmt: skip
+    except (ELFError, ValueError, KeyError) as exc:
+        raise ValueError(f"{member}: malformed ELF: {exc}") from exc

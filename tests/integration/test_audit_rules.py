@@ -1,0 +1,333 @@
+"""Every audit rule rejects an artifact built with exactly its defect, and the
+real kt-kernel wheel passes with zero errors."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from audits import RULES, audit_wheel, load_policy, run
+from audits.policy import DEFAULT_POLICY
+from tests.wheelkit import compile_so, pure_wheel_members, read_members, retag, write_wheel
+
+POLICY = load_policy()
+TAG = "manylinux_2_34_x86_64"
+AVX2_LOOP = """
+#include <immintrin.h>
+__attribute__((visibility("default"))) void kt_cpu_variant_ops(float *a, const float *b, int n) {
+  for (int i = 0; i < n; i += 8)
+    _mm256_storeu_ps(a + i, _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), _mm256_loadu_ps(a + i)));
+}
+"""
+
+
+def rules_of(path: Path, policy: Any = POLICY, baseline: dict[str, Any] | None = None) -> set[str]:
+    return {f.rule for f in audit_wheel(path, policy, baseline).findings if f.severity == "error"}
+
+
+@pytest.fixture(scope="module")
+def members(kt_wheel: Path) -> dict[str, bytes]:
+    return read_members(kt_wheel)
+
+
+@pytest.fixture
+def out(tmp_path: Path, kt_wheel: Path) -> Path:
+    return tmp_path / kt_wheel.name
+
+
+def test_clean_kt_kernel_wheel_has_zero_findings(kt_wheel: Path) -> None:
+    res = audit_wheel(kt_wheel, POLICY)
+    assert [f for f in res.findings if f.severity == "error"] == []
+    assert all(v["marker_present"] for n, v in res.cpu.items() if n != "loader")
+    assert res.cpu["loader"]["above_baseline"] == []
+
+
+def test_clean_pure_wheel_passes(tmp_path: Path) -> None:
+    w = write_wheel(tmp_path / "demo_pkg-1.0-py3-none-any.whl", pure_wheel_members(requires=("numpy>=1",)))
+    assert rules_of(w) == set()
+
+
+# --- 1. wheel integrity and metadata -------------------------------------------------
+
+
+def test_tampered_member_behind_unchanged_record(members: dict[str, bytes], out: Path) -> None:
+    m = dict(members)
+    m["kt_kernel/_cpu.py"] += b"\n# tampered\n"
+    assert "wheel.record-mismatch" in rules_of(write_wheel(out, m, regenerate_record=False))
+
+
+def test_member_missing_from_record(members: dict[str, bytes], out: Path) -> None:
+    w = write_wheel(out, members)  # RECORD now correct; add a member after it
+    m = read_members(w)
+    m["kt_kernel/extra.py"] = b"x = 1\n"
+    assert "wheel.record-unlisted" in rules_of(write_wheel(out, m, regenerate_record=False))
+
+
+def test_record_lists_a_missing_file(members: dict[str, bytes], out: Path) -> None:
+    m = read_members(write_wheel(out, members))
+    del m["kt_kernel/_moe.py"]
+    assert "wheel.record-phantom" in rules_of(write_wheel(out, m, regenerate_record=False))
+
+
+def test_no_record(members: dict[str, bytes], out: Path) -> None:
+    m = {n: d for n, d in members.items() if not n.endswith("/RECORD")}
+    assert "wheel.record-missing" in rules_of(write_wheel(out, m, regenerate_record=False))
+
+
+def test_wheel_tag_lines_differ_from_filename(members: dict[str, bytes], out: Path) -> None:
+    assert "wheel.wheel-file" in rules_of(write_wheel(out, retag(members, TAG, "manylinux_2_35_x86_64")))
+
+
+def test_native_wheel_claiming_purelib(members: dict[str, bytes], out: Path) -> None:
+    m = {n: (d.replace(b"Root-Is-Purelib: false", b"Root-Is-Purelib: true") if n.endswith("/WHEEL") else d)
+         for n, d in members.items()}  # fmt: skip
+    assert "wheel.wheel-file" in rules_of(write_wheel(out, m))
+
+
+def test_metadata_name_differs_from_filename(tmp_path: Path) -> None:
+    m = pure_wheel_members()
+    m["demo_pkg-1.0.dist-info/METADATA"] = m["demo_pkg-1.0.dist-info/METADATA"].replace(
+        b"Name: demo-pkg", b"Name: other"
+    )
+    assert "wheel.metadata" in rules_of(write_wheel(tmp_path / "demo_pkg-1.0-py3-none-any.whl", m))
+
+
+def test_metadata_version_differs_from_filename(tmp_path: Path) -> None:
+    m = pure_wheel_members()
+    assert "wheel.metadata" in rules_of(write_wheel(tmp_path / "demo_pkg-1.1-py3-none-any.whl", m))
+
+
+def test_unparseable_requires_dist(tmp_path: Path) -> None:
+    m = pure_wheel_members(requires=("transformers-kt ==5.6.0.post2 ;; extra",))
+    assert "wheel.requires-dist" in rules_of(write_wheel(tmp_path / "demo_pkg-1.0-py3-none-any.whl", m))
+
+
+def test_missing_requires_python(tmp_path: Path) -> None:
+    m = pure_wheel_members(requires_python=None)
+    assert "wheel.requires-python" in rules_of(write_wheel(tmp_path / "demo_pkg-1.0-py3-none-any.whl", m))
+
+
+def test_stray_pycache(members: dict[str, bytes], out: Path) -> None:
+    m = dict(members)
+    m["kt_kernel/__pycache__/_cpu.cpython-311.pyc"] = b"\x00" * 16
+    assert "wheel.stray-content" in rules_of(write_wheel(out, m))
+
+
+def test_duplicate_zip_member(tmp_path: Path) -> None:
+    path = write_wheel(tmp_path / "demo_pkg-1.0-py3-none-any.whl", pure_wheel_members())
+    import zipfile
+
+    with zipfile.ZipFile(path, "a") as zf, pytest.warns(UserWarning, match="Duplicate name"):
+        zf.writestr("demo_pkg/__init__.py", b"VALUE = 2\n")
+    assert "wheel.duplicate-member" in rules_of(path)
+
+
+def test_not_a_zip(tmp_path: Path) -> None:
+    path = tmp_path / "demo_pkg-1.0-py3-none-any.whl"
+    path.write_bytes(b"not a zip")
+    assert "wheel.unreadable" in rules_of(path)
+
+
+# --- 2. tags ---------------------------------------------------------------------------
+
+
+def test_extension_suffix_for_another_python(members: dict[str, bytes], out: Path) -> None:
+    m = {n.replace("cpython-311", "cpython-312"): d for n, d in members.items()}
+    assert "tag.ext-suffix" in rules_of(write_wheel(out, m))
+
+
+def test_overclaiming_manylinux_tag(members: dict[str, bytes], tmp_path: Path, kt_wheel: Path) -> None:
+    """The kernel needs GLIBC_2.34 (pthread_create in libc); manylinux_2_17 is a lie."""
+    path = tmp_path / kt_wheel.name.replace(TAG, "manylinux_2_17_x86_64")
+    res = audit_wheel(write_wheel(path, retag(members, TAG, "manylinux_2_17_x86_64")), POLICY)
+    over = [f for f in res.findings if f.rule == "tag.manylinux-overclaim"]
+    assert over
+    assert any("GLIBC_2.34" in f.message for f in over)
+
+
+def test_plain_linux_tag_is_a_warning(members: dict[str, bytes], tmp_path: Path, kt_wheel: Path) -> None:
+    path = tmp_path / kt_wheel.name.replace(TAG, "linux_x86_64")
+    res = audit_wheel(write_wheel(path, retag(members, TAG, "linux_x86_64")), POLICY)
+    assert [f.severity for f in res.findings if f.rule == "tag.not-portable"] == ["warning"]
+
+
+# --- 3-4. ELF/ABI and RPATH --------------------------------------------------------------
+
+
+def _with_lib(members: dict[str, bytes], member: str, data: bytes) -> dict[str, bytes]:
+    m = dict(members)
+    m[member] = data
+    return m
+
+
+def test_libcudart_in_needed(members: dict[str, bytes], out: Path, tmp_path: Path) -> None:
+    compile_so(tmp_path, "libcudart.so.13", "int cudaFree(void *p) { return 0; }", "-Wl,-soname,libcudart.so.13")
+    lib = compile_so(tmp_path, "libkt_cuda.so", "int cudaFree(void*); int kt_cuda_free(void) { return cudaFree(0); }",
+                     f"-L{tmp_path}", "-l:libcudart.so.13", "-Wl,-rpath,$ORIGIN")  # fmt: skip
+    res = rules_of(write_wheel(out, _with_lib(members, "kt_kernel/libkt_cuda.so", lib)))
+    assert "elf.needed-forbidden" in res
+
+
+def test_executable_stack(members: dict[str, bytes], out: Path, tmp_path: Path) -> None:
+    lib = compile_so(tmp_path, "x.so", "int kt_cuda_x(void) { return 1; }", "-Wl,-z,execstack")
+    assert "elf.execstack" in rules_of(write_wheel(out, _with_lib(members, "kt_kernel/x.so", lib)))
+
+
+def test_text_relocations(members: dict[str, bytes], out: Path, tmp_path: Path) -> None:
+    asm = ".text\n.globl kt_cuda_addr\nkt_cuda_addr:\n movabs $value, %rax\n ret\n.data\nvalue: .quad 0\n" \
+          ".section .note.GNU-stack,\"\",@progbits\n"  # fmt: skip
+    lib = compile_so(tmp_path, "t.so", asm, "-Wl,-z,notext", lang="asm")
+    assert "elf.textrel" in rules_of(write_wheel(out, _with_lib(members, "kt_kernel/t.so", lib)))
+
+
+def test_rwx_segment(members: dict[str, bytes], out: Path, tmp_path: Path) -> None:
+    asm = ".section .kt_rwx,\"awx\",@progbits\n.globl kt_cuda_rwx\nkt_cuda_rwx: ret\n" \
+          ".section .note.GNU-stack,\"\",@progbits\n"  # fmt: skip
+    lib = compile_so(tmp_path, "r.so", asm, "-Wl,--no-warn-rwx-segments", lang="asm")
+    assert "elf.rwx-segment" in rules_of(write_wheel(out, _with_lib(members, "kt_kernel/r.so", lib)))
+
+
+def test_undeclared_exports(members: dict[str, bytes], out: Path, tmp_path: Path) -> None:
+    lib = compile_so(tmp_path, "e.so", "int helper_leaks(void) { return 1; }")
+    assert "elf.exports" in rules_of(write_wheel(out, _with_lib(members, "kt_kernel/e.so", lib)))
+
+
+def test_absolute_rpath(members: dict[str, bytes], out: Path, tmp_path: Path) -> None:
+    lib = compile_so(tmp_path, "a.so", "int kt_cuda_a(void) { return 1; }", "-Wl,-rpath,/usr/local/cuda/lib64")
+    res = audit_wheel(write_wheel(out, _with_lib(members, "kt_kernel/a.so", lib)), POLICY)
+    assert any(f.rule == "rpath.not-origin" and "/usr/local/cuda/lib64" in f.message for f in res.findings)
+
+
+def test_needed_library_not_in_the_wheel(members: dict[str, bytes], out: Path, tmp_path: Path) -> None:
+    compile_so(tmp_path, "libhelper.so.1", "int h(void) { return 1; }", "-Wl,-soname,libhelper.so.1")
+    lib = compile_so(tmp_path, "n.so", "int h(void); int kt_cuda_n(void) { return h(); }",
+                     f"-L{tmp_path}", "-l:libhelper.so.1", "-Wl,-rpath,$ORIGIN/../kt_kernel.libs")  # fmt: skip
+    assert "rpath.unresolved" in rules_of(write_wheel(out, _with_lib(members, "kt_kernel/n.so", lib)))
+    helper = (tmp_path / "libhelper.so.1").read_bytes()
+    fixed = _with_lib(_with_lib(members, "kt_kernel/n.so", lib), "kt_kernel.libs/libhelper.so.1", helper)
+    assert "rpath.unresolved" not in rules_of(write_wheel(out, fixed))
+
+
+# --- 5. ISA --------------------------------------------------------------------------------
+
+
+def test_avx512_instruction_in_the_avx2_variant(members: dict[str, bytes], out: Path, tmp_path: Path) -> None:
+    src = (
+        AVX2_LOOP
+        + """
+__attribute__((target("avx512f"))) void widen(int *a) {
+  _mm512_storeu_si512(a, _mm512_add_epi32(_mm512_loadu_si512(a), _mm512_set1_epi32(1)));
+}"""
+    )
+    lib = compile_so(tmp_path, "v.so", src, "-mavx2", "-mfma")
+    res = audit_wheel(write_wheel(out, _with_lib(members, "kt_kernel/cpu/libkt_cpu_avx2.so", lib)), POLICY)
+    bad = [f for f in res.findings if f.rule == "isa.forbidden-feature"]
+    assert bad
+    assert "AVX512F" in bad[0].message
+    assert "widen" in bad[0].message
+
+
+def test_vnni_variant_without_vnni_code_is_mislabeled(members: dict[str, bytes], out: Path) -> None:
+    m = _with_lib(members, "kt_kernel/cpu/libkt_cpu_avx512_vnni.so", members["kt_kernel/cpu/libkt_cpu_avx512_base.so"])
+    res = rules_of(write_wheel(out, m))
+    assert "isa.marker-missing" in res
+    assert "manifest.claim" in res
+
+
+def test_loader_above_baseline(members: dict[str, bytes], out: Path, tmp_path: Path) -> None:
+    (core,) = [n for n in members if n.startswith("kt_kernel/_core.") and n.endswith(".so")]
+    lib = compile_so(tmp_path, "core.so", AVX2_LOOP, "-mavx2", "-mfma")
+    assert "isa.loader-above-baseline" in rules_of(write_wheel(out, _with_lib(members, core, lib)))
+
+
+def test_variant_missing(members: dict[str, bytes], out: Path) -> None:
+    m = {n: d for n, d in members.items() if not n.endswith("libkt_cpu_amx.so")}
+    res = rules_of(write_wheel(out, m))
+    assert {"isa.variant-missing", "manifest.claim"} <= res
+
+
+# --- 7. size -------------------------------------------------------------------------------
+
+
+def test_over_budget(members: dict[str, bytes], out: Path, tmp_path: Path) -> None:
+    policy_file = tmp_path / "policy.toml"
+    text = DEFAULT_POLICY.read_text().replace("wheel_budget_mib = 100", "wheel_budget_mib = 1")
+    policy_file.write_text(text.replace('ladder = "../../', f'ladder = "{DEFAULT_POLICY.parent.parent.parent}/'))
+    m = _with_lib(members, "kt_kernel/blob.bin", os.urandom(2 << 20))
+    res = audit_wheel(write_wheel(out, m), load_policy(policy_file))
+    over = [f for f in res.findings if f.rule == "size.wheel-budget"]
+    assert over
+    assert "kt_kernel/blob.bin" in over[0].message
+
+
+def test_growth_against_baseline(kt_wheel: Path) -> None:
+    size = kt_wheel.stat().st_size
+    assert "size.growth" in rules_of(kt_wheel, baseline={"kt-kernel": size // 2})
+    assert "size.growth" not in rules_of(kt_wheel, baseline={"kt-kernel": size})
+
+
+# --- 8. build manifest -----------------------------------------------------------------
+
+
+def test_manifest_missing(members: dict[str, bytes], out: Path) -> None:
+    m = {n: d for n, d in members.items() if n != "kt_kernel/_build.json"}
+    assert "manifest.missing" in rules_of(write_wheel(out, m))
+
+
+def test_manifest_claims_wrong_features(members: dict[str, bytes], out: Path) -> None:
+    data = json.loads(members["kt_kernel/_build.json"])
+    data["variants"]["avx2"]["features"].append("AVX512F")
+    m = _with_lib(members, "kt_kernel/_build.json", json.dumps(data).encode())
+    assert "manifest.claim" in rules_of(write_wheel(out, m))
+
+
+def test_manifest_wrong_sha256(members: dict[str, bytes], out: Path) -> None:
+    data = json.loads(members["kt_kernel/_build.json"])
+    data["variants"]["avx2"]["sha256"] = "0" * 64
+    m = _with_lib(members, "kt_kernel/_build.json", json.dumps(data).encode())
+    assert "manifest.claim" in rules_of(write_wheel(out, m))
+
+
+def test_unlisted_native_library(members: dict[str, bytes], out: Path) -> None:
+    m = _with_lib(members, "kt_kernel/cpu/libkt_cpu_avx10.so", members["kt_kernel/cpu/libkt_cpu_avx2.so"])
+    assert "manifest.unlisted" in rules_of(write_wheel(out, m))
+
+
+# --- the CLI and the report ----------------------------------------------------------------
+
+
+def test_cli_writes_report_and_exits_nonzero_on_errors(kt_wheel: Path, members: dict[str, bytes],
+                                                        out: Path, tmp_path: Path) -> None:  # fmt: skip
+    from audits.__main__ import main
+
+    rep = tmp_path / "report.json"
+    assert main([str(kt_wheel), "--json", str(rep), "--markdown", str(tmp_path / "r.md")]) == 0
+    data = json.loads(rep.read_text())
+    assert data["schema_version"] == 1
+    assert data["passed"] is True
+    assert "cpu_variants" in data
+    assert "cuda_architectures" in data
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    m = dict(members)
+    m["kt_kernel/_cpu.py"] += b"#"
+    write_wheel(bad / kt_wheel.name, m, regenerate_record=False)
+    assert main([str(bad), "--json", str(rep)]) == 1
+    f = json.loads(rep.read_text())["findings"][0]
+    assert set(f) == {"rule", "severity", "wheel", "member", "message", "fix"}
+
+
+def test_every_rule_has_a_negative_test() -> None:
+    """Each rule id outside the CUDA section appears in this file's assertions."""
+    text = Path(__file__).read_text()
+    untested = [r for r, rule in RULES.items() if rule.section != "cuda" and f'"{r}"' not in text]
+    assert untested == []
+
+
+def test_run_over_a_directory(kt_wheel: Path) -> None:
+    report = run([kt_wheel.parent], POLICY)
+    assert report["passed"]
