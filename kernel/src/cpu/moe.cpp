@@ -57,7 +57,8 @@ struct Plan {
   int64_t P, H, I, ngh, ngi;
   size_t ldx, ldxb, ldxg, ldh, ldhq, ldhb, ldhg, ldo;
   Scratch s;
-  size_t o_xq, o_xs, o_xb, o_xg, o_h, o_hq, o_hs, o_hb, o_hg, o_out, o_amx;
+  size_t o_xq, o_xs, o_xb, o_xg, o_xi, o_h, o_hq, o_hs, o_hb, o_hg, o_hi, o_out, o_amx;
+  bool int_groups;  // RAWINT4 on int8 activations: int32 group sums of the activations
 
   explicit Plan(const kt_moe_args& args) : a(args) {}
 
@@ -68,6 +69,7 @@ struct Plan {
     ngh = a.wfmt == KT_RAWINT4 ? H / a.group_size : 0;
     ngi = a.wfmt == KT_RAWINT4 ? I / a.group_size : 0;
     bf16_path = KT_BF16_DOT && a.wfmt == KT_RAWINT4;
+    int_groups = !bf16_path && a.wfmt == KT_RAWINT4;
     // Every per-pair row is rounded up to 64 bytes.
     ldx = align_up(H);
     ldxb = align_up(2 * H);
@@ -81,11 +83,13 @@ struct Plan {
     o_xs = s.reserve(4 * P);
     o_xb = bf16_path ? s.reserve(P * ldxb) : 0;
     o_xg = bf16_path ? s.reserve(P * ldxg) : 0;
+    o_xi = int_groups ? s.reserve(P * ldxg) : 0;
     o_h = s.reserve(P * ldh);
     o_hq = s.reserve(P * ldhq);
     o_hs = s.reserve(4 * P);
     o_hb = bf16_path ? s.reserve(P * ldhb) : 0;
     o_hg = bf16_path ? s.reserve(P * ldhg) : 0;
+    o_hi = int_groups ? s.reserve(P * ldhg) : 0;
     o_out = s.reserve(P * ldo);
     // AMX per-thread: packed B (16*K), padded A (16*K), C (P*16 int32), K = max(H, I)
     const int64_t K = H > I ? H : I;
@@ -101,6 +105,8 @@ struct Plan {
   float* hs() const { return s.at<float>(o_hs); }
   uint16_t* hb(int64_t p) const { return s.at<uint16_t>(o_hb + p * ldhb); }
   float* hg(int64_t p) const { return s.at<float>(o_hg + p * ldhg); }
+  int32_t* xi(int64_t p) const { return s.at<int32_t>(o_xi + p * ldxg); }
+  int32_t* hi(int64_t p) const { return s.at<int32_t>(o_hi + p * ldhg); }
   float* out(int64_t p) const { return s.at<float>(o_out + p * ldo); }
 };
 
@@ -109,31 +115,44 @@ struct Proj {
   const kt_qweight& w;
   int64_t rows, cols;
   int wfmt, g;
-  float dot(int64_t e, int64_t r, const int8_t* q, float qs, const uint16_t* b, const float* gs) const {
+  int64_t groups;  // cols / g, computed once: a division per row is measurable
+  float dot(int64_t e, int64_t r, const int8_t* q, float qs, const int32_t* qg, const uint16_t* b,
+            const float* gs) const {
     const int64_t row = e * rows + r;
     if (wfmt == KT_INT8) {
       const int8_t* wr = static_cast<const int8_t*>(w.q) + row * cols;
       return static_cast<float>(dot_i8(wr, q, cols)) * qs * w.scale[row];
     }
-    const uint8_t* wr = static_cast<const uint8_t*>(w.q) + row * (cols / 2);
-    const float* sr = w.scale + row * (cols / g);
+    const uint8_t* wr = static_cast<const uint8_t*>(w.q) + row * (cols >> 1);
+    const float* sr = w.scale + row * groups;
 #if KT_BF16_DOT
     (void)q;
     (void)qs;
+    (void)qg;
     return dot_i4_bf16(wr, sr, b, gs, cols, g);
 #else
     (void)b;
     (void)gs;
-    return dot_i4(wr, sr, q, cols, g) * qs;
+    return dot_i4(wr, sr, q, qg, cols, g) * qs;
 #endif
   }
 };
 
-void prepare(const Plan& pl, int64_t p, const float* v, int64_t n, int8_t* q, float* qs, uint16_t* b, float* gs) {
-  if (pl.bf16_path)
+void prepare(const Plan& pl, int64_t p, const float* v, int64_t n, int8_t* q, float* qs, int32_t* qg, uint16_t* b,
+             float* gs) {
+  if (pl.bf16_path) {
     to_bf16_groups(v, n, pl.a.group_size, b, gs);
-  else
-    qs[p] = quantize_i8(v, n, q);
+    return;
+  }
+  qs[p] = quantize_i8(v, n, q);
+  if (pl.int_groups) {
+    const int g = pl.a.group_size;
+    for (int64_t i = 0; i < n; i += g) {
+      int32_t sum = 0;
+      for (int64_t j = i; j < i + g; ++j) sum += q[j];
+      qg[i / g] = sum;
+    }
+  }
 }
 
 // Gate/up rows [r0, r0 + 16) of expert e for all its pairs, through AMX.
@@ -186,9 +205,10 @@ int moe_forward(const kt_moe_args* args, char* err, size_t err_len) {
     std::snprintf(err, err_len, "out of memory allocating MoE scratch buffers");
     return 1;
   }
-  const Proj gate{a.gate, pl.I, pl.H, a.wfmt, a.group_size};
-  const Proj up{a.up, pl.I, pl.H, a.wfmt, a.group_size};
-  const Proj down{a.down, pl.H, pl.I, a.wfmt, a.group_size};
+  const int gs = a.group_size > 0 ? a.group_size : 1;
+  const Proj gate{a.gate, pl.I, pl.H, a.wfmt, a.group_size, pl.H / gs};
+  const Proj up{a.up, pl.I, pl.H, a.wfmt, a.group_size, pl.H / gs};
+  const Proj down{a.down, pl.H, pl.I, a.wfmt, a.group_size, pl.I / gs};
   const bool amx = amx_available() && a.wfmt == KT_INT8;
 
   // 1. Activations per sorted pair: int8 + scale, or bf16 + group sums.
@@ -201,8 +221,8 @@ int moe_forward(const kt_moe_args* args, char* err, size_t err_len) {
     } else {
       std::memcpy(row, static_cast<const float*>(a.x) + t * pl.H, static_cast<size_t>(pl.H) * 4);
     }
-    prepare(pl, p, row, pl.H, pl.xq(p), pl.xs(), pl.bf16_path ? pl.xb(p) : nullptr,
-            pl.bf16_path ? pl.xg(p) : nullptr);
+    prepare(pl, p, row, pl.H, pl.xq(p), pl.xs(), pl.int_groups ? pl.xi(p) : nullptr,
+            pl.bf16_path ? pl.xb(p) : nullptr, pl.bf16_path ? pl.xg(p) : nullptr);
   });
 
   // Work items: (active expert, row block).
@@ -219,17 +239,18 @@ int moe_forward(const kt_moe_args* args, char* err, size_t err_len) {
       const int8_t* q = pl.xq(p);
       const uint16_t* xb = pl.bf16_path ? pl.xb(p) : nullptr;
       const float* xg = pl.bf16_path ? pl.xg(p) : nullptr;
+      const int32_t* xi = pl.int_groups ? pl.xi(p) : nullptr;
       float* h = pl.h(p);
       for (int64_t r = r0; r < r0 + kRowsA; ++r) {
-        const float g = gate.dot(e, r, q, pl.xs()[p], xb, xg);
-        const float u = up.dot(e, r, q, pl.xs()[p], xb, xg);
+        const float g = gate.dot(e, r, q, pl.xs()[p], xi, xb, xg);
+        const float u = up.dot(e, r, q, pl.xs()[p], xi, xb, xg);
         h[r] = silu(g) * u;
       }
     }
   });
   parallel_for(pl.P, threads, [&](int64_t p, int) {
-    prepare(pl, p, pl.h(p), pl.I, pl.hq(p), pl.hs(), pl.bf16_path ? pl.hb(p) : nullptr,
-            pl.bf16_path ? pl.hg(p) : nullptr);
+    prepare(pl, p, pl.h(p), pl.I, pl.hq(p), pl.hs(), pl.int_groups ? pl.hi(p) : nullptr,
+            pl.bf16_path ? pl.hb(p) : nullptr, pl.bf16_path ? pl.hg(p) : nullptr);
   });
 
   // 3. down projection per pair.
@@ -244,8 +265,9 @@ int moe_forward(const kt_moe_args* args, char* err, size_t err_len) {
       const int8_t* q = pl.hq(p);
       const uint16_t* hb = pl.bf16_path ? pl.hb(p) : nullptr;
       const float* hg = pl.bf16_path ? pl.hg(p) : nullptr;
+      const int32_t* hi = pl.int_groups ? pl.hi(p) : nullptr;
       float* o = pl.out(p);
-      for (int64_t r = r0; r < r0 + kRowsC; ++r) o[r] = down.dot(e, r, q, pl.hs()[p], hb, hg);
+      for (int64_t r = r0; r < r0 + kRowsC; ++r) o[r] = down.dot(e, r, q, pl.hs()[p], hi, hb, hg);
     }
   });
 
