@@ -17,7 +17,7 @@ nox.needs_version = ">=2025.2.9"
 nox.options.default_venv_backend = "uv"
 nox.options.error_on_external_run = True
 nox.options.reuse_existing_virtualenvs = True
-nox.options.sessions = ["build_cpu", "audit"]
+nox.options.sessions = ["build_all", "audit"]
 
 PYTHON = "3.11"
 ROOT = Path(__file__).resolve().parent
@@ -51,6 +51,27 @@ def build_cpu(session: nox.Session) -> None:
     session.run("python", "kernel/tools/build_wheel.py", "--dist", str(DIST), *(f"--variant={v}" for v in args.variant))
 
 
+@nox.session(python=PYTHON, tags=["build"])
+def build_cuda(session: nox.Session) -> None:
+    """Build the kt-kernel wheel with its CUDA archive (hermetic PyPI toolchain) into dist/."""
+    p = _parser("build_cuda")
+    p.add_argument("--arch", action="append", default=[], help="CI shard: only this SASS arch (80, 86, 89, 90, 120)")
+    args = p.parse_args(session.posargs)
+    _install_lock(session, "toolchain")
+    _install_lock(session, "cuda")
+    session.run(
+        "python", "kernel/tools/build_wheel.py", "--dist", str(DIST), "--cuda", *(f"--cuda-arch={a}" for a in args.arch)
+    )
+
+
+@nox.session(python=PYTHON, tags=["build"])
+def build_all(session: nox.Session) -> None:
+    """Build everything into dist/: kt-kernel with six CPU variants and the CUDA archive."""
+    _install_lock(session, "toolchain")
+    _install_lock(session, "cuda")
+    session.run("python", "kernel/tools/build_wheel.py", "--dist", str(DIST), "--cuda")
+
+
 @nox.session(python=PYTHON)
 def tests(session: nox.Session) -> None:
     """Build the wheel, then run tests/unit and tests/integration against it."""
@@ -60,7 +81,7 @@ def tests(session: nox.Session) -> None:
     args = p.parse_args(session.posargs)
     _install_lock(session, "test")
     if not args.no_build:
-        session.run("python", "kernel/tools/build_wheel.py", "--dist", str(DIST))
+        session.run("python", "kernel/tools/build_wheel.py", "--dist", str(DIST), "--cuda")
     session.run("pytest", *args.pytest_args, env={"KT_DIST": str(DIST), "KT_FIND_LINKS": FIND_LINKS})
 
 

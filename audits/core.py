@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .analyzers import elf_rules, isa_rules, size_manifest, wheel_rules
+from .analyzers import cuda_rules, elf_rules, isa_rules, size_manifest, wheel_rules
 from .analyzers._common import finding
 from .errors import AuditError
 from .model import Finding
@@ -59,6 +59,8 @@ def audit_wheel(path: Path, policy: Policy, baseline: dict[str, Any] | None = No
     res.findings += isa_findings
     uses = {n: feature_uses(e) for n, e in elfs.items() if any(v.member == n for v in policy.variants)}
     res.findings += size_manifest.manifest(w, elfs, policy, uses)
+    cuda_findings, res.cuda = cuda_rules.cuda(w, policy, system)
+    res.findings += cuda_findings
     size_findings, res.sizes = size_manifest.size(w, policy, baseline)
     res.findings += size_findings
     return res

@@ -59,14 +59,45 @@ def run(cmd: list[str], step: str, env: dict[str, str]) -> None:
         raise BuildError(f"{step} failed (exit {proc.returncode}); see the output above")
 
 
-def build(dist: Path, work: Path, variants: list[str]) -> Path:
+def cuda_home() -> Path:
+    """CUDA_HOME, else the PyPI toolchain installed in this environment (lockfiles/cuda.txt)."""
+    if os.environ.get("CUDA_HOME"):
+        home = Path(os.environ["CUDA_HOME"])
+    else:
+        try:
+            import nvidia  # namespace package of the nvidia-* wheels
+
+            home = next(Path(p) / "cu13" for p in nvidia.__path__ if (Path(p) / "cu13" / "bin" / "nvcc").exists())
+        except (ImportError, StopIteration):
+            raise BuildError(
+                "no CUDA toolchain: nvcc was not found. Install lockfiles/cuda.txt into this environment "
+                "(nox -s build_cuda does) or set CUDA_HOME to a CUDA 12.8+ toolkit"
+            ) from None
+    if not (home / "bin" / "nvcc").exists():
+        raise BuildError(f"CUDA_HOME={home} has no bin/nvcc; point it at a CUDA 12.8+ toolkit")
+    return home
+
+
+def build(dist: Path, work: Path, variants: list[str], cuda_archs: list[str] | None = None) -> Path:
+    """cuda_archs: None for a CPU-only wheel, [] for the default architectures."""
     env = dict(os.environ)
     env["SOURCE_DATE_EPOCH"] = source_date_epoch()
     env["KT_CPU_VARIANTS"] = ";".join(variants) if variants else "all"
+    if cuda_archs is not None:
+        home = cuda_home()
+        env["CUDA_HOME"] = str(home)
+        env["CUDACXX"] = str(home / "bin" / "nvcc")
+        env["KT_CUDA"] = "ON"
+        if cuda_archs:
+            env["KT_CUDA_ARCHS"] = ";".join(cuda_archs)
+    else:
+        env["KT_CUDA"] = "OFF"
     env.setdefault("CMAKE_BUILD_PARALLEL_LEVEL", str(os.cpu_count() or 2))
     # Each configuration gets its own CMake build dir, so a sharded build never
     # reuses a full build's cache (and the reverse).
     tag = "all" if not variants else "-".join(variants)
+    if cuda_archs is not None:
+        tag += "-cuda" + ("-" + "-".join(cuda_archs) if cuda_archs else "")
     raw, repaired = work / "raw", work / "repaired"
     for d in (raw, repaired):
         shutil.rmtree(d, ignore_errors=True)
@@ -104,13 +135,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dist", type=Path, default=ROOT / "dist")
     p.add_argument("--work", type=Path, default=ROOT / "build" / "kt-kernel")
     p.add_argument("--variant", action="append", default=[], help="build only this CPU variant (repeatable)")
+    p.add_argument("--cuda", action="store_true", help="also build the CUDA archive")
+    p.add_argument("--cuda-arch", action="append", default=[], help="only this SASS arch, e.g. 90 (repeatable)")
     args = p.parse_args(argv)
     names = known_variants()
     for v in args.variant:
         if v not in names:
             p.error(f"--variant {v!r} is not a CPU variant; valid: {', '.join(names)}")
     try:
-        build(args.dist.resolve(), args.work.resolve(), args.variant)
+        cuda = args.cuda_arch if (args.cuda or args.cuda_arch) else None
+        build(args.dist.resolve(), args.work.resolve(), args.variant, cuda)
     except BuildError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1

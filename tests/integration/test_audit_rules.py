@@ -324,10 +324,113 @@ def test_cli_writes_report_and_exits_nonzero_on_errors(kt_wheel: Path, members: 
 def test_every_rule_has_a_negative_test() -> None:
     """Each rule id outside the CUDA section appears in this file's assertions."""
     text = Path(__file__).read_text()
-    untested = [r for r, rule in RULES.items() if rule.section != "cuda" and f'"{r}"' not in text]
+    untested = [r for r in RULES if f'"{r}"' not in text]
     assert untested == []
 
 
 def test_run_over_a_directory(kt_wheel: Path) -> None:
     report = run([kt_wheel.parent], POLICY)
     assert report["passed"]
+
+
+# --- 6. CUDA archive ---------------------------------------------------------------------
+
+PAYLOAD = "kt_kernel/cuda_archive/kt_cuda.tar.xz"
+
+
+def _repack(members: dict[str, bytes], files: dict[str, bytes], extra: Any = None) -> dict[str, bytes]:
+    """The wheel's members with a new payload, and a manifest that describes it honestly."""
+    import hashlib
+    import io
+    import lzma
+    import tarfile
+
+    raw = io.BytesIO()
+    with tarfile.open(fileobj=raw, mode="w") as tar:
+        for name, data in sorted(files.items()):
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+        if extra is not None:
+            tar.addfile(extra, io.BytesIO(b"x" * extra.size))
+    payload = lzma.compress(raw.getvalue())
+    manifest = json.loads(members["kt_kernel/_build.json"])
+    manifest["cuda"]["sha256"] = hashlib.sha256(payload).hexdigest()
+    manifest["cuda"]["files"] = {n: {"sha256": hashlib.sha256(d).hexdigest(), "sass": [], "ptx": []}
+                                 for n, d in files.items()}  # fmt: skip
+    return _with_lib(_with_lib(members, PAYLOAD, payload), "kt_kernel/_build.json", json.dumps(manifest).encode())
+
+
+def _payload_files(members: dict[str, bytes]) -> dict[str, bytes]:
+    import io
+    import tarfile
+
+    with tarfile.open(fileobj=io.BytesIO(members[PAYLOAD]), mode="r:xz") as tar:
+        return {i.name: tar.extractfile(i).read() for i in tar if i.isfile()}  # type: ignore[union-attr]
+
+
+def _nvcc() -> str:
+    from audits.readers._cuda import find_cuobjdump
+
+    tool = find_cuobjdump()
+    nvcc = Path(tool).with_name("nvcc") if tool else None
+    if nvcc is None or not nvcc.exists():
+        pytest.fail("nvcc missing: lockfiles/test.txt installs the CUDA toolchain")
+    return str(nvcc)
+
+
+def test_cuda_library_missing_an_arch_and_kernels(members: dict[str, bytes], out: Path, tmp_path: Path) -> None:
+    import subprocess
+
+    src = tmp_path / "k.cu"
+    src.write_text(
+        "__global__ void router_topk_kernel(float *x) { x[threadIdx.x] = 1.f; }\n"
+        'extern "C" __attribute__((visibility("default"))) int kt_cuda_abi_version(void) { return 1; }\n'
+    )
+    lib = tmp_path / "libkt_cuda.so"
+    subprocess.run([_nvcc(), "-shared", "-Xcompiler", "-fPIC", "-cudart", "static",
+                    "-gencode", "arch=compute_80,code=sm_80", "-o", str(lib), str(src)], check=True)  # fmt: skip
+    files = _payload_files(members)
+    files["lib/libkt_cuda.so"] = lib.read_bytes()
+    res = audit_wheel(write_wheel(out, _repack(members, files)), POLICY)
+    rules = {f.rule for f in res.findings}
+    assert {"cuda.arch-set", "cuda.kernel-missing"} <= rules
+    arch = next(f for f in res.findings if f.rule == "cuda.arch-set")
+    assert "sm_120" in arch.message
+    assert any("dequant_int8_kernel" in f.message for f in res.findings if f.rule == "cuda.kernel-missing")
+
+
+def test_ptx_newer_than_the_driver_floor(kt_wheel: Path, tmp_path: Path) -> None:
+    policy_file = tmp_path / "policy.toml"
+    text = DEFAULT_POLICY.read_text().replace('min_driver_ptx_isa = "9.5"', 'min_driver_ptx_isa = "8.0"')
+    policy_file.write_text(text.replace('ladder = "../../', f'ladder = "{DEFAULT_POLICY.parent.parent.parent}/'))
+    assert "cuda.ptx-version" in rules_of(kt_wheel, load_policy(policy_file))
+
+
+def test_cuobjdump_missing_is_reported(kt_wheel: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("KT_CUOBJDUMP", "/nonexistent/cuobjdump")
+    res = audit_wheel(kt_wheel, POLICY)
+    # An audit that could not look is not a pass.
+    assert [f.severity for f in res.findings if f.rule == "cuda.tool-missing"] == ["error"]
+
+
+def test_payload_member_escaping_the_root(members: dict[str, bytes], out: Path) -> None:
+    import tarfile
+
+    evil = tarfile.TarInfo("../../etc/evil.so")
+    evil.size = 3
+    assert "cuda.payload" in rules_of(write_wheel(out, _repack(members, _payload_files(members), evil)))
+
+
+def test_payload_library_with_absolute_rpath(members: dict[str, bytes], out: Path, tmp_path: Path) -> None:
+    files = _payload_files(members)
+    files["lib/libextra.so"] = compile_so(tmp_path, "x.so", "int kt_cuda_x(void) { return 1; }",
+                                          "-Wl,-rpath,/usr/local/cuda/lib64")  # fmt: skip
+    assert "rpath.not-origin" in rules_of(write_wheel(out, _repack(members, files)))
+
+
+def test_clean_payload_is_rechecked_inside_its_layout(kt_wheel: Path) -> None:
+    """The sm90a library resolves libkt_cuda.so through $ORIGIN/../lib inside the payload."""
+    res = audit_wheel(kt_wheel, POLICY)
+    assert res.cuda["libraries"]["sm90a/libkt_cuda_sm90a.so"]["sass"] == ["sm_90a"]
+    assert not [f for f in res.findings if f.rule.startswith(("rpath.", "cuda."))]

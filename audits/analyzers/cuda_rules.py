@@ -1,0 +1,119 @@
+"""Rule 6: the lazy CUDA archive - payload safety, SASS/PTX coverage per
+library, every kernel for every arch, PTX ISA within the driver floor; and the
+ELF/RPATH rules inside the payload's own layout."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import posixpath
+from typing import Any
+
+from ..model import Finding
+from ..policy import Policy
+from ..readers import ElfFacts, WheelFacts, read_elf
+from ..readers._cuda import find_cuobjdump, read_cuda, read_payload
+from . import elf_rules
+from ._common import finding
+
+
+def _version_key(v: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in v.split("."))
+
+
+def cuda(w: WheelFacts, policy: Policy, system: frozenset[str]) -> tuple[list[Finding], dict[str, Any]]:
+    fn = w.filename
+    member = w.member(policy.cuda_payload_member) if policy.cuda_payload_member else None
+    if member is None:
+        return [], {}
+    out: list[Finding] = []
+    try:
+        entries = read_payload(member.data)
+    except ValueError as exc:
+        return [finding("cuda.payload", fn, member.name, f"unreadable payload: {exc}", "rebuild the wheel")], {}
+    files: dict[str, bytes] = {}
+    for e in entries:
+        norm = posixpath.normpath(e.name)
+        if e.name.startswith("/") or norm == ".." or norm.startswith("../"):
+            out.append(finding("cuda.payload", fn, member.name, f"member {e.name!r} escapes the archive root",
+                               "pack the payload with kernel/cmake/pack_cuda_payload.py only"))  # fmt: skip
+        elif e.kind == "special":
+            out.append(finding("cuda.payload", fn, member.name, f"member {e.name!r} is a special file",
+                               "the payload holds regular files only"))  # fmt: skip
+        elif e.kind == "link":
+            out.append(finding("cuda.payload", fn, member.name, f"member {e.name!r} is a link to {e.linkname!r}",
+                               "the payload holds regular files only; the loader refuses links"))  # fmt: skip
+        elif e.kind == "file":
+            files[norm] = e.data
+    manifest = w.member("kt_kernel/_build.json")
+    claimed: dict[str, Any] = {}
+    if manifest is not None:
+        try:
+            claimed = json.loads(manifest.data).get("cuda") or {}
+        except ValueError:
+            claimed = {}
+    if claimed:
+        actual = hashlib.sha256(member.data).hexdigest()
+        if claimed.get("sha256") != actual:
+            out.append(finding("manifest.claim", fn, member.name, f"payload sha256 {actual} differs from the "
+                               f"claimed {claimed.get('sha256')}", "rebuild the wheel"))  # fmt: skip
+        for name in sorted(set(claimed.get("files", {})) ^ set(files)):
+            where = "listed in _build.json but not in the payload" if name not in files else "not in _build.json"
+            out.append(finding("manifest.claim", fn, f"{member.name}!{name}", f"{name} is {where}",
+                               "rebuild the wheel"))  # fmt: skip
+    elfs: list[ElfFacts] = []
+    for name, blob in sorted(files.items()):
+        facts = read_elf(f"{member.name}!{name}", blob)
+        if facts is not None:
+            elfs.append(facts)
+    out += elf_rules.elf_abi(fn, str(w.name), elfs, policy)
+    out += elf_rules.rpath(fn, elfs, list(files), system)
+    tool = find_cuobjdump()
+    section: dict[str, Any] = {"payload": member.name, "payload_bytes": member.size, "libraries": {}}
+    if tool is None:
+        out.append(finding("cuda.tool-missing", fn, member.name, "cuobjdump not found: SASS/PTX were not checked",
+                           "install nvidia-cuda-cuobjdump (lockfiles/audit.txt) or set KT_CUOBJDUMP"))  # fmt: skip
+        return out, section
+    for lib in policy.cuda_libraries:
+        label = f"{member.name}!{lib.member}"
+        lib_data = files.get(lib.member)
+        if lib_data is None:
+            out.append(finding("cuda.arch-set", fn, label, f"{lib.member} is not in the payload",
+                               "build with KT_CUDA=ON and every architecture (nox -s build_cuda)"))  # fmt: skip
+            continue
+        try:
+            cfacts = read_cuda(tool, lib_data)
+        except ValueError as exc:
+            out.append(finding("cuda.payload", fn, label, str(exc), "rebuild the CUDA libraries"))
+            continue
+        if cfacts.sass != lib.sass or cfacts.ptx != lib.ptx:
+            missing = sorted((lib.sass - cfacts.sass) | (lib.ptx - cfacts.ptx))
+            extra = sorted((cfacts.sass - lib.sass) | (cfacts.ptx - lib.ptx))
+            out.append(finding(
+                "cuda.arch-set", fn, label,
+                f"holds SASS {sorted(cfacts.sass)} + PTX {sorted(cfacts.ptx)}; the policy wants SASS "
+                f"{sorted(lib.sass)} + PTX {sorted(lib.ptx)} (missing {missing or 'none'}, "
+                f"unexpected {extra or 'none'})",
+                "set CUDA_ARCHITECTURES in kernel/CMakeLists.txt (KT_CUDA_ARCHS) to the policy's list",
+            ))  # fmt: skip
+        wanted = policy.cuda_kernels if lib.member.endswith("libkt_cuda.so") else ()
+        for arch in sorted(cfacts.sass):
+            names = cfacts.kernels.get(arch, frozenset())
+            for k in wanted:
+                if not any(k in n for n in names):
+                    out.append(finding("cuda.kernel-missing", fn, label, f"kernel {k} has no {arch} SASS",
+                                       "check the kernel is compiled for every architecture (no __CUDA_ARCH__ guard "
+                                       "drops it)"))  # fmt: skip
+        for v in sorted(cfacts.ptx_versions):
+            if policy.cuda_min_driver_ptx_isa and _version_key(v) > _version_key(policy.cuda_min_driver_ptx_isa):
+                out.append(finding(
+                    "cuda.ptx-version", fn, label,
+                    f"PTX ISA {v} is newer than {policy.cuda_min_driver_ptx_isa}, the newest the policy's minimum "
+                    "driver can JIT", "build the PTX with an older toolkit, or raise min_driver_ptx_isa (and the "
+                    "documented driver floor) in the policy",
+                ))  # fmt: skip
+        section["libraries"][lib.member] = {
+            "bytes": len(lib_data), "sass": sorted(cfacts.sass), "ptx": sorted(cfacts.ptx),
+            "ptx_isa": sorted(cfacts.ptx_versions), "kernels": {a: len(k) for a, k in sorted(cfacts.kernels.items())},
+        }  # fmt: skip
+    return out, section

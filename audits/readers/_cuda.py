@@ -1,0 +1,106 @@
+"""CUDA readers: the lazy payload (tar.xz) and cuobjdump's view of a library."""
+
+from __future__ import annotations
+
+import io
+import lzma
+import os
+import re
+import shutil
+import subprocess
+import tarfile
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+CUOBJDUMP_ENV = "KT_CUOBJDUMP"
+
+
+@dataclass(frozen=True)
+class PayloadEntry:
+    name: str
+    kind: str  # "file", "dir", "link", "special"
+    data: bytes
+    linkname: str = ""
+
+
+def read_payload(data: bytes) -> list[PayloadEntry]:
+    """Entries of an xz-compressed tar, nothing extracted; raises ValueError if unreadable."""
+    try:
+        with tarfile.open(fileobj=io.BytesIO(data), mode="r:xz") as tar:
+            out = []
+            for info in tar:
+                if info.isfile():
+                    fh = tar.extractfile(info)
+                    out.append(PayloadEntry(info.name, "file", fh.read() if fh else b""))
+                elif info.isdir():
+                    out.append(PayloadEntry(info.name, "dir", b""))
+                elif info.issym() or info.islnk():
+                    out.append(PayloadEntry(info.name, "link", b"", info.linkname))
+                else:
+                    out.append(PayloadEntry(info.name, "special", b""))
+            return out
+    except (tarfile.TarError, lzma.LZMAError, EOFError) as exc:
+        raise ValueError(str(exc)) from exc
+
+
+def find_cuobjdump() -> str | None:
+    if os.environ.get(CUOBJDUMP_ENV):
+        path = os.environ[CUOBJDUMP_ENV]
+        return path if Path(path).is_file() else None
+    found = shutil.which("cuobjdump")
+    if found:
+        return found
+    try:
+        import nvidia  # the PyPI CUDA wheels' namespace package
+
+        for p in nvidia.__path__:
+            for cand in sorted(Path(p).glob("cu*/bin/cuobjdump")):
+                return str(cand)
+    except ImportError:
+        pass
+    return None
+
+
+@dataclass(frozen=True)
+class CudaFacts:
+    sass: frozenset[str]
+    ptx: frozenset[str]
+    # arch -> kernel (mangled) names in that cubin
+    kernels: dict[str, frozenset[str]]
+    ptx_versions: frozenset[str]
+
+
+def _run(tool: str, *args: str) -> str:
+    proc = subprocess.run([tool, *args], capture_output=True, text=True, check=False)
+    if proc.returncode != 0 and "does not contain" not in proc.stderr:
+        raise ValueError(f"cuobjdump {' '.join(args[:-1])} failed: {proc.stderr.strip()}")
+    return proc.stdout
+
+
+def read_cuda(tool: str, data: bytes) -> CudaFacts:
+    """What cuobjdump lists in one ELF: SASS archs, PTX archs, kernels per arch, PTX ISA versions."""
+    with tempfile.NamedTemporaryFile(suffix=".so") as fh:
+        fh.write(data)
+        fh.flush()
+        sass = re.findall(r"\.(sm_\d+[a-z]?)\.cubin", _run(tool, "--list-elf", fh.name))
+        ptx = [
+            a.replace("sm_", "compute_")
+            for a in re.findall(r"\.(sm_\d+[a-z]?)\.ptx", _run(tool, "--list-ptx", fh.name))
+        ]
+        kernels: dict[str, set[str]] = {}
+        arch = ""
+        for line in _run(tool, "--dump-resource-usage", fh.name).splitlines():
+            m = re.match(r"\s*arch = (sm_\w+)", line)
+            if m:
+                arch = m.group(1)
+                kernels.setdefault(arch, set())
+            m = re.match(r"\s*Function (\S+):", line)
+            if m and arch:
+                kernels[arch].add(m.group(1))
+        versions = (
+            set(re.findall(r"^\.version (\d+\.\d+)", _run(tool, "--dump-ptx", fh.name), re.MULTILINE)) if ptx else set()
+        )
+    return CudaFacts(
+        frozenset(sass), frozenset(ptx), {a: frozenset(k) for a, k in kernels.items()}, frozenset(versions)
+    )
