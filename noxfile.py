@@ -64,12 +64,16 @@ def build_cuda(session: nox.Session) -> None:
     )
 
 
+KERNEL_OUT = ROOT / "build" / "kt-kernel" / "out"
+
+
 @nox.session(python=PYTHON, tags=["build"])
 def build_all(session: nox.Session) -> None:
-    """Build everything into dist/: kt-kernel with six CPU variants and the CUDA archive."""
+    """Build the release into dist/: kt-kernel (CPU variants + CUDA archive), then every carrier, atomically."""
     _install_lock(session, "toolchain")
     _install_lock(session, "cuda")
-    session.run("python", "kernel/tools/build_wheel.py", "--dist", str(DIST), "--cuda")
+    session.run("python", "kernel/tools/build_wheel.py", "--dist", str(KERNEL_OUT), "--cuda")
+    session.run("python", "-m", "carriers", "assemble", "--kernel", str(KERNEL_OUT), "--dist", str(DIST))
 
 
 @nox.session(python=PYTHON)

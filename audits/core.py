@@ -54,7 +54,9 @@ def audit_wheel(path: Path, policy: Policy, baseline: dict[str, Any] | None = No
     res.findings += wheel_rules.tags(w, elf_list)
     res.findings += elf_rules.elf_abi(w.filename, str(w.name), elf_list, policy)
     system = wheel_rules.system_libraries(w)
-    res.findings += elf_rules.rpath(w.filename, elf_list, [m.name for m in w.members], system)
+    required = wheel_rules.required_names(w)
+    external = [p for p in policy.external if p.provider in required]
+    res.findings += elf_rules.rpath(w.filename, elf_list, [m.name for m in w.members], system, external)
     isa_findings, res.cpu = isa_rules.isa(w.filename, elfs, policy)
     res.findings += isa_findings
     uses = {n: feature_uses(e) for n, e in elfs.items() if any(v.member == n for v in policy.variants)}

@@ -18,7 +18,7 @@ DEFAULT_POLICY = Path(__file__).resolve().parent / "policy" / "default.toml"
 _SCHEMA: dict[str, Any] = {
     "schema_version": None,
     "size": {"wheel_budget_mib": None, "growth_threshold_pct": None},
-    "elf": {"forbidden_needed": None, "exports": {"allowed": None, "applies_to": None}},
+    "elf": {"forbidden_needed": None, "external": None, "exports": {"allowed": None, "applies_to": None}},
     "isa": {
         "ladder": None,
         "variant_member": None,
@@ -49,6 +49,13 @@ class ForbiddenNeeded:
 
 
 @dataclass(frozen=True)
+class ExternalProvider:
+    provider: str
+    path: str
+    libraries: tuple[str, ...]
+
+
+@dataclass(frozen=True)
 class CpuVariantPolicy:
     name: str
     features: frozenset[str]
@@ -70,6 +77,7 @@ class Policy:
     wheel_budget_bytes: int
     growth_threshold_pct: float
     forbidden_needed: tuple[ForbiddenNeeded, ...]
+    external: tuple[ExternalProvider, ...]
     exports_allowed: tuple[str, ...]
     exports_applies_to: frozenset[str]
     variants: tuple[CpuVariantPolicy, ...]
@@ -135,6 +143,9 @@ def load_policy(path: Path | None = None) -> Policy:
             wheel_budget_bytes=int(float(size["wheel_budget_mib"]) * (1 << 20)),
             growth_threshold_pct=float(size["growth_threshold_pct"]),
             forbidden_needed=tuple(ForbiddenNeeded(f["pattern"], f["fix"]) for f in elf["forbidden_needed"]),
+            external=tuple(
+                ExternalProvider(e["provider"], e["path"], tuple(e["libraries"])) for e in elf.get("external", [])
+            ),
             exports_allowed=tuple(elf["exports"]["allowed"]),
             exports_applies_to=frozenset(elf["exports"]["applies_to"]),
             variants=tuple(variants),

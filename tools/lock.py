@@ -112,10 +112,14 @@ def generate(name: str) -> None:
     if uv is None:
         raise LockError("uv is not on PATH; install lockfiles/nox.txt (it pins uv)")
     out = LOCKDIR / f"{name}.txt"
+    src = LOCKDIR / f"{name}.in"
+    # A `#:uv-args ...` line in the input adds resolver options (and may replace the platform).
+    extra = [a for line in src.read_text().splitlines() if line.startswith("#:uv-args") for a in line.split()[1:]]
+    platform = [] if "--python-platform" in extra else ["--python-platform", PLATFORM]
     cmd = [
         uv, "pip", "compile", "--quiet", "--generate-hashes", "--no-header", "--no-annotate",
-        "--python-version", PYTHON_VERSION, "--python-platform", PLATFORM,
-        "--index-url", "https://pypi.org/simple", str(LOCKDIR / f"{name}.in"),
+        "--python-version", PYTHON_VERSION, *platform, *extra,
+        "--index-url", "https://pypi.org/simple", str(src),
     ]  # fmt: skip
     links = os.environ.get(FIND_LINKS_ENV, "/opt/wheels")
     if Path(links).is_dir():

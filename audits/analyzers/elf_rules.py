@@ -7,7 +7,7 @@ import posixpath
 from collections.abc import Collection
 
 from ..model import Finding
-from ..policy import Policy
+from ..policy import ExternalProvider, Policy
 from ..readers import ElfFacts
 from ._common import finding
 
@@ -52,11 +52,13 @@ def _search_dirs(e: ElfFacts, member_dir: str) -> tuple[list[str], list[str]]:
     return dirs, bad
 
 
-def rpath(wheel: str, elfs: list[ElfFacts], tree: Collection[str], system: Collection[str]) -> list[Finding]:
+def rpath(wheel: str, elfs: list[ElfFacts], tree: Collection[str], system: Collection[str],
+          external: Collection[ExternalProvider] = ()) -> list[Finding]:  # fmt: skip
     """Every RPATH entry is $ORIGIN-relative; every non-system DT_NEEDED resolves inside `tree`.
 
     `tree` holds the paths the ELF files live among: the wheel's members, or a
     CUDA payload's layout once extracted (member names "payload!inner/path").
+    `external`: providers this wheel requires whose libraries may resolve outside it.
     """
     out: list[Finding] = []
     by_dir: dict[str, set[str]] = {}
@@ -75,6 +77,10 @@ def rpath(wheel: str, elfs: list[ElfFacts], tree: Collection[str], system: Colle
             ))  # fmt: skip
         for lib in e.needed:
             if lib in system or "/" in lib:
+                continue
+            entries = e.runpath or e.rpath
+            if any(fnmatch.fnmatch(lib, pat) and any(x.rstrip("/").endswith(p.path) for x in entries)
+                   for p in external for pat in p.libraries):  # fmt: skip
                 continue
             if any(lib in by_dir.get(d.lstrip("./") if d != "." else "", set()) or lib in by_dir.get(d, set())
                    for d in dirs):  # fmt: skip

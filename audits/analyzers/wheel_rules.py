@@ -131,6 +131,18 @@ def metadata(w: WheelFacts) -> list[Finding]:
     return out
 
 
+def required_names(w: WheelFacts) -> frozenset[str]:
+    """Normalized names of the distributions the wheel requires (any extra)."""
+    text = w.text(f"{w.dist_info}/METADATA") or ""
+    names = set()
+    for line in HeaderParser().parsestr(text).get_all("Requires-Dist", []):
+        try:
+            names.add(canonicalize_name(Requirement(line).name))
+        except InvalidRequirement:
+            continue
+    return frozenset(names)
+
+
 @cache
 def _manylinux_policies() -> list[dict[str, Any]]:
     """auditwheel's manylinux policy data (symbol versions, library whitelist)."""

@@ -1,0 +1,123 @@
+"""Assemble the release into dist/: every carrier wheel, checked for
+consistency, with SHA256SUMS and manifest.json - swapped in atomically, so a
+failure leaves the previous dist/ exactly as it was."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from packaging.utils import parse_wheel_filename
+
+from . import consistency, inputs, transform, wheelio
+from .errors import ConsistencyError, InputError
+from .model import CarrierSet
+
+
+@dataclass
+class Built:
+    name: str
+    version: str
+    kind: str
+    path: Path
+    inputs: list[dict[str, str]] = field(default_factory=list)
+    patches: list[dict[str, str]] = field(default_factory=list)
+
+
+def _metadata(path: Path) -> tuple[str, list[str]]:
+    members = wheelio.read(path)
+    text = members[f"{wheelio.dist_info(members)}/METADATA"].decode("utf-8")
+    return wheelio.metadata_field(text, "Version")[0], wheelio.metadata_field(text, "Requires-Dist")
+
+
+def build_set(cs: CarrierSet, kernel_wheel: Path, out: Path, *, lock: Path = inputs.LOCK, cache: Path | None = None,
+              given: Mapping[str, Path] | None = None, only: frozenset[str] | None = None) -> list[Built]:  # fmt: skip
+    """Every carrier (or `only` these) into `out`. given: upstream name -> wheel path (verified against the lock)."""
+    given = given or {}
+    sources: dict[str, inputs.Input] = {}
+    for c in cs.carriers:
+        if c.kind not in ("fork", "repack"):
+            continue
+        if c.source is not None:
+            sources[c.name] = inputs.build_source(c.name, c.source, cache)
+        elif c.upstream in given:
+            sources[c.name] = inputs.verify(given[c.upstream], c.upstream, lock)
+        else:
+            sources[c.name] = inputs.fetch(c.upstream, lock, cache)
+    upstream_of = {n: i.version for n, i in sources.items()}
+    versions: dict[str, str] = {}
+    for c in cs.carriers:
+        if c.kind == "native":
+            versions[c.name] = str(parse_wheel_filename(kernel_wheel.name)[1])
+            if versions[c.name] != cs.kt_version:
+                raise ConsistencyError(f"{kernel_wheel.name} is version {versions[c.name]}, the KT version is "
+                                       f"{cs.kt_version}; rebuild kt-kernel (nox -s build_cuda)")  # fmt: skip
+        else:
+            versions[c.name] = transform.carrier_version(c, cs, upstream_of.get(c.name, ""))
+    built: list[Built] = []
+    for c in cs.carriers:
+        if only is not None and c.name not in only:
+            continue
+        if c.kind == "native":
+            dest = out / kernel_wheel.name
+            shutil.copyfile(kernel_wheel, dest)
+            built.append(Built(c.name, versions[c.name], c.kind, dest))
+        elif c.kind == "umbrella":
+            built.append(Built(c.name, versions[c.name], c.kind, transform.umbrella(c, cs, versions, out)))
+        else:
+            src = sources[c.name]
+            path = transform.derive(c, cs, src.path, out, versions, upstream_of)
+            built.append(Built(c.name, versions[c.name], c.kind, path,
+                               inputs=[{"name": src.name, "version": src.version, "filename": src.path.name,
+                                        "sha256": src.sha256}],
+                               patches=[{"file": p.name, "sha256": inputs.sha256(p)} for p in c.patches]))  # fmt: skip
+    return built
+
+
+def assemble(cs: CarrierSet, kernel_wheel: Path, dist: Path, **kwargs: Any) -> dict[str, Any]:
+    """Build, check, describe, then swap `dist` in whole. Returns the manifest."""
+    t0 = time.perf_counter()
+    dist = dist.resolve()
+    dist.parent.mkdir(parents=True, exist_ok=True)
+    staging = dist.parent / f".{dist.name}-staging-{os.getpid()}"
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir()
+    try:
+        built = build_set(cs, kernel_wheel, staging, **kwargs)
+        report = consistency.check(cs, {b.name: _metadata(b.path) for b in built})
+        if report.problems:
+            raise ConsistencyError("the carrier set is inconsistent:\n  " + "\n  ".join(report.problems))
+        wheels = []
+        for b in built:
+            digest = inputs.sha256(b.path)
+            wheels.append({"name": b.name, "version": b.version, "kind": b.kind, "filename": b.path.name,
+                           "sha256": digest, "size": b.path.stat().st_size, "inputs": b.inputs,
+                           "patches": b.patches})  # fmt: skip
+        manifest = {"schema_version": 1, "kt_version": cs.kt_version, "torch": report.torch,
+                    "torch_candidates": list(report.torch_candidates), "wheels": wheels}  # fmt: skip
+        (staging / "SHA256SUMS").write_text("".join(f"{w['sha256']}  {w['filename']}\n" for w in wheels))
+        (staging / "manifest.json").write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+        # The swap: two renames; dist/ is the old tree or the new one, never a mix.
+        old = dist.parent / f".{dist.name}-old-{os.getpid()}"
+        if dist.exists():
+            dist.rename(old)
+        staging.rename(dist)
+        shutil.rmtree(old, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    manifest["elapsed_s"] = round(time.perf_counter() - t0, 2)
+    return manifest
+
+
+def kernel_from(path: Path) -> Path:
+    wheels = sorted(path.glob("kt_kernel-*.whl")) if path.is_dir() else [path]
+    if len(wheels) != 1 or not wheels[0].exists():
+        raise InputError(f"{path}: expected exactly one repaired kt_kernel wheel; run nox -s build_cuda first")
+    return wheels[0]

@@ -1,0 +1,63 @@
+"""The carrier set agrees with itself: exact cross-pins (compared as versions,
+never substrings), rewritten bounds that admit the forks, one torch, and no
+upstream project the forks replace."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from packaging.requirements import Requirement
+from packaging.specifiers import SpecifierSet
+from packaging.utils import canonicalize_name
+from packaging.version import InvalidVersion, Version
+
+from .model import UPSTREAMS_REPLACED, CarrierSet
+
+
+@dataclass(frozen=True)
+class Report:
+    problems: tuple[str, ...]
+    torch: str  # the intersection of every carrier's torch specifiers
+    torch_candidates: tuple[str, ...]
+
+
+def check(cs: CarrierSet, metadata: Mapping[str, tuple[str, list[str]]]) -> Report:
+    """metadata: carrier -> (version, Requires-Dist lines) as read back from the built wheels."""
+    problems: list[str] = []
+    versions = {n: Version(v) for n, (v, _) in metadata.items()}
+    carriers = {c.name: c for c in cs.carriers}
+    torch_specs: list[tuple[str, SpecifierSet]] = []
+    for name, (_, requires) in sorted(metadata.items()):
+        kind = carriers[name].kind if name in carriers else "?"
+        for line in requires:
+            req = Requirement(line)
+            dep = canonicalize_name(req.name)
+            where = f"{name}: Requires-Dist {line!r}"
+            if dep in UPSTREAMS_REPLACED:
+                problems.append(f"{where} still names upstream {dep}; rewrite it to {cs.by_upstream().get(dep, '?')}")
+            if dep == "torch" and req.specifier:
+                torch_specs.append((name, req.specifier))
+            if dep not in versions:
+                continue
+            sibling = versions[dep]
+            pins = [s for s in req.specifier if s.operator in ("==", "===")]
+            if kind == "umbrella" or pins:
+                # Exact pins compare as versions: 5.6.0.post2 never equals 5.6.0.post20.
+                try:
+                    exact = len(pins) == 1 and len(req.specifier) == 1 and Version(pins[0].version) == sibling
+                except InvalidVersion:
+                    exact = False
+                if not exact:
+                    problems.append(f"{where} must pin {dep}=={sibling} exactly (the version {dep} is built at)")
+            elif not req.specifier.contains(sibling, prereleases=True):
+                problems.append(f"{where}: the bound no longer admits {dep} {sibling}; the repack would be "
+                                "uninstallable beside its sibling")  # fmt: skip
+    combined = SpecifierSet(",".join(str(s) for _, s in torch_specs))
+    candidates = sorted({Version(sp.version.replace(".*", "")) for _, s in torch_specs for sp in s
+                         if sp.operator in ("==", ">=", "~=", "===")})  # fmt: skip
+    ok = tuple(str(v) for v in candidates if combined.contains(v, prereleases=True))
+    if torch_specs and not ok:
+        owners = "; ".join(f"{n}: torch{s}" for n, s in torch_specs)
+        problems.append(f"the carriers' torch requirements have no common version ({owners})")
+    return Report(tuple(problems), str(combined) or "(unconstrained)", ok)

@@ -1,0 +1,132 @@
+"""Inputs: upstream wheels fetched with pip and verified against the lock, or a
+git commit built with `python -m build`. Everything is cached by content."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from packaging.utils import canonicalize_name, parse_wheel_filename
+
+from .errors import InputError
+from .model import ROOT, Source
+
+LOCK = ROOT / "lockfiles" / "carrier-inputs.txt"
+CACHE_ENV = "KT_RELEASE_CACHE"
+# Platforms an input wheel may carry (pip matches --platform exactly, so list them).
+PLATFORMS = ("manylinux_2_34_x86_64", "manylinux_2_28_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64")
+
+
+@dataclass(frozen=True)
+class Input:
+    name: str
+    version: str
+    path: Path
+    sha256: str
+
+
+def sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def default_cache() -> Path:
+    return Path(os.environ.get(CACHE_ENV) or ROOT / "build" / "cache" / "inputs")
+
+
+def locked_pins(lock: Path = LOCK) -> dict[str, tuple[str, tuple[str, ...]]]:
+    """name -> (version, allowed sha256s) from the hash-locked inputs."""
+    sys.path.insert(0, str(ROOT))
+    try:
+        from tools.lock import parse_lock
+    finally:
+        sys.path.pop(0)
+    return {n: (str(p.version), p.hashes) for n, p in parse_lock(lock).items()}
+
+
+def fetch(name: str, lock: Path = LOCK, cache: Path | None = None) -> Input:
+    """The locked wheel of upstream `name`, downloaded once and verified every time."""
+    pins = locked_pins(lock)
+    key = canonicalize_name(name)
+    if key not in pins:
+        raise InputError(f"{lock}: {name} is not locked; add it to lockfiles/carrier-inputs.in and run `nox -s lock`")
+    version, hashes = pins[key]
+    cache = cache or default_cache()
+    for cached in sorted((cache / key).glob("*.whl")) if (cache / key).is_dir() else []:
+        if parse_wheel_filename(cached.name)[1] == parse_wheel_filename(f"x-{version}-py3-none-any.whl")[1]:
+            digest = sha256(cached)
+            if digest in hashes:
+                return Input(key, version, cached, digest)
+            cached.unlink()  # stale or tampered cache entry: fetch again
+    with tempfile.TemporaryDirectory() as tmp:
+        cmd = [sys.executable, "-m", "pip", "download", "--isolated", "--no-deps", "--only-binary", ":all:",
+               "--index-url", os.environ.get("KT_INPUT_INDEX_URL", "https://pypi.org/simple"),
+               "--python-version", "3.11", "--implementation", "cp", "--abi", "cp311",
+               *(f"--platform={p}" for p in PLATFORMS), "-d", tmp, f"{name}=={version}"]  # fmt: skip
+        proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+        wheels = sorted(Path(tmp).glob("*.whl"))
+        if proc.returncode != 0 or len(wheels) != 1:
+            raise InputError(f"downloading {name}=={version} failed:\n{proc.stderr.strip()[-2000:]}")
+        digest = sha256(wheels[0])
+        if digest not in hashes:
+            raise InputError(
+                f"{wheels[0].name}: sha256 {digest} is not the locked hash "
+                f"({', '.join(hashes)}) in {lock.name}. The index served different bytes than were locked; "
+                "nothing was written to dist/. Re-lock (nox -s lock) only if the new file is expected."
+            )
+        (cache / key).mkdir(parents=True, exist_ok=True)
+        dest = cache / key / wheels[0].name
+        shutil.move(str(wheels[0]), dest)
+    return Input(key, version, dest, digest)
+
+
+def verify(path: Path, name: str, lock: Path = LOCK) -> Input:
+    """Check a wheel given by hand (tests, offline mirrors) against the lock."""
+    version, hashes = locked_pins(lock)[canonicalize_name(name)]
+    digest = sha256(path)
+    if digest not in hashes:
+        raise InputError(f"{path.name}: sha256 {digest} is not the locked hash ({', '.join(hashes)}) in {lock.name}; "
+                         "refusing to use it")  # fmt: skip
+    return Input(canonicalize_name(name), version, path, digest)
+
+
+def build_source(name: str, source: Source, cache: Path | None = None) -> Input:
+    """Build a wheel from `source.git` at exactly `source.commit` (python -m build)."""
+    cache = (cache or default_cache()) / "source" / source.commit
+    done = sorted(cache.glob("*.whl")) if cache.is_dir() else []
+    if done:
+        return Input(canonicalize_name(name), parse_wheel_filename(done[0].name)[1].public, done[0], sha256(done[0]))
+    with tempfile.TemporaryDirectory() as tmp:
+        tree = Path(tmp) / "src"
+
+        def git(*args: str) -> None:
+            proc = subprocess.run(["git", *args], capture_output=True, text=True, check=False)
+            if proc.returncode != 0:
+                raise InputError(f"git {' '.join(args)} failed for {name} ({source.git}): {proc.stderr.strip()}")
+
+        git("clone", "--quiet", "--no-checkout", source.git, str(tree))
+        git("-C", str(tree), "checkout", "--quiet", "--detach", source.commit)
+        head = subprocess.run(["git", "-C", str(tree), "rev-parse", "HEAD"], capture_output=True, text=True,
+                              check=True).stdout.strip()  # fmt: skip
+        if head != source.commit:
+            raise InputError(f"{source.git}: checked out {head}, not the pinned commit {source.commit}")
+        out = Path(tmp) / "out"
+        proc = subprocess.run([sys.executable, "-m", "build", "--wheel", "--outdir", str(out), str(tree)],
+                              capture_output=True, text=True, check=False)  # fmt: skip
+        wheels = sorted(out.glob("*.whl"))
+        if proc.returncode != 0 or len(wheels) != 1:
+            raise InputError(f"building {name} from {source.git}@{source.commit[:12]} failed:\n{proc.stderr[-2000:]}")
+        cache.mkdir(parents=True, exist_ok=True)
+        dest = cache / wheels[0].name
+        shutil.move(str(wheels[0]), dest)
+    version = parse_wheel_filename(dest.name)[1].public
+    return Input(canonicalize_name(name), version, dest, sha256(dest))

@@ -1,0 +1,123 @@
+"""Carrier definitions: carriers.toml -> frozen dataclasses, validated on load."""
+
+from __future__ import annotations
+
+import difflib
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import tomllib
+from packaging.utils import canonicalize_name
+
+from .errors import DefinitionError
+
+ROOT = Path(__file__).resolve().parent.parent
+DEFINITIONS = Path(__file__).resolve().parent / "carriers.toml"
+VERSION_FILE = ROOT / "kernel" / "python" / "kt_kernel" / "_version.py"
+Kind = Literal["native", "umbrella", "fork", "repack"]
+_KEYS = {
+    "native": {"kind", "version"},
+    "umbrella": {"kind", "version", "summary", "requires", "requires_python", "extras"},
+    "fork": {"kind", "upstream", "version", "post", "source"},
+    "repack": {"kind", "upstream", "version"},
+}
+_VERSION_RULES = {"native": {"kt"}, "umbrella": {"kt"}, "fork": {"kt", "post"}, "repack": {"upstream"}}
+# Upstream names whose requirements get rewritten to the carriers that replace them.
+UPSTREAMS_REPLACED = ("transformers", "accelerate", "peft", "trl", "sglang")
+
+
+@dataclass(frozen=True)
+class Source:
+    git: str
+    commit: str
+
+
+@dataclass(frozen=True)
+class Carrier:
+    name: str
+    kind: Kind
+    version_rule: str
+    upstream: str = ""
+    post: int = 0
+    summary: str = ""
+    requires: tuple[str, ...] = ()
+    requires_python: str = ""
+    extras: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    source: Source | None = None
+    patches: tuple[Path, ...] = field(default=())
+
+
+@dataclass(frozen=True)
+class CarrierSet:
+    carriers: tuple[Carrier, ...]
+    kt_version: str
+
+    def __getitem__(self, name: str) -> Carrier:
+        for c in self.carriers:
+            if c.name == name:
+                return c
+        raise KeyError(name)
+
+    def by_upstream(self) -> dict[str, str]:
+        """upstream project name -> the carrier that replaces it."""
+        return {c.upstream: c.name for c in self.carriers if c.upstream}
+
+
+def kt_version(path: Path = VERSION_FILE) -> str:
+    m = re.search(r'^__version__\s*=\s*"([^"]+)"', path.read_text(), re.MULTILINE)
+    if not m:
+        raise DefinitionError(f'{path}: no line __version__ = "..."; the KT version lives there')
+    return m.group(1)
+
+
+def _hint(word: str, choices: set[str]) -> str:
+    close = difflib.get_close_matches(word, sorted(choices), n=1)
+    return f"; did you mean {close[0]!r}?" if close else f"; known keys: {', '.join(sorted(choices))}"
+
+
+def load(path: Path = DEFINITIONS, patches_dir: Path | None = None, version: str | None = None) -> CarrierSet:
+    patches_dir = patches_dir or path.parent / "patches"
+    try:
+        data: dict[str, Any] = tomllib.loads(path.read_text())
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise DefinitionError(f"{path}: cannot read carrier definitions: {exc}") from exc
+    carriers = []
+    names = set(data)
+    for name, spec in data.items():
+        if canonicalize_name(name) != name:
+            raise DefinitionError(f"{path}: [{name}] is not a normalized distribution name; use "
+                                  f"[{canonicalize_name(name)}]")  # fmt: skip
+        kind = spec.get("kind")
+        if kind not in _KEYS:
+            raise DefinitionError(f"{path}: [{name}] kind {kind!r} must be one of {sorted(_KEYS)}")
+        for key in spec:
+            if key not in _KEYS[kind]:
+                raise DefinitionError(f"{path}: [{name}] unknown key {key!r} for a {kind}{_hint(key, _KEYS[kind])}")
+        rule = spec.get("version", "")
+        if rule not in _VERSION_RULES[kind]:
+            raise DefinitionError(f"{path}: [{name}] version = {rule!r}; a {kind} takes {sorted(_VERSION_RULES[kind])}")
+        if rule == "post" and int(spec.get("post", 0)) < 1:
+            raise DefinitionError(f"{path}: [{name}] version = 'post' needs post = N (N >= 1)")
+        for dep in [*spec.get("requires", []), *(d for ds in spec.get("extras", {}).values() for d in ds)]:
+            if dep not in names:
+                raise DefinitionError(f"{path}: [{name}] pins {dep!r}, which is not a carrier{_hint(dep, names)}")
+        source = None
+        if "source" in spec:
+            src = spec["source"]
+            if set(src) != {"git", "commit"} or not re.fullmatch(r"[0-9a-f]{40}", str(src.get("commit", ""))):
+                raise DefinitionError(f"{path}: [{name}] source needs git = URL and commit = a full 40-hex SHA")
+            source = Source(str(src["git"]), str(src["commit"]))
+        pdir = patches_dir / name
+        patches = tuple(sorted(pdir.glob("*.patch"))) if pdir.is_dir() else ()
+        if patches and kind != "fork":
+            raise DefinitionError(f"{pdir}: only forks take patches; a {kind} ships upstream files unchanged")
+        carriers.append(Carrier(
+            name=name, kind=kind, version_rule=rule, upstream=spec.get("upstream", ""), post=int(spec.get("post", 0)),
+            summary=spec.get("summary", ""), requires=tuple(spec.get("requires", [])),
+            requires_python=spec.get("requires_python", ""),
+            extras=tuple((k, tuple(v)) for k, v in sorted(spec.get("extras", {}).items())), source=source,
+            patches=patches,
+        ))  # fmt: skip
+    return CarrierSet(tuple(carriers), version or kt_version())

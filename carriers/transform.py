@@ -1,0 +1,168 @@
+"""Turn inputs into carrier wheels: forks (rename, patch, rewrite requirements),
+dependency-only repacks, and the generated umbrella."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Callable, Mapping
+from pathlib import Path
+
+from packaging.requirements import InvalidRequirement, Requirement
+from packaging.utils import canonicalize_name, parse_wheel_filename
+from packaging.version import Version
+
+from . import wheelio
+from .errors import ConsistencyError, InputError, PatchError
+from .model import Carrier, CarrierSet
+
+Rewrite = Callable[[str], str]
+
+
+def carrier_version(c: Carrier, cs: CarrierSet, upstream_version: str = "") -> str:
+    if c.version_rule == "kt":
+        return cs.kt_version
+    if c.version_rule == "post":
+        v = Version(upstream_version)
+        if v.is_postrelease or v.is_devrelease or v.local:
+            raise InputError(f"{c.name}: upstream {c.upstream} {v} already has a post/dev/local part; "
+                             "fork a final release")  # fmt: skip
+        return f"{v.public}.post{c.post}"
+    return upstream_version
+
+
+def rename_requirement(line: str, new_name: str, new_spec: str | None = None) -> str:
+    """Swap the project name in a Requires-Dist value, keeping every other byte
+    (extras, bounds, marker); with new_spec, the version specifier too."""
+    try:
+        req = Requirement(line)
+    except InvalidRequirement as exc:
+        raise InputError(f"Requires-Dist {line!r} does not parse: {exc}") from None
+    m = re.match(r"\s*" + re.escape(req.name) + r"(?![A-Za-z0-9._-])", line)
+    if not m:
+        raise InputError(f"cannot locate the name {req.name!r} in Requires-Dist {line!r}")
+    rest = line[m.end() :]
+    if new_spec is not None:
+        extras = f"[{','.join(sorted(req.extras))}]" if req.extras else ""
+        marker = f"; {req.marker}" if req.marker else ""
+        return f"{new_name}{extras}{new_spec}{marker}"
+    return new_name + rest
+
+
+def make_rewrite(c: Carrier, cs: CarrierSet, versions: Mapping[str, str], upstream_of: Mapping[str, str]) -> Rewrite:
+    """Requirement rewriter for carrier `c`. versions: carrier -> version; upstream_of: carrier -> upstream version."""
+    replaced = cs.by_upstream()
+
+    def rewrite(line: str) -> str:
+        req = Requirement(line)
+        target = replaced.get(canonicalize_name(req.name))
+        if target is None:
+            return line
+        if target == c.name:  # self-reference through an extra: sglang[test] -> sglang-kt[test]
+            return rename_requirement(line, target)
+        specs = list(req.specifier)
+        # A fork pins its sibling forks exactly: upstream `transformers==X` becomes
+        # `transformers-kt==X.postN`, and X must be what the sibling derives from.
+        if c.kind == "fork" and len(specs) == 1 and specs[0].operator == "==":
+            pinned = Version(specs[0].version)
+            if pinned != Version(upstream_of[target]):
+                raise ConsistencyError(
+                    f"{c.name}: upstream {c.upstream} pins {req.name}=={pinned}, but {target} derives from "
+                    f"{upstream_of[target]}; lock {req.name}=={pinned} in lockfiles/carrier-inputs.in"
+                )
+            return rename_requirement(line, target, f"=={versions[target]}")
+        return rename_requirement(line, target)  # bounds unchanged, byte for byte
+
+    return rewrite
+
+
+def _renamed_tree(members: Mapping[str, bytes], old: tuple[str, str], new: tuple[str, str]) -> dict[str, bytes]:
+    """Move <old>.dist-info and <old>.data to the new distribution's names."""
+    old_prefix = f"{old[0]}-{old[1]}"
+    new_prefix = f"{canonicalize_name(new[0]).replace('-', '_')}-{new[1]}"
+    out = {}
+    for name, data in members.items():
+        top, sep, rest = name.partition("/")
+        target = name
+        for suffix in (".dist-info", ".data"):
+            if top == old_prefix + suffix:
+                target = new_prefix + suffix + sep + rest
+        out[target] = data
+    return out
+
+
+def apply_patches(members: dict[str, bytes], patches: tuple[Path, ...], what: str) -> dict[str, bytes]:
+    if not patches:
+        return members
+    if shutil.which("patch") is None:
+        raise PatchError("GNU patch is not installed; apt-get install patch")
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        for name, data in members.items():
+            (root / name).parent.mkdir(parents=True, exist_ok=True)
+            (root / name).write_bytes(data)
+        for patch in patches:
+            cmd = ["patch", "-p1", "--forward", "--batch", "--no-backup-if-mismatch", "-d", str(root), "-i", str(patch)]
+            dry = subprocess.run([*cmd, "--dry-run"], capture_output=True, text=True, check=False)
+            if dry.returncode != 0:
+                files = re.findall(r"(?:patching|checking) file (\S+)", dry.stdout) or ["?"]
+                failed = [
+                    ln for ln in dry.stdout.splitlines() if "FAILED" in ln or "ignored" in ln or "can't find" in ln
+                ]
+                raise PatchError(
+                    f"{patch} no longer applies to {files[-1]} in {what}: {'; '.join(failed) or dry.stdout.strip()}. "
+                    "Refresh the patch against this upstream version, or drop it if upstream fixed the problem."
+                )
+            subprocess.run(cmd, capture_output=True, text=True, check=True)
+        return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def derive(c: Carrier, cs: CarrierSet, src: Path, out_dir: Path, versions: Mapping[str, str],
+           upstream_of: Mapping[str, str]) -> Path:  # fmt: skip
+    """A fork or repack wheel of carrier `c` from the upstream wheel `src`."""
+    up_name, up_version, _, tags = parse_wheel_filename(src.name)
+    members = wheelio.read(src)
+    di = wheelio.dist_info(members)
+    old = (di[: -len(".dist-info")].rsplit("-", 1)[0], di[: -len(".dist-info")].rsplit("-", 1)[1])
+    new_version = versions[c.name]
+    members = _renamed_tree(members, old, (c.name, new_version))
+    members = apply_patches(members, c.patches, f"{up_name} {up_version}") if c.kind == "fork" else members
+    new_di = wheelio.dist_info(members)
+    meta = members[f"{new_di}/METADATA"].decode("utf-8")
+    rewrite = make_rewrite(c, cs, versions, upstream_of)
+    meta = wheelio.edit_metadata(meta, name=c.name, version=None if c.kind == "repack" else new_version,
+                                 requirement=rewrite)  # fmt: skip
+    members[f"{new_di}/METADATA"] = meta.encode("utf-8")
+    tag = "-".join(sorted({f"{t.interpreter}-{t.abi}-{t.platform}" for t in tags})[:1]) if len(tags) == 1 else None
+    if tag is None:  # compressed tag sets (py2.py3-none-any): keep the filename's own spelling
+        tag = src.name[:-4].split("-", 2)[2]
+    out = out_dir / wheelio.wheel_name(c.name, new_version, tag)
+    executable = frozenset(n for n in members if "/scripts/" in n or n.endswith(".so"))
+    wheelio.write(out, members, executable)
+    return out
+
+
+def umbrella(c: Carrier, cs: CarrierSet, versions: Mapping[str, str], out_dir: Path) -> Path:
+    """The generated ktransformers wheel: exact pins to its siblings, extras serve/sft."""
+    version = versions[c.name]
+    norm = canonicalize_name(c.name).replace("-", "_")
+    di = f"{norm}-{version}.dist-info"
+    lines = ["Metadata-Version: 2.1", f"Name: {c.name}", f"Version: {version}", f"Summary: {c.summary}",
+             f"Requires-Python: {c.requires_python}"]  # fmt: skip
+    lines += [f"Requires-Dist: {d}=={versions[d]}" for d in c.requires]
+    for extra, deps in c.extras:
+        lines.append(f"Provides-Extra: {extra}")
+        lines += [f'Requires-Dist: {d}=={versions[d]}; extra == "{extra}"' for d in deps]
+    init = f'"""{c.summary}."""\n\n__version__ = "{version}"\n'
+    members = {
+        f"{norm}/__init__.py": init.encode(),
+        f"{di}/METADATA": ("\n".join(lines) + "\n\n").encode(),
+        f"{di}/WHEEL": b"Wheel-Version: 1.0\nGenerator: kt-release carriers\nRoot-Is-Purelib: true\n"
+        b"Tag: py3-none-any\n",
+        f"{di}/top_level.txt": f"{norm}\n".encode(),
+    }
+    out = out_dir / wheelio.wheel_name(c.name, version, "py3-none-any")
+    wheelio.write(out, members)
+    return out

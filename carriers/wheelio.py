@@ -1,0 +1,91 @@
+"""Deterministic wheel reading and writing (PEP 427), and METADATA edits that
+touch only the lines they must."""
+
+from __future__ import annotations
+
+import base64
+import csv
+import hashlib
+import io
+import os
+import re
+import zipfile
+from collections.abc import Callable, Mapping
+from pathlib import Path
+
+from packaging.utils import canonicalize_name
+
+from .errors import InputError
+
+# Zip timestamps cannot go below 1980.
+_MIN_EPOCH = 315532800
+
+
+def read(path: Path) -> dict[str, bytes]:
+    try:
+        with zipfile.ZipFile(path) as zf:
+            return {i.filename: zf.read(i) for i in zf.infolist() if not i.filename.endswith("/")}
+    except (OSError, zipfile.BadZipFile) as exc:
+        raise InputError(f"{path}: not a readable wheel ({exc})") from exc
+
+
+def dist_info(members: Mapping[str, bytes]) -> str:
+    found = {n.split("/", 1)[0] for n in members if n.split("/", 1)[0].endswith(".dist-info")}
+    if len(found) != 1:
+        raise InputError(f"expected one .dist-info directory, found {sorted(found) or 'none'}")
+    return found.pop()
+
+
+def record_hash(data: bytes) -> str:
+    return "sha256=" + base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+
+
+def write(path: Path, members: Mapping[str, bytes], executable: frozenset[str] = frozenset()) -> None:
+    """Write a wheel whose bytes depend on `members` alone: sorted entries (dist-info
+    last, RECORD regenerated), SOURCE_DATE_EPOCH timestamps, 0644/0755 modes, deflate 6."""
+    di = dist_info(members)
+    record = f"{di}/RECORD"
+    body = {n: d for n, d in members.items() if n != record and not n.endswith((".jws", ".p7s"))}
+    # RECORD is CSV: paths with commas (sglang ships "N=1536,K=7168,...json") must be quoted.
+    buf = io.StringIO()
+    writer = csv.writer(buf, lineterminator="\n")
+    writer.writerows([(n, record_hash(d), len(d)) for n, d in sorted(body.items())])
+    writer.writerow((record, "", ""))
+    body[record] = buf.getvalue().encode()
+    epoch = max(int(os.environ.get("SOURCE_DATE_EPOCH", _MIN_EPOCH)), _MIN_EPOCH)
+    import time
+
+    stamp = time.gmtime(epoch)[:6]
+    order = sorted(body, key=lambda n: (n.startswith(di + "/"), n == record, n))
+    tmp = path.with_name(path.name + ".part")
+    with zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED, compresslevel=6) as zf:
+        for name in order:
+            info = zipfile.ZipInfo(name, stamp)
+            info.compress_type = zipfile.ZIP_DEFLATED
+            info.external_attr = ((0o755 if name in executable else 0o644) | 0o100000) << 16
+            zf.writestr(info, body[name], compresslevel=6)
+    tmp.replace(path)
+
+
+def wheel_name(name: str, version: str, tag: str) -> str:
+    return f"{canonicalize_name(name).replace('-', '_')}-{version}-{tag}.whl"
+
+
+def edit_metadata(text: str, *, name: str | None = None, version: str | None = None,
+                  requirement: Callable[[str], str] | None = None) -> str:  # fmt: skip
+    """Rewrite Name, Version and Requires-Dist header lines; every other byte stays."""
+    head, sep, body = text.partition("\n\n")
+    lines = head.split("\n")
+    for i, line in enumerate(lines):
+        if name is not None and line.startswith("Name: "):
+            lines[i] = f"Name: {name}"
+        elif version is not None and line.startswith("Version: "):
+            lines[i] = f"Version: {version}"
+        elif requirement is not None and line.startswith("Requires-Dist: "):
+            lines[i] = "Requires-Dist: " + requirement(line[len("Requires-Dist: ") :])
+    return "\n".join(lines) + sep + body
+
+
+def metadata_field(text: str, key: str) -> list[str]:
+    head = text.partition("\n\n")[0]
+    return [m.group(1) for m in re.finditer(rf"^{re.escape(key)}: (.*)$", head, re.MULTILINE)]

@@ -1,0 +1,91 @@
+"""Carrier definitions and the consistency check, hermetically."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from carriers import DefinitionError, load
+from carriers.consistency import check
+from carriers.model import DEFINITIONS
+from carriers.transform import rename_requirement
+from carriers.wheelio import edit_metadata
+
+CS = load(version="0.6.1")
+GOOD = {
+    "kt-kernel": ("0.6.1", ["numpy>=1.24", 'torch>=2.4; extra == "torch"']),
+    "ktransformers": ("0.6.1", ["kt-kernel==0.6.1", 'sglang-kt==0.6.1; extra == "serve"',
+                                'transformers-kt==5.19.0.post1; extra == "sft"']),
+    "sglang-kt": ("0.6.1", ["torch==2.14.1", "transformers-kt==5.19.0.post1", 'peft-kt>=0.18.0; extra == "test"']),
+    "transformers-kt": ("5.19.0.post1", ["numpy>=1.17"]),
+    "peft-kt": ("0.21.2", ["torch>=1.13.0", "transformers-kt", "accelerate-kt>=0.21.0"]),
+    "accelerate-kt": ("1.15.0.post1", ["torch>=2.0.0"]),
+}  # fmt: skip
+
+
+def test_the_set_is_consistent_and_torch_intersects() -> None:
+    report = check(CS, GOOD)
+    assert report.problems == ()
+    assert report.torch_candidates == ("2.14.1",)
+
+
+def test_umbrella_pinning_an_old_kt_kernel_is_drift() -> None:
+    meta = dict(GOOD, ktransformers=("0.6.1", ["kt-kernel==0.6.0"]))
+    assert any("must pin kt-kernel==0.6.1 exactly" in p for p in check(CS, meta).problems)
+
+
+def test_post2_is_not_post20() -> None:
+    """A substring check would accept ==5.19.0.post2 for 5.19.0.post20; versions do not."""
+    meta = dict(GOOD, ktransformers=("0.6.1", ["kt-kernel==0.6.1", "transformers-kt==5.19.0.post2"]))
+    meta["transformers-kt"] = ("5.19.0.post20", [])
+    problems = check(CS, meta).problems
+    assert any("must pin transformers-kt==5.19.0.post20" in p for p in problems)
+
+
+def test_bound_that_excludes_the_fork_is_caught() -> None:
+    meta = dict(GOOD, **{"peft-kt": ("0.21.2", ["transformers-kt<5"])})
+    assert any("no longer admits transformers-kt 5.19.0.post1" in p for p in check(CS, meta).problems)
+
+
+def test_upstream_in_an_extra_is_caught() -> None:
+    meta = dict(GOOD, **{"trl-kt": ("1.16.0", ['transformers[kernels]; extra == "kernels"'])})
+    assert any("still names upstream transformers" in p for p in check(CS, meta).problems)
+
+
+def test_disjoint_torch_requirements_are_caught() -> None:
+    meta = dict(GOOD, **{"accelerate-kt": ("1.15.0.post1", ["torch<2.0"])})
+    assert any("no common version" in p for p in check(CS, meta).problems)
+
+
+def test_unknown_key_suggests_the_known_one(tmp_path: Path) -> None:
+    bad = tmp_path / "carriers.toml"
+    bad.write_text(DEFINITIONS.read_text().replace('upstream = "peft"', 'upstrem = "peft"'))
+    with pytest.raises(DefinitionError, match="did you mean 'upstream'"):
+        load(bad, version="0.6.1")
+
+
+def test_pin_to_an_unknown_carrier_is_refused(tmp_path: Path) -> None:
+    bad = tmp_path / "carriers.toml"
+    bad.write_text(DEFINITIONS.read_text().replace('requires = ["kt-kernel"]', 'requires = ["kt-kernal"]'))
+    with pytest.raises(DefinitionError, match="did you mean 'kt-kernel'"):
+        load(bad, version="0.6.1")
+
+
+def test_rename_keeps_bounds_extras_and_markers_byte_for_byte() -> None:
+    line = 'transformers[kernels]>=4.56.2,!=5.1.0 ; extra == "deepspeed"'
+    assert (
+        rename_requirement(line, "transformers-kt") == 'transformers-kt[kernels]>=4.56.2,!=5.1.0 ; extra == "deepspeed"'
+    )
+    assert rename_requirement("transformers", "transformers-kt") == "transformers-kt"
+    assert rename_requirement("transformers_stream>=1", "x") == "x>=1"
+
+
+def test_edit_metadata_touches_only_named_lines() -> None:
+    text = (
+        "Metadata-Version: 2.4\nName: peft\nVersion: 0.21.2\nRequires-Dist: transformers\nSummary: x\n\nBody\nName: y\n"
+    )
+    out = edit_metadata(text, name="peft-kt", requirement=lambda r: r.replace("transformers", "transformers-kt"))
+    assert out == text.replace("Name: peft", "Name: peft-kt", 1).replace(
+        "Requires-Dist: transformers", "Requires-Dist: transformers-kt"
+    )
