@@ -17,7 +17,8 @@ nox.needs_version = ">=2025.2.9"
 nox.options.default_venv_backend = "uv"
 nox.options.error_on_external_run = True
 nox.options.reuse_existing_virtualenvs = True
-nox.options.sessions = ["build_all", "audit"]
+nox.options.stop_on_first_error = True
+nox.options.sessions = ["release"]
 
 PYTHON = "3.11"
 ROOT = Path(__file__).resolve().parent
@@ -100,6 +101,32 @@ def audit(session: nox.Session) -> None:
     extra = ["--baseline", args.baseline] if args.baseline else []
     session.run("python", "-m", "audits", *args.paths, "--json", str(DIST / "audit-report.json"),
                 "--markdown", str(DIST / "audit-report.md"), *extra)  # fmt: skip
+
+
+@nox.session(python=PYTHON, tags=["verify"])
+def verify_install(session: nox.Session) -> None:
+    """Install dist/ into fresh venvs by hash (sft-cpu), resolve serve; forks, imports, training/resume control."""
+    p = _parser("verify_install")
+    p.add_argument("--profile", action="append", default=[], choices=["sft-cpu", "serve"])
+    args = p.parse_args(session.posargs)
+    _install_lock(session, "verify")
+    session.run("python", "-m", "tools.verify_install", "--dist", str(DIST), "--json", str(DIST.parent / "build" / "verify.json"),
+                *(f"--profile={x}" for x in args.profile), env={"KT_FIND_LINKS": FIND_LINKS})  # fmt: skip
+
+
+@nox.session(venv_backend="none", tags=["release"])
+def release(session: nox.Session) -> None:
+    """The whole candidate: build_all, audit, verify_install, then a one-screen summary and report."""
+    for name in ("build_all", "audit", "verify_install"):
+        session.notify(name)
+    session.notify("release_report")
+
+
+@nox.session(python=PYTHON, default=False)
+def release_report(session: nox.Session) -> None:
+    """Summarise dist/ (carriers, versions, sizes, hashes, audit verdicts) into dist/release-report.{md,html}."""
+    _install_lock(session, "verify")
+    session.run("python", "-m", "tools.release_report", "--dist", str(DIST))
 
 
 @nox.session(python=PYTHON, tags=["lint"])

@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -65,7 +65,15 @@ def audit_wheel(path: Path, policy: Policy, baseline: dict[str, Any] | None = No
     res.findings += cuda_findings
     size_findings, res.sizes = size_manifest.size(w, policy, baseline)
     res.findings += size_findings
+    res.findings = [_waive(f, str(w.name), policy) for f in res.findings]
     return res
+
+
+def _waive(f: Finding, dist_name: str, policy: Policy) -> Finding:
+    for wv in policy.waivers:
+        if wv.rule == f.rule and wv.wheel == dist_name and (not wv.member or wv.member == f.member):
+            return replace(f, severity="info", message=f"waived ({wv.reason}): {f.message}")
+    return f
 
 
 def expand(paths: list[Path]) -> list[Path]:

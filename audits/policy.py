@@ -28,6 +28,7 @@ _SCHEMA: dict[str, Any] = {
         "implies": None,
     },
     "cuda": {"libraries": None, "payload_member": None, "min_driver_ptx_isa": None, "kernels": None},
+    "waivers": None,
 }
 
 
@@ -46,6 +47,14 @@ def _check_keys(data: Mapping[str, Any], schema: Mapping[str, Any], where: str, 
 class ForbiddenNeeded:
     pattern: str
     fix: str
+
+
+@dataclass(frozen=True)
+class Waiver:
+    rule: str
+    wheel: str  # normalized distribution name
+    member: str  # "" = any member
+    reason: str
 
 
 @dataclass(frozen=True)
@@ -88,6 +97,7 @@ class Policy:
     cuda_payload_member: str = ""
     cuda_min_driver_ptx_isa: str = ""
     cuda_kernels: tuple[str, ...] = ()
+    waivers: tuple[Waiver, ...] = ()
 
 
 def _closure(features: frozenset[str], implies: Mapping[str, list[str]]) -> frozenset[str]:
@@ -98,6 +108,21 @@ def _closure(features: frozenset[str], implies: Mapping[str, list[str]]) -> froz
                 out.add(g)
                 todo.append(g)
     return frozenset(out)
+
+
+def _waiver(entry: dict[str, Any], source: Path) -> Waiver:
+    from .model import RULES
+
+    unknown = set(entry) - {"rule", "wheel", "member", "reason"}
+    if unknown:
+        raise PolicyError(f"{source}: waiver has unknown keys {sorted(unknown)}")
+    if entry.get("rule") not in RULES:
+        close = difflib.get_close_matches(str(entry.get("rule")), list(RULES), n=1)
+        raise PolicyError(f"{source}: waiver names unknown rule {entry.get('rule')!r}"
+                          + (f"; did you mean {close[0]!r}?" if close else ""))  # fmt: skip
+    if not entry.get("reason") or not entry.get("wheel"):
+        raise PolicyError(f"{source}: waiver for {entry['rule']} needs a wheel and a reason")
+    return Waiver(entry["rule"], entry["wheel"], entry.get("member", ""), entry["reason"])
 
 
 def load_policy(path: Path | None = None) -> Policy:
@@ -156,6 +181,7 @@ def load_policy(path: Path | None = None) -> Policy:
             cuda_payload_member=cuda.get("payload_member", ""),
             cuda_min_driver_ptx_isa=cuda.get("min_driver_ptx_isa", ""),
             cuda_kernels=tuple(cuda.get("kernels", [])),
+            waivers=tuple(_waiver(w, path) for w in data.get("waivers", [])),
         )
     except KeyError as exc:
         raise PolicyError(f"{path}: missing key {exc}") from exc

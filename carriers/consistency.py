@@ -12,7 +12,7 @@ from packaging.specifiers import SpecifierSet
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
-from .model import UPSTREAMS_REPLACED, CarrierSet
+from .model import CarrierSet
 
 
 @dataclass(frozen=True)
@@ -28,14 +28,15 @@ def check(cs: CarrierSet, metadata: Mapping[str, tuple[str, list[str]]]) -> Repo
     versions = {n: Version(v) for n, (v, _) in metadata.items()}
     carriers = {c.name: c for c in cs.carriers}
     torch_specs: list[tuple[str, SpecifierSet]] = []
+    replaced = cs.by_upstream()
     for name, (_, requires) in sorted(metadata.items()):
         kind = carriers[name].kind if name in carriers else "?"
         for line in requires:
             req = Requirement(line)
             dep = canonicalize_name(req.name)
             where = f"{name}: Requires-Dist {line!r}"
-            if dep in UPSTREAMS_REPLACED:
-                problems.append(f"{where} still names upstream {dep}; rewrite it to {cs.by_upstream().get(dep, '?')}")
+            if dep in replaced:
+                problems.append(f"{where} still names upstream {dep}; rewrite it to {replaced[dep]}")
             if dep == "torch" and req.specifier:
                 torch_specs.append((name, req.specifier))
             if dep not in versions:

@@ -24,8 +24,6 @@ _KEYS = {
     "repack": {"kind", "upstream", "version"},
 }
 _VERSION_RULES = {"native": {"kt"}, "umbrella": {"kt"}, "fork": {"kt", "post"}, "repack": {"upstream"}}
-# Upstream names whose requirements get rewritten to the carriers that replace them.
-UPSTREAMS_REPLACED = ("transformers", "accelerate", "peft", "trl", "sglang")
 
 
 @dataclass(frozen=True)

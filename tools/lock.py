@@ -61,6 +61,14 @@ def parse_lock(path: Path) -> dict[str, Pin]:
     return pins
 
 
+def excludes(path: Path) -> frozenset[str]:
+    """Names a `#:exclude` line keeps out of the lock (the carriers: their hashes are per build)."""
+    return frozenset(
+        canonicalize_name(n) for line in path.read_text().splitlines() if line.startswith("#:exclude")
+        for n in line.split()[1:]
+    )  # fmt: skip
+
+
 def read_in(path: Path) -> list[Requirement]:
     reqs = []
     for lineno, raw in enumerate(path.read_text().splitlines(), 1):
@@ -92,7 +100,10 @@ def check(name: str) -> list[str]:
     for pin in pins.values():
         if not pin.hashes:
             problems.append(f"{lock}: {pin.name}=={pin.version} has no --hash")
+    skip = excludes(src)
     for req in read_in(src):
+        if canonicalize_name(req.name) in skip:
+            continue
         locked = pins.get(canonicalize_name(req.name))
         if locked is None:
             problems.append(f"{lock}: {req.name} from {src.name} is not locked; run `nox -s lock`")
@@ -113,21 +124,35 @@ def generate(name: str) -> None:
         raise LockError("uv is not on PATH; install lockfiles/nox.txt (it pins uv)")
     out = LOCKDIR / f"{name}.txt"
     src = LOCKDIR / f"{name}.in"
+    roots = [r for line in src.read_text().splitlines() if line.startswith("#:carriers") for r in line.split()[1:]]
+    if roots:
+        # Resolve the carriers' third-party requirements, never the carriers by name.
+        from tools.profiles import closure
+
+        reqs = [line for line in src.read_text().splitlines() if line and not line.startswith("#")]
+        for root in roots:
+            reqs += closure(ROOT / "dist", root)[1]
+        tmp = ROOT / "build" / "lock" / f"{name}.in"
+        tmp.parent.mkdir(parents=True, exist_ok=True)
+        tmp.write_text("\n".join(reqs) + "\n")
     # A `#:uv-args ...` line in the input adds resolver options (and may replace the platform).
     extra = [a for line in src.read_text().splitlines() if line.startswith("#:uv-args") for a in line.split()[1:]]
     platform = [] if "--python-platform" in extra else ["--python-platform", PLATFORM]
     cmd = [
         uv, "pip", "compile", "--quiet", "--generate-hashes", "--no-header", "--no-annotate",
         "--python-version", PYTHON_VERSION, *platform, *extra,
-        "--index-url", "https://pypi.org/simple", str(src),
+        "--index-url", "https://pypi.org/simple", str(tmp if roots else src),
     ]  # fmt: skip
     links = os.environ.get(FIND_LINKS_ENV, "/opt/wheels")
     if Path(links).is_dir():
         cmd += ["--find-links", links]
-    proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    proc = subprocess.run(cmd, capture_output=True, text=True, check=False, cwd=ROOT)
     if proc.returncode != 0:
         raise LockError(f"locking {name} failed:\n{proc.stderr}")
-    out.write_text(HEADER.format(name=name) + proc.stdout)
+    excluded = excludes(src)
+    blocks = [b for b in re.split(r"\n(?=[A-Za-z0-9])", proc.stdout) if b.strip()]
+    kept = [b for b in blocks if canonicalize_name(re.split(r"[=\s\\]", b, maxsplit=1)[0]) not in excluded]
+    out.write_text(HEADER.format(name=name) + "\n".join(k.rstrip("\n") for k in kept) + "\n")
     print(f"locked {out.relative_to(ROOT)} ({len(parse_lock(out))} pins)")
 
 

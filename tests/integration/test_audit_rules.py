@@ -434,3 +434,13 @@ def test_clean_payload_is_rechecked_inside_its_layout(kt_wheel: Path) -> None:
     res = audit_wheel(kt_wheel, POLICY)
     assert res.cuda["libraries"]["sm90a/libkt_cuda_sm90a.so"]["sass"] == ["sm_90a"]
     assert not [f for f in res.findings if f.rule.startswith(("rpath.", "cuda."))]
+
+
+def test_waiver_downgrades_exactly_its_finding(tmp_path: Path) -> None:
+    m = pure_wheel_members("compressed_tensors_kt", "0.18.0", requires_python=None)
+    res = audit_wheel(write_wheel(tmp_path / "compressed_tensors_kt-0.18.0-py3-none-any.whl", m), POLICY)
+    (f,) = [f for f in res.findings if f.rule == "wheel.requires-python"]
+    assert f.severity == "info"
+    assert f.message.startswith("waived (upstream compressed-tensors")
+    other = write_wheel(tmp_path / "demo_pkg-1.0-py3-none-any.whl", pure_wheel_members(requires_python=None))
+    assert "wheel.requires-python" in rules_of(other)

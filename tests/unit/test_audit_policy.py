@@ -46,3 +46,9 @@ def test_ladder_that_is_not_a_superset_is_refused(tmp_path: Path) -> None:
 def test_rule_ids_are_stable_and_sectioned() -> None:
     assert all(r.count(".") == 1 for r in RULES)
     assert {r.section for r in RULES.values()} == {"wheel", "cpu", "cuda"}
+
+
+def test_waiver_for_an_unknown_rule_is_refused(tmp_path: Path) -> None:
+    text = DEFAULT_POLICY.read_text().replace('rule = "wheel.requires-python"', 'rule = "wheel.requires-pyhton"')
+    with pytest.raises(PolicyError, match="did you mean 'wheel.requires-python'"):
+        load_policy(_write(tmp_path, text))
