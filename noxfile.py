@@ -110,8 +110,10 @@ def verify_install(session: nox.Session) -> None:
     p.add_argument("--profile", action="append", default=[], choices=["sft-cpu", "serve"])
     args = p.parse_args(session.posargs)
     _install_lock(session, "verify")
-    session.run("python", "-m", "tools.verify_install", "--dist", str(DIST), "--json", str(DIST.parent / "build" / "verify.json"),
-                *(f"--profile={x}" for x in args.profile), env={"KT_FIND_LINKS": FIND_LINKS})  # fmt: skip
+    report = str(ROOT / "build" / "verify.json")
+    profiles = (f"--profile={x}" for x in args.profile)
+    session.run("python", "-m", "tools.verify_install", "--dist", str(DIST), "--json", report, *profiles,
+                env={"KT_FIND_LINKS": FIND_LINKS})  # fmt: skip
 
 
 @nox.session(venv_backend="none", tags=["release"])

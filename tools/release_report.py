@@ -30,8 +30,15 @@ def kernel_breakdown(dist: Path, manifest: dict[str, Any]) -> dict[str, int]:
     out = {"CPU variants": 0, "CUDA payload": 0, "baseline core": 0, "other": 0}
     with zipfile.ZipFile(dist / kt["filename"]) as zf:
         for i in zf.infolist():
-            key = ("CPU variants" if "/cpu/" in i.filename else "CUDA payload" if "cuda_archive" in i.filename
-                   else "baseline core" if "_core." in i.filename else "other")  # fmt: skip
+            key = (
+                "CPU variants"
+                if "/cpu/" in i.filename
+                else "CUDA payload"
+                if "cuda_archive" in i.filename
+                else "baseline core"
+                if "_core." in i.filename
+                else "other"
+            )
             out[key] += i.compress_size
     return out
 
@@ -43,12 +50,16 @@ def svg_bars(items: list[tuple[str, int]], title: str) -> str:
     for i, (label, value) in enumerate(items):
         y = 30 + i * (bar_h + 6)
         w = max(1, int((width - label_w - 90) * value / top))
-        rows.append(f'<text x="0" y="{y + 15}" font-size="12">{html.escape(label)}</text>'
-                    f'<rect x="{label_w}" y="{y}" width="{w}" height="{bar_h}" fill="#4a7bd0"/>'
-                    f'<text x="{label_w + w + 6}" y="{y + 15}" font-size="12">{value / 2**20:.2f} MiB</text>')  # fmt: skip
+        rows.append(
+            f'<text x="0" y="{y + 15}" font-size="12">{html.escape(label)}</text>'
+            f'<rect x="{label_w}" y="{y}" width="{w}" height="{bar_h}" fill="#4a7bd0"/>'
+            f'<text x="{label_w + w + 6}" y="{y + 15}" font-size="12">{value / 2**20:.2f} MiB</text>'
+        )
     h = 40 + len(items) * (bar_h + 6)
-    return (f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{h}" font-family="sans-serif">'
-            f'<text x="0" y="16" font-size="14" font-weight="bold">{html.escape(title)}</text>{"".join(rows)}</svg>')  # fmt: skip
+    return (
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{h}" font-family="sans-serif">'
+        f'<text x="0" y="16" font-size="14" font-weight="bold">{html.escape(title)}</text>{"".join(rows)}</svg>'
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -64,18 +75,30 @@ def main(argv: list[str] | None = None) -> int:
     verify = _load(args.verify) or {}
     errors: dict[str, int] = {w["filename"]: w["errors"] for w in audit.get("wheels", [])}
     lines = [f"KT release {manifest['kt_version']}  (torch {manifest['torch']})", ""]
-    md = [f"# KT release {manifest['kt_version']}", "", f"torch: `{manifest['torch']}`", "",
-          "| carrier | version | kind | size (MiB) | sha256 | audit |", "| --- | --- | --- | ---: | --- | --- |"]  # fmt: skip
+    md = [
+        f"# KT release {manifest['kt_version']}",
+        "",
+        f"torch: `{manifest['torch']}`",
+        "",
+        "| carrier | version | kind | size (MiB) | sha256 | audit |",
+        "| --- | --- | --- | ---: | --- | --- |",
+    ]
     width = max(len(w["name"]) for w in manifest["wheels"])
     for w in manifest["wheels"]:
         verdict = "pass" if errors.get(w["filename"]) == 0 else ("FAIL" if w["filename"] in errors else "not audited")
-        lines.append(f"{w['name']:<{width}}  {w['version']:<14} {w['kind']:<8} {w['size'] / 2**20:7.2f} MiB  "
-                     f"{w['sha256'][:16]}  audit: {verdict}")  # fmt: skip
-        md.append(f"| {w['name']} | {w['version']} | {w['kind']} | {w['size'] / 2**20:.2f} | `{w['sha256'][:16]}` "
-                  f"| {verdict} |")  # fmt: skip
+        lines.append(
+            f"{w['name']:<{width}}  {w['version']:<14} {w['kind']:<8} {w['size'] / 2**20:7.2f} MiB  "
+            f"{w['sha256'][:16]}  audit: {verdict}"
+        )
+        md.append(
+            f"| {w['name']} | {w['version']} | {w['kind']} | {w['size'] / 2**20:.2f} | `{w['sha256'][:16]}` "
+            f"| {verdict} |"
+        )
     lines.append("")
-    lines.append(f"audit: {'PASSED' if audit.get('passed') else 'FAILED or missing'} "
-                 f"({len(audit.get('findings', []))} findings, {audit.get('elapsed_s', '?')}s)")  # fmt: skip
+    lines.append(
+        f"audit: {'PASSED' if audit.get('passed') else 'FAILED or missing'} "
+        f"({len(audit.get('findings', []))} findings, {audit.get('elapsed_s', '?')}s)"
+    )
     for prof, res in verify.items():
         detail = ", ".join(f"{k}={v}" for k, v in res.items() if k in ("install_s", "resolved", "elapsed_s"))
         lines.append(f"verify_install {prof}: ok ({detail})")

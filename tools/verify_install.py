@@ -185,7 +185,8 @@ def verify_serve(dist: Path, work: Path) -> dict[str, Any]:
     missing = sorted(set(reached) - set(names))
     if missing:
         raise VerifyError(f"the serve closure lacks the carriers {missing}")
-    return {"resolved": len(names), "carriers": sorted(set(reached)), "upstream": upstream}
+    result: dict[str, Any] = {"resolved": len(names), "carriers": sorted(set(reached)), "upstream": upstream}
+    return result
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -50,5 +50,5 @@ def test_rule_ids_are_stable_and_sectioned() -> None:
 
 def test_waiver_for_an_unknown_rule_is_refused(tmp_path: Path) -> None:
     text = DEFAULT_POLICY.read_text().replace('rule = "wheel.requires-python"', 'rule = "wheel.requires-pyhton"')
-    with pytest.raises(PolicyError, match="did you mean 'wheel.requires-python'"):
+    with pytest.raises(PolicyError, match=r"did you mean 'wheel\.requires-python'"):
         load_policy(_write(tmp_path, text))
