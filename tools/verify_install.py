@@ -143,7 +143,7 @@ def verify_sft_cpu(dist: Path, work: Path, find_links: str | None) -> dict[str, 
     smoke = subprocess.run([str(venv / "bin" / "python"), "-c", SMOKE], capture_output=True, text=True, check=False)
     if smoke.returncode != 0:
         raise VerifyError(f"import smoke test failed:\n{smoke.stderr[-3000:]}")
-    result = json.loads(smoke.stdout)
+    result: dict[str, Any] = json.loads(smoke.stdout)
     bad = {k: v for k, v in result["forks"].items() if not v.endswith("-kt")}
     if bad:
         raise VerifyError(f"upstream distributions provide {sorted(bad)} instead of the forks: {bad}")
