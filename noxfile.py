@@ -23,6 +23,7 @@ nox.options.sessions = ["release"]
 PYTHON = "3.11"
 ROOT = Path(__file__).resolve().parent
 DIST = ROOT / "dist"
+KERNEL_OUT = ROOT / "build" / "kt-kernel" / "out"
 # The machine's wheel directory (it holds the CPU torch build); never written into a lock.
 FIND_LINKS = os.environ.get("KT_FIND_LINKS", "/opt/wheels")
 CPU_VARIANTS = tuple(
@@ -65,7 +66,22 @@ def build_cuda(session: nox.Session) -> None:
     )
 
 
-KERNEL_OUT = ROOT / "build" / "kt-kernel" / "out"
+@nox.session(python=PYTHON, tags=["build"])
+def build_wheels(session: nox.Session) -> None:
+    """CI: the kt-kernel wheels with cibuildwheel in a manylinux_2_28 image ([tool.cibuildwheel] in kernel/)."""
+    p = _parser("build_wheels")
+    p.add_argument("--python", default="cp311", help="cibuildwheel identifier prefix, e.g. cp312")
+    args = p.parse_args(session.posargs)
+    _install_lock(session, "cibuildwheel")
+    session.run("cibuildwheel", "kernel", "--output-dir", str(ROOT / "build" / "wheelhouse"),
+                env={"CIBW_BUILD": f"{args.python}-manylinux_x86_64"})  # fmt: skip
+
+
+@nox.session(python=PYTHON, tags=["build"])
+def assemble(session: nox.Session) -> None:
+    """Carriers and repacks around an already built kt-kernel wheel (build/kt-kernel/out) into dist/."""
+    _install_lock(session, "toolchain")
+    session.run("python", "-m", "carriers", "assemble", "--kernel", str(KERNEL_OUT), "--dist", str(DIST))
 
 
 @nox.session(python=PYTHON, tags=["build"])
@@ -99,8 +115,10 @@ def audit(session: nox.Session) -> None:
     args = p.parse_args(session.posargs)
     _install_lock(session, "audit")
     extra = ["--baseline", args.baseline] if args.baseline else []
+    summary = os.environ.get("GITHUB_STEP_SUMMARY")  # CI: the Markdown report goes into the job summary
+    summary_args = ["--summary", summary] if summary else []
     session.run("python", "-m", "audits", *args.paths, "--json", str(DIST / "audit-report.json"),
-                "--markdown", str(DIST / "audit-report.md"), *extra)  # fmt: skip
+                "--markdown", str(DIST / "audit-report.md"), *summary_args, *extra)  # fmt: skip
 
 
 @nox.session(python=PYTHON, tags=["verify"])
@@ -131,10 +149,32 @@ def release_report(session: nox.Session) -> None:
     session.run("python", "-m", "tools.release_report", "--dist", str(DIST))
 
 
+@nox.session(python=PYTHON, default=False, tags=["publish"])
+def publish(session: nox.Session) -> None:
+    """Upload dist/ in dependency order, hash-verified; same-version different bytes is an error."""
+    if not session.posargs:
+        session.error("usage: nox -s publish -- --repository-url URL [--index-url URL] [--attestations]")
+    _install_lock(session, "publish")
+    session.run("python", "-m", "tools.publish", "--dist", str(DIST), *session.posargs)
+
+
+@nox.session(python=PYTHON, tags=["lint"])
+def preflight(session: nox.Session) -> None:
+    """Policy and carrier definitions load and validate; the carrier set is internally consistent; locks in sync."""
+    _install_lock(session, "audit")
+    _install_lock(session, "publish")
+    session.run("python", "-c", "import audits; audits.load_policy(); print('audit policy: ok')")
+    session.run("python", "-m", "carriers", "check")
+    session.run("python", "-m", "tools.lock", "--check")
+
+
 @nox.session(python=PYTHON, tags=["lint"])
 def lint(session: nox.Session) -> None:
     """ruff (lint + format check), mypy --strict, and the offline lock drift check."""
     _install_lock(session, "lint")
+    workflows = [str(p) for p in sorted((ROOT / ".github" / "workflows").glob("*.yml"))]
+    session.run("zizmor", "--offline", *workflows)
+    session.run("check-jsonschema", "--builtin-schema", "vendor.github-workflows", *workflows)
     session.run("ruff", "check", ".")
     session.run("ruff", "format", "--check", ".")
     session.run("mypy")

@@ -18,6 +18,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", type=Path, help="write the JSON report here")
     p.add_argument("--markdown", type=Path, help="write a Markdown summary here")
     p.add_argument("--baseline", type=Path, help="previous report (or {name: bytes}) for size growth")
+    p.add_argument("--summary", type=Path, help="append the Markdown summary here (CI: $GITHUB_STEP_SUMMARY)")
     args = p.parse_args(argv)
     try:
         result = core.run(args.paths, load_policy(args.policy), args.baseline)
@@ -28,6 +29,9 @@ def main(argv: list[str] | None = None) -> int:
         args.json.write_text(report.to_json(result))
     if args.markdown:
         args.markdown.write_text(report.to_markdown(result))
+    if args.summary:
+        with args.summary.open("a") as fh:
+            fh.write(report.to_markdown(result))
     sys.stdout.write(report.to_terminal(result))
     return 0 if result["passed"] else 1
 

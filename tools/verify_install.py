@@ -97,25 +97,47 @@ def snapshot(venv: Path, names: tuple[str, ...]) -> dict[str, dict[str, str]]:
     return data
 
 
+FORKS = """
+import json, sys
+from importlib.metadata import PackageNotFoundError, distribution
+out = {}
+for up in sys.argv[1:]:
+    try:
+        distribution(up)
+        out[up] = "UPSTREAM INSTALLED"
+        continue
+    except PackageNotFoundError:
+        pass
+    try:
+        d = distribution(up + "-kt")
+    except PackageNotFoundError:
+        out[up] = "MISSING"
+        continue
+    # The fork must be what provides the import package, file for file.
+    mine = any(str(f).startswith(up.replace("-", "_") + "/") for f in d.files or [])
+    out[up] = d.metadata["Name"] if mine else "files not from the fork"
+print(json.dumps(out))
+"""
 SMOKE = """
 import importlib, json
-from importlib.metadata import PackageNotFoundError, distribution
-out = {"imports": {}, "forks": {}}
+out = {"imports": {}}
 for mod in ("kt_kernel", "transformers", "accelerate", "peft", "trl"):
     m = importlib.import_module(mod)
     out["imports"][mod] = getattr(m, "__version__", "?")
-for up in ("transformers", "accelerate", "peft", "trl"):
-    try:
-        distribution(up)
-        out["forks"][up] = "UPSTREAM INSTALLED"
-    except PackageNotFoundError:
-        d = distribution(up + "-kt")
-        mine = any(str(f).startswith(up + "/") for f in d.files or [])
-        out["forks"][up] = d.metadata["Name"] if mine else "files not from the fork"
 import kt_kernel
 out["cpu_variant"] = kt_kernel.__cpu_variant__
 print(json.dumps(out))
 """
+
+
+def fork_status(venv: Path, names: tuple[str, ...]) -> dict[str, str]:
+    """upstream name -> the distribution providing it ("<name>-kt" when the fork does)."""
+    proc = subprocess.run([str(venv / "bin" / "python"), "-c", FORKS, *names], capture_output=True, text=True,
+                          check=False)  # fmt: skip
+    if proc.returncode != 0:
+        raise VerifyError(f"fork check failed: {proc.stderr[-2000:]}")
+    status: dict[str, str] = json.loads(proc.stdout)
+    return status
 
 
 def verify_sft_cpu(dist: Path, work: Path, find_links: str | None) -> dict[str, Any]:
@@ -144,6 +166,7 @@ def verify_sft_cpu(dist: Path, work: Path, find_links: str | None) -> dict[str, 
     if smoke.returncode != 0:
         raise VerifyError(f"import smoke test failed:\n{smoke.stderr[-3000:]}")
     result: dict[str, Any] = json.loads(smoke.stdout)
+    result["forks"] = fork_status(venv, ("transformers", "accelerate", "peft", "trl"))
     bad = {k: v for k, v in result["forks"].items() if not v.endswith("-kt")}
     if bad:
         raise VerifyError(f"upstream distributions provide {sorted(bad)} instead of the forks: {bad}")

@@ -1,0 +1,103 @@
+"""Publishing to a real index server (pypiserver on 127.0.0.1): computed order,
+hash verification, idempotent re-run, and the conflicting-file hard error."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.wheelkit import pure_wheel_members, write_wheel
+from tools.publish import PublishError, publish, upload_order
+
+pytestmark = pytest.mark.skipif(shutil.which("pypi-server") is None, reason="pypiserver is not installed")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture
+def index(tmp_path: Path) -> Iterator[tuple[str, Path]]:
+    packages = tmp_path / "packages"
+    packages.mkdir()
+    port = _free_port()
+    server = shutil.which("pypi-server")
+    assert server is not None
+    proc = subprocess.Popen([server, "run", "-i", "127.0.0.1", "-p", str(port), "-a", ".", "-P", ".",
+                             str(packages)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    url = f"http://127.0.0.1:{port}/"
+    for _ in range(100):
+        try:
+            urllib.request.urlopen(url + "simple/", timeout=1)  # noqa: S310
+            break
+        except OSError:
+            time.sleep(0.1)
+    else:
+        proc.kill()
+        pytest.fail("pypiserver did not start")
+    yield url, packages
+    proc.terminate()
+    proc.wait(timeout=10)
+
+
+def _dist(tmp_path: Path, marker: str = "1") -> Path:
+    """A three-wheel release: top -> mid -> base (and top -> base)."""
+    dist = tmp_path / f"dist{marker}"
+    dist.mkdir()
+    specs = {"base_kt": (), "mid_kt": ("base-kt==1.0",), "top_kt": ('mid-kt==1.0; extra == "x"', "base-kt==1.0")}
+    wheels = []
+    for name, reqs in specs.items():
+        m = pure_wheel_members(name, "1.0", requires=reqs)
+        m[f"{name}/__init__.py"] = f"MARK = {marker!r}\n".encode()
+        path = write_wheel(dist / f"{name}-1.0-py3-none-any.whl", m)
+        wheels.append({"name": name.replace("_", "-"), "filename": path.name,
+                       "sha256": hashlib.sha256(path.read_bytes()).hexdigest()})  # fmt: skip
+    (dist / "manifest.json").write_text(json.dumps({"schema_version": 1, "wheels": wheels}))
+    return dist
+
+
+def test_order_is_computed_from_requirements(tmp_path: Path) -> None:
+    dist = _dist(tmp_path)
+    order = upload_order(dist, sorted(p.name for p in dist.glob("*.whl"))[::-1])
+    assert order == ["base_kt-1.0-py3-none-any.whl", "mid_kt-1.0-py3-none-any.whl", "top_kt-1.0-py3-none-any.whl"]
+
+
+def test_fresh_then_idempotent(index: tuple[str, Path], tmp_path: Path) -> None:
+    url, packages = index
+    dist = _dist(tmp_path)
+    first = publish(dist, url, url + "simple/", wait_s=30, twine_args=("-u", "kt", "-p", "kt"))
+    assert [f for f, _ in first] == upload_order(dist, [p.name for p in dist.glob("*.whl")])
+    assert {what for _, what in first} == {"uploaded, verified"}
+    assert sorted(p.name for p in packages.iterdir()) == sorted(p.name for p in dist.glob("*.whl"))
+    again = publish(dist, url, url + "simple/", wait_s=30, twine_args=("-u", "kt", "-p", "kt"))
+    assert {what for _, what in again} == {"already published, identical"}
+
+
+def test_same_name_different_bytes_is_a_hard_error(index: tuple[str, Path], tmp_path: Path) -> None:
+    url, packages = index
+    other = _dist(tmp_path, marker="2")
+    shutil.copy(other / "mid_kt-1.0-py3-none-any.whl", packages)  # an older build already on the index
+    dist = _dist(tmp_path, marker="1")
+    with pytest.raises(PublishError, match=r"mid_kt-1\.0-py3-none-any\.whl is already on .* with different content"):
+        publish(dist, url, url + "simple/", wait_s=30, twine_args=("-u", "kt", "-p", "kt"))
+    assert sorted(p.name for p in packages.iterdir()) == ["base_kt-1.0-py3-none-any.whl", "mid_kt-1.0-py3-none-any.whl"]
+
+
+def test_cli_reports_unreachable_index(tmp_path: Path) -> None:
+    proc = subprocess.run([sys.executable, "-m", "tools.publish", "--repository-url", "http://127.0.0.1:9/",
+                           "--dist", str(_dist(tmp_path)), "--wait", "1"], capture_output=True, text=True,
+                          check=False, cwd=Path(__file__).resolve().parents[2])  # fmt: skip
+    assert proc.returncode == 1
+    assert "cannot reach the index" in proc.stderr

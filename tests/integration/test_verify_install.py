@@ -1,0 +1,72 @@
+"""Install verification: hash refusal, the fork-not-upstream check, and the full
+sft-cpu profile (fresh venv, forks, training/resume control) on a real dist/."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from carriers import load
+from carriers.assemble import assemble
+from tests.wheelkit import pure_wheel_members, write_wheel
+from tools import verify_install as vi
+
+
+def _venv(path: Path) -> Path:
+    subprocess.run([sys.executable, "-m", "venv", str(path)], check=True)
+    return path
+
+
+def test_install_refuses_a_wheel_whose_hash_differs(tmp_path: Path) -> None:
+    wheel = write_wheel(tmp_path / "demo_pkg-1.0-py3-none-any.whl", pure_wheel_members())
+    req = tmp_path / "req.txt"
+    req.write_text(f"demo-pkg @ {wheel.as_uri()} --hash=sha256:{'0' * 64}\n")
+    with pytest.raises(vi.VerifyError, match="DO NOT MATCH THE HASHES"):
+        vi.install(_venv(tmp_path / "venv"), req, None)
+
+
+def test_dist_that_disagrees_with_its_sums_is_refused(tmp_path: Path) -> None:
+    wheel = write_wheel(tmp_path / "demo_pkg-1.0-py3-none-any.whl", pure_wheel_members())
+    (tmp_path / "SHA256SUMS").write_text(f"{'1' * 64}  {wheel.name}\n")
+    with pytest.raises(vi.VerifyError, match="differs from SHA256SUMS"):
+        vi.carrier_lines(tmp_path, ["demo-pkg"])
+
+
+def test_fork_check_tells_fork_from_upstream(tmp_path: Path) -> None:
+    venv = _venv(tmp_path / "venv")
+    fork = pure_wheel_members("foo_kt", "1.0")
+    fork["foo/__init__.py"] = fork.pop("foo_kt/__init__.py")
+    upstream = pure_wheel_members("bar", "1.0")
+    lines = []
+    for name, members in (("foo_kt", fork), ("bar", upstream)):
+        w = write_wheel(tmp_path / f"{name}-1.0-py3-none-any.whl", members)
+        lines.append(
+            f"{name.replace('_', '-')} @ {w.as_uri()} --hash=sha256:{hashlib.sha256(w.read_bytes()).hexdigest()}"
+        )
+    req = tmp_path / "req.txt"
+    req.write_text("\n".join(lines) + "\n")
+    vi.install(venv, req, None)
+    assert vi.fork_status(venv, ("foo", "bar", "baz")) == {"foo": "foo-kt", "bar": "UPSTREAM INSTALLED",
+                                                           "baz": "MISSING"}  # fmt: skip
+
+
+@pytest.mark.network
+def test_sft_cpu_profile_end_to_end(tmp_path: Path, kt_wheel: Path) -> None:
+    """The real thing: carriers assembled around the built kernel, installed by hash
+    into a fresh venv; forks provide transformers/accelerate/peft/trl; adding
+    peft-kt/trl-kt leaves the core untouched; 3+3 steps equal 6, bit for bit."""
+    dist = tmp_path / "dist"
+    assemble(load(), kt_wheel, dist)
+    result = vi.verify_sft_cpu(dist, tmp_path / "work", os.environ.get("KT_FIND_LINKS", "/opt/wheels"))
+    assert result["forks"] == {"transformers": "transformers-kt", "accelerate": "accelerate-kt", "peft": "peft-kt",
+                               "trl": "trl-kt"}  # fmt: skip
+    assert result["train_resume"]["adapter_bit_identical"] is True
+    assert result["train_resume"]["optimizer_bit_identical"] is True
+    assert result["train_resume"]["trained"] is True
+    assert json.dumps(result)

@@ -1,0 +1,162 @@
+"""Publish dist/ to a package index, hash-verified (`nox -s publish -- --repository-url URL`).
+
+- Order: computed from the carriers' own requirements (dependencies first), not a list.
+- Before each upload the index is asked for the file: identical bytes -> skip (so a
+  re-run after success is a no-op); different bytes under the same name -> hard error
+  (never `--skip-existing`, which passes an older file off as success).
+- After each upload: wait until the index serves the file, download it, compare sha256.
+"""
+
+from __future__ import annotations
+
+import argparse
+import graphlib
+import hashlib
+import html.parser
+import json
+import os
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+import zipfile
+from email.parser import HeaderParser
+from pathlib import Path
+
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name, parse_wheel_filename
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+class PublishError(Exception):
+    pass
+
+
+def upload_order(dist: Path, files: list[str]) -> list[str]:
+    """Wheel filenames, each after every carrier it requires (any extra)."""
+    by_name: dict[str, str] = {str(canonicalize_name(parse_wheel_filename(f)[0])): f for f in files}
+    graph: dict[str, set[str]] = {}
+    for name, fname in by_name.items():
+        with zipfile.ZipFile(dist / fname) as zf:
+            meta = next(n for n in zf.namelist() if n.endswith(".dist-info/METADATA"))
+            reqs = HeaderParser().parsestr(zf.read(meta).decode()).get_all("Requires-Dist", [])
+        deps = {str(canonicalize_name(Requirement(r).name)) for r in reqs} & set(by_name)
+        graph[name] = deps - {name}
+    sorter = graphlib.TopologicalSorter(graph)
+    order: list[str] = []
+    sorter.prepare()
+    while sorter.is_active():
+        ready = sorted(sorter.get_ready())  # deterministic among equals
+        order += ready
+        sorter.done(*ready)
+    return [by_name[n] for n in order]
+
+
+class _Links(html.parser.HTMLParser):
+    def __init__(self) -> None:
+        super().__init__()
+        self.links: dict[str, str] = {}
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        href = dict(attrs).get("href")
+        if tag == "a" and href:
+            self.links[urllib.parse.unquote(href.split("#")[0].rsplit("/", 1)[-1])] = href
+
+
+def index_files(index_url: str, project: str) -> dict[str, str]:
+    """filename -> absolute URL, from the PEP 503 simple page (empty if the project is absent)."""
+    url = f"{index_url.rstrip('/')}/{canonicalize_name(project)}/"
+    try:
+        with urllib.request.urlopen(url, timeout=30) as resp:  # noqa: S310 - the operator's index URL
+            page = resp.read().decode()
+    except urllib.error.HTTPError as exc:
+        if exc.code == 404:
+            return {}
+        raise PublishError(f"{url}: HTTP {exc.code}") from None
+    except urllib.error.URLError as exc:
+        raise PublishError(f"cannot reach the index {url}: {exc.reason}") from None
+    parser = _Links()
+    parser.feed(page)
+    return {name: urllib.parse.urljoin(url, href) for name, href in parser.links.items()}
+
+
+def remote_sha256(url: str) -> str:
+    with urllib.request.urlopen(url, timeout=120) as resp:  # noqa: S310
+        return hashlib.sha256(resp.read()).hexdigest()
+
+
+def publish(dist: Path, repository_url: str, index_url: str, wait_s: float = 120.0,
+            twine_args: tuple[str, ...] = ()) -> list[tuple[str, str]]:  # fmt: skip
+    manifest = json.loads((dist / "manifest.json").read_text())
+    sums = {w["filename"]: w["sha256"] for w in manifest["wheels"]}
+    for fname, digest in sums.items():
+        actual = hashlib.sha256((dist / fname).read_bytes()).hexdigest()
+        if actual != digest:
+            raise PublishError(f"{dist / fname}: sha256 {actual} is not the manifest's {digest}; rebuild dist/")
+    done: list[tuple[str, str]] = []
+    for fname in upload_order(dist, list(sums)):
+        project = parse_wheel_filename(fname)[0]
+        listed = index_files(index_url, project)
+        if fname in listed:
+            served = remote_sha256(listed[fname])
+            if served != sums[fname]:
+                raise PublishError(
+                    f"{fname} is already on {index_url} with different content (sha256 {served}, ours "
+                    f"{sums[fname]}). An index never replaces a file: bump the version (post release) instead."
+                )
+            done.append((fname, "already published, identical"))
+            continue
+        if "--attestations" in twine_args:
+            # PEP 740: sign with the CI's ambient OIDC identity (trusted publishing); twine uploads the result.
+            sign = subprocess.run([sys.executable, "-m", "pypi_attestations", "sign", str(dist / fname)],
+                                  capture_output=True, text=True, check=False)  # fmt: skip
+            if sign.returncode != 0:
+                raise PublishError(
+                    f"attesting {fname} failed (is this CI with id-token: write?):\n{sign.stderr[-2000:]}"
+                )
+        cmd = [sys.executable, "-m", "twine", "upload", "--non-interactive", "--disable-progress-bar",
+               "--repository-url", repository_url, *twine_args, str(dist / fname)]  # fmt: skip
+        proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+        if proc.returncode != 0:
+            raise PublishError(f"twine upload {fname} failed:\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}")
+        deadline = time.monotonic() + wait_s
+        while True:
+            listed = index_files(index_url, project)
+            if fname in listed:
+                break
+            if time.monotonic() > deadline:
+                raise PublishError(f"{fname} was uploaded but {index_url} does not serve it after {wait_s:.0f}s")
+            time.sleep(1.0)
+        served = remote_sha256(listed[fname])
+        if served != sums[fname]:
+            raise PublishError(f"{index_url} serves {fname} with sha256 {served}, not the uploaded {sums[fname]}")
+        done.append((fname, "uploaded, verified"))
+    return done
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="nox -s publish --")
+    p.add_argument("--repository-url", required=True, help="upload endpoint (twine --repository-url)")
+    p.add_argument("--index-url", help="PEP 503 simple index serving it (default: <repository-url>/simple/)")
+    p.add_argument("--dist", type=Path, default=ROOT / "dist")
+    p.add_argument("--wait", type=float, default=120.0, help="seconds to wait for an upload to be served")
+    p.add_argument("--attestations", action="store_true", help="upload PEP 740 attestations (twine --attestations)")
+    args = p.parse_args(argv)
+    index = args.index_url or args.repository_url.rstrip("/") + "/simple/"
+    extra: tuple[str, ...] = ("--attestations",) if args.attestations else ()
+    if "TWINE_USERNAME" not in os.environ and "TWINE_PASSWORD" not in os.environ and "127.0.0.1" in args.repository_url:
+        extra += ("-u", "kt", "-p", "kt")  # a local test index takes any credentials
+    try:
+        for fname, what in publish(args.dist, args.repository_url, index, args.wait, extra):
+            print(f"{fname}: {what}")
+    except PublishError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
