@@ -45,24 +45,33 @@ def _parser(name: str) -> argparse.ArgumentParser:
 
 @nox.session(python=PYTHON, tags=["build"])
 def build_cpu(session: nox.Session) -> None:
-    """Build, repair and stage the kt-kernel wheel with the six CPU variants."""
+    """Build and repair the kt-kernel wheel with the six CPU variants into build/kt-kernel/out/.
+
+    dist/ belongs to build_all: it only ever holds a complete, consistent release."""
     p = _parser("build_cpu")
     p.add_argument("--variant", action="append", default=[], choices=CPU_VARIANTS, help="CI shard: only this variant")
     args = p.parse_args(session.posargs)
     _install_lock(session, "toolchain")
-    session.run("python", "kernel/tools/build_wheel.py", "--dist", str(DIST), *(f"--variant={v}" for v in args.variant))
+    session.run(
+        "python", "kernel/tools/build_wheel.py", "--dist", str(KERNEL_OUT), *(f"--variant={v}" for v in args.variant)
+    )
 
 
 @nox.session(python=PYTHON, tags=["build"])
 def build_cuda(session: nox.Session) -> None:
-    """Build the kt-kernel wheel with its CUDA archive (hermetic PyPI toolchain) into dist/."""
+    """Build the kt-kernel wheel with its CUDA archive (hermetic PyPI toolchain) into build/kt-kernel/out/."""
     p = _parser("build_cuda")
     p.add_argument("--arch", action="append", default=[], help="CI shard: only this SASS arch (80, 86, 89, 90, 120)")
     args = p.parse_args(session.posargs)
     _install_lock(session, "toolchain")
     _install_lock(session, "cuda")
     session.run(
-        "python", "kernel/tools/build_wheel.py", "--dist", str(DIST), "--cuda", *(f"--cuda-arch={a}" for a in args.arch)
+        "python",
+        "kernel/tools/build_wheel.py",
+        "--dist",
+        str(KERNEL_OUT),
+        "--cuda",
+        *(f"--cuda-arch={a}" for a in args.arch),
     )
 
 
@@ -95,15 +104,15 @@ def build_all(session: nox.Session) -> None:
 
 @nox.session(python=PYTHON)
 def tests(session: nox.Session) -> None:
-    """Build the wheel, then run tests/unit and tests/integration against it."""
+    """Build the kt-kernel wheel (into build/kt-kernel/out), then run every test against it."""
     p = _parser("tests")
-    p.add_argument("--no-build", action="store_true", help="test the wheel already in dist/")
+    p.add_argument("--no-build", action="store_true", help="test the wheel already in build/kt-kernel/out")
     p.add_argument("pytest_args", nargs="*")
     args = p.parse_args(session.posargs)
     _install_lock(session, "test")
     if not args.no_build:
-        session.run("python", "kernel/tools/build_wheel.py", "--dist", str(DIST), "--cuda")
-    session.run("pytest", *args.pytest_args, env={"KT_DIST": str(DIST), "KT_FIND_LINKS": FIND_LINKS})
+        session.run("python", "kernel/tools/build_wheel.py", "--dist", str(KERNEL_OUT), "--cuda")
+    session.run("pytest", *args.pytest_args, env={"KT_DIST": str(KERNEL_OUT), "KT_FIND_LINKS": FIND_LINKS})
 
 
 @nox.session(python=PYTHON, tags=["audit"])
@@ -197,8 +206,8 @@ def bench(session: nox.Session) -> None:
     p.add_argument("--json", default=str(ROOT / "build" / "bench.json"))
     args = p.parse_args(session.posargs)
     _install_lock(session, "test")
-    session.run("python", "kernel/tools/build_wheel.py", "--dist", str(DIST))
-    (wheel,) = DIST.glob("kt_kernel-*.whl")
+    session.run("python", "kernel/tools/build_wheel.py", "--dist", str(KERNEL_OUT))
+    (wheel,) = KERNEL_OUT.glob("kt_kernel-*.whl")
     session.install("--no-deps", "--force-reinstall", str(wheel))
     session.run(
         "python", "-m", "tools.bench", "--json", args.json, *(["--no-build-times"] if args.no_build_times else [])

@@ -49,10 +49,10 @@ class Venv:
 
 @pytest.fixture(scope="session")
 def kt_wheel() -> Path:
-    dist = Path(os.environ.get("KT_DIST", ROOT / "dist"))
+    dist = Path(os.environ.get("KT_DIST", ROOT / "build" / "kt-kernel" / "out"))
     wheels = sorted(dist.glob("kt_kernel-*manylinux*.whl"))
     if not wheels:
-        pytest.skip(f"no repaired kt_kernel wheel in {dist}; run `nox -s build_cpu` (the tests session does)")
+        pytest.skip(f"no repaired kt_kernel wheel in {dist}; run `nox -s build_cuda` (the tests session does)")
     assert len(wheels) == 1, f"several kt_kernel wheels in {dist}: {wheels}"
     return wheels[0]
 
