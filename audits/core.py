@@ -28,6 +28,7 @@ class WheelResult:
     cpu: dict[str, Any] = field(default_factory=dict)
     cuda: dict[str, Any] = field(default_factory=dict)
     sizes: dict[str, Any] = field(default_factory=dict)
+    platform: str | None = None  # the most portable manylinux tag the ELF files allow
 
 
 def audit_wheel(path: Path, policy: Policy, baseline: dict[str, Any] | None = None) -> WheelResult:
@@ -63,6 +64,7 @@ def audit_wheel(path: Path, policy: Policy, baseline: dict[str, Any] | None = No
     res.findings += size_manifest.manifest(w, elfs, policy, uses)
     cuda_findings, res.cuda = cuda_rules.cuda(w, policy, system)
     res.findings += cuda_findings
+    res.platform = wheel_rules.honest_platform(elf_list)
     size_findings, res.sizes = size_manifest.size(w, policy, baseline)
     res.findings += size_findings
     res.findings = [_waive(f, str(w.name), policy) for f in res.findings]
@@ -115,6 +117,7 @@ def run(paths: list[Path], policy: Policy, baseline_file: Path | None = None) ->
                 "sha256": r.sha256,
                 "size": r.size,
                 "errors": sum(f.severity == "error" for f in r.findings),
+                "honest_platform": r.platform,
             }
             for r in results
         ],

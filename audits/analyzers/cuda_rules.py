@@ -13,7 +13,7 @@ from ..model import Finding
 from ..policy import Policy
 from ..readers import ElfFacts, WheelFacts, read_elf
 from ..readers._cuda import find_cuobjdump, read_cuda, read_payload
-from . import elf_rules
+from . import elf_rules, wheel_rules
 from ._common import finding
 
 
@@ -67,6 +67,8 @@ def cuda(w: WheelFacts, policy: Policy, system: frozenset[str]) -> tuple[list[Fi
         if facts is not None:
             elfs.append(facts)
     out += elf_rules.elf_abi(fn, str(w.name), elfs, policy)
+    # The payload's libraries load on the user's system too: the platform tag must cover them.
+    out += [f for f in wheel_rules.tags(w, elfs) if f.rule == "tag.manylinux-overclaim"]
     out += elf_rules.rpath(fn, elfs, list(files), system)
     tool = find_cuobjdump()
     section: dict[str, Any] = {"payload": member.name, "payload_bytes": member.size, "libraries": {}}

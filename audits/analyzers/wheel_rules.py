@@ -176,6 +176,21 @@ def system_libraries(w: WheelFacts) -> frozenset[str]:
     return frozenset(libs | {"ld-linux-x86-64.so.2"})
 
 
+def honest_platform(elfs: list[ElfFacts]) -> str | None:
+    """The most portable manylinux tag whose symbol-version policy admits every ELF
+    (auditwheel's data), or None for a wheel without ELF files."""
+    if not elfs:
+        return None
+    needed = [(v.partition("_")[0], v.partition("_")[2]) for e in elfs for _, vs in e.version_needs for v in vs]
+    for pol in sorted(_manylinux_policies(), key=lambda p: p["priority"], reverse=True):
+        if pol["name"] == "linux":
+            continue
+        allowed = pol["symbol_versions"].get("x86_64", {})
+        if all(prefix not in allowed or num in allowed[prefix] for prefix, num in needed):
+            return f"{pol['name']}_x86_64"
+    return "linux_x86_64"
+
+
 def _version_key(v: str) -> tuple[int, ...]:
     return tuple(int(x) for x in re.findall(r"\d+", v))
 
