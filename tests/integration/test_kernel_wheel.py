@@ -65,3 +65,31 @@ def test_refused_override_names_missing_features(fresh_venv: Venv, host_report: 
     assert proc.returncode == 1
     assert f"KT_KERNEL_CPU_VARIANT={refused[-1]} cannot run on this CPU" in proc.stderr
     assert "missing" in proc.stderr
+
+
+THREADS_SCRIPT = """
+import os, threading, numpy as np, kt_kernel as kk
+rng = np.random.default_rng(0)
+q = [kk.quantize(rng.standard_normal((5, 128, 128), dtype=np.float32), "rawint4", 32) for _ in range(3)]
+m = kk.MoE(*q)
+x = rng.standard_normal((17, 128), dtype=np.float32)
+ids = np.stack([rng.permutation(5)[:3] for _ in range(17)])
+w = rng.random((17, 3), dtype=np.float32)
+ref = m(x, ids, w, num_threads=1)
+assert all(np.array_equal(m(x, ids, w, num_threads=t), ref) for t in (2, 3, 8)), "thread count changed the result"
+pid = os.fork()
+if pid == 0:  # the worker pool must not be inherited half-alive
+    os._exit(0 if np.array_equal(m(x, ids, w, num_threads=2), ref) else 3)
+assert os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 0, "forked child failed"
+out = []
+ts = [threading.Thread(target=lambda: out.append(np.array_equal(m(x, ids, w, num_threads=2), ref))) for _ in range(8)]
+[t.start() for t in ts]
+[t.join() for t in ts]
+assert out == [True] * 8, out
+print("ok")
+"""
+
+
+def test_threads_fork_and_concurrent_callers(fresh_venv: Venv) -> None:
+    """Results do not depend on the thread count; a forked child and 8 concurrent Python threads work."""
+    assert fresh_venv.run("-c", THREADS_SCRIPT, timeout=300).stdout.strip() == "ok"

@@ -1,6 +1,9 @@
 #include "common.h"
 
+#include <pthread.h>
+
 #include <atomic>
+#include <mutex>
 #include <cstdio>
 #include <cstdlib>
 #include <thread>
@@ -71,6 +74,107 @@ bool validate_args(const kt_moe_args& a, char* err, size_t err_len) {
   return true;
 }
 
+namespace {
+
+// pthread condition variable: libstdc++ 12's std::condition_variable::wait is
+// versioned GLIBCXX_3.4.30, which manylinux_2_34 does not allow.
+class CondVar {
+ public:
+  CondVar() { pthread_cond_init(&cv_, nullptr); }
+  CondVar(const CondVar&) = delete;
+  CondVar& operator=(const CondVar&) = delete;
+  template <class Pred>
+  void wait(std::unique_lock<std::mutex>& lock, Pred pred) {
+    while (!pred()) pthread_cond_wait(&cv_, lock.mutex()->native_handle());
+  }
+  void notify_one() { pthread_cond_signal(&cv_); }
+  void notify_all() { pthread_cond_broadcast(&cv_); }
+
+ private:
+  pthread_cond_t cv_;
+};
+
+// A process-wide pool of worker threads, created on first use and never destroyed
+// (no destructor runs at exit with workers blocked on the condition variable).
+// Spawning threads per call cost ~40 us each, several times per MoE forward.
+class Pool {
+ public:
+  static Pool& get(int threads) {
+    std::call_once(init_flag_, [] { pthread_atfork(nullptr, nullptr, &Pool::after_fork); });
+    std::lock_guard<std::mutex> g(global_);
+    if (!instance_ || instance_->size() < threads - 1) {
+      // Grow by replacing: the old pool's workers stay parked (rare: thread count rises).
+      instance_ = new Pool(threads - 1);
+    }
+    return *instance_;
+  }
+
+  void run(int64_t n, int threads, const std::function<void(int64_t, int)>& fn) {
+    std::lock_guard<std::mutex> serial(run_);  // one job at a time per process
+    {
+      std::lock_guard<std::mutex> g(m_);
+      fn_ = &fn;
+      n_ = n;
+      next_.store(0, std::memory_order_relaxed);
+      active_ = threads - 1;
+      pending_ = threads - 1;
+      ++generation_;
+    }
+    cv_start_.notify_all();
+    work(0);
+    std::unique_lock<std::mutex> g(m_);
+    cv_done_.wait(g, [&] { return pending_ == 0; });
+  }
+
+ private:
+  explicit Pool(int workers) {
+    for (int i = 0; i < workers; ++i) std::thread([this, i] { loop(i + 1); }).detach();
+    size_ = workers;
+  }
+  int size() const { return size_; }
+
+  void work(int tid) {
+    for (int64_t i = next_.fetch_add(1, std::memory_order_relaxed); i < n_;
+         i = next_.fetch_add(1, std::memory_order_relaxed))
+      (*fn_)(i, tid);
+  }
+
+  void loop(int tid) {
+    uint64_t seen = 0;
+    for (;;) {
+      std::unique_lock<std::mutex> g(m_);
+      cv_start_.wait(g, [&] { return generation_ != seen; });
+      seen = generation_;
+      if (tid > active_) continue;  // this job uses fewer threads
+      g.unlock();
+      work(tid);
+      g.lock();
+      if (--pending_ == 0) cv_done_.notify_one();
+    }
+  }
+
+  // In a forked child only the forking thread exists: start over with a new pool.
+  static void after_fork() { instance_ = nullptr; }
+
+  std::mutex m_, run_;
+  CondVar cv_start_, cv_done_;
+  const std::function<void(int64_t, int)>* fn_ = nullptr;
+  int64_t n_ = 0;
+  std::atomic<int64_t> next_{0};
+  int active_ = 0, pending_ = 0, size_ = 0;
+  uint64_t generation_ = 0;
+
+  static std::once_flag init_flag_;
+  static std::mutex global_;
+  static Pool* instance_;
+};
+
+std::once_flag Pool::init_flag_;
+std::mutex Pool::global_;
+Pool* Pool::instance_ = nullptr;
+
+}  // namespace
+
 void parallel_for(int64_t n, int threads, const std::function<void(int64_t, int)>& fn) {
   if (n <= 0) return;
   if (threads < 1) threads = 1;
@@ -79,17 +183,7 @@ void parallel_for(int64_t n, int threads, const std::function<void(int64_t, int)
     for (int64_t i = 0; i < n; ++i) fn(i, 0);
     return;
   }
-  std::atomic<int64_t> next{0};
-  auto worker = [&](int tid) {
-    for (int64_t i = next.fetch_add(1, std::memory_order_relaxed); i < n;
-         i = next.fetch_add(1, std::memory_order_relaxed))
-      fn(i, tid);
-  };
-  std::vector<std::thread> pool;
-  pool.reserve(threads - 1);
-  for (int t = 1; t < threads; ++t) pool.emplace_back(worker, t);
-  worker(0);
-  for (auto& th : pool) th.join();
+  Pool::get(threads).run(n, threads, fn);
 }
 
 }  // namespace kt
