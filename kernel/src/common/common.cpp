@@ -16,13 +16,39 @@ size_t Scratch::reserve(size_t bytes) {
   return off;
 }
 
+namespace {
+// Each calling thread keeps its last scratch block (up to kKeep bytes): a fresh
+// allocation per call is an mmap plus page faults and zeroing of every page.
+constexpr size_t kKeep = size_t{256} << 20;
+struct Cached {
+  unsigned char* ptr = nullptr;
+  size_t size = 0;
+  ~Cached() { std::free(ptr); }
+};
+thread_local Cached t_cached;
+}  // namespace
+
 bool Scratch::allocate() {
   if (size_ == 0) size_ = kScratchAlign;
+  if (t_cached.ptr && t_cached.size >= size_) {
+    base_ = t_cached.ptr;  // borrowed: handed back in the destructor
+    t_cached.ptr = nullptr;
+    owned_size_ = t_cached.size;
+    return true;
+  }
   base_ = static_cast<unsigned char*>(std::aligned_alloc(kScratchAlign, size_));
+  owned_size_ = size_;
   return base_ != nullptr;
 }
 
-Scratch::~Scratch() { std::free(base_); }
+Scratch::~Scratch() {
+  if (base_ && owned_size_ <= kKeep && !t_cached.ptr) {
+    t_cached.ptr = base_;
+    t_cached.size = owned_size_;
+  } else {
+    std::free(base_);
+  }
+}
 
 bool build_routing(const kt_moe_args& a, Routing* r, char* err, size_t err_len) {
   const int64_t pairs = a.tokens * a.topk;

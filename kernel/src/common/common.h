@@ -30,6 +30,7 @@ class Scratch {
 
  private:
   size_t size_ = 0;
+  size_t owned_size_ = 0;
   unsigned char* base_ = nullptr;
 };
 
