@@ -139,9 +139,11 @@ static inline __m256i unpack32_u4(const uint8_t* p) {
 
 static inline int32_t dot_i8(const int8_t* w, const int8_t* x, int64_t n) {
   __m256i acc = _mm256_setzero_si256();
-  for (int64_t i = 0; i < n; i += kStep)
+  for (int64_t i = 0; i < n; i += kStep) {
+    _mm_prefetch(reinterpret_cast<const char*>(w + i + 1024), _MM_HINT_T0);
     acc = dot_step(acc, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + i)),
                    _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + i)));
+  }
   return hsum_epi32(acc);
 }
 
