@@ -117,5 +117,6 @@ def cuda(w: WheelFacts, policy: Policy, system: frozenset[str]) -> tuple[list[Fi
         section["libraries"][lib.member] = {
             "bytes": len(lib_data), "sass": sorted(cfacts.sass), "ptx": sorted(cfacts.ptx),
             "ptx_isa": sorted(cfacts.ptx_versions), "kernels": {a: len(k) for a, k in sorted(cfacts.kernels.items())},
+            "arch_bytes": dict(sorted(cfacts.arch_bytes.items())),
         }  # fmt: skip
     return out, section

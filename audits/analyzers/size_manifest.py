@@ -19,8 +19,14 @@ def size(w: WheelFacts, policy: Policy, baseline: dict[str, Any] | None) -> tupl
     out: list[Finding] = []
     total = w.path.stat().st_size
     members = sorted(((m.name, m.size) for m in w.members), key=lambda x: -x[1])
-    breakdown = {"wheel_bytes": total, "installed_bytes": sum(s for _, s in members),
-                 "members": dict(members[:25])}  # fmt: skip
+    breakdown: dict[str, Any] = {
+        "wheel_bytes": total,
+        "installed_bytes": sum(s for _, s in members),
+        "members": dict(members[:25]),
+    }
+    variants = {v.name: m.size for v in policy.variants if (m := w.member(v.member)) is not None}
+    if variants:
+        breakdown["cpu_variants"] = variants
     if total > policy.wheel_budget_bytes:
         top = ", ".join(f"{n} ({s / 2**20:.1f} MiB)" for n, s in members[:3])
         out.append(finding(

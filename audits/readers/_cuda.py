@@ -69,6 +69,8 @@ class CudaFacts:
     # arch -> kernel (mangled) names in that cubin
     kernels: dict[str, frozenset[str]]
     ptx_versions: frozenset[str]
+    # arch -> bytes of its cubin (uncompressed), for the size breakdown
+    arch_bytes: dict[str, int]
 
 
 def _run(tool: str, *args: str) -> str:
@@ -101,6 +103,13 @@ def read_cuda(tool: str, data: bytes) -> CudaFacts:
         versions = (
             set(re.findall(r"^\.version (\d+\.\d+)", _run(tool, "--dump-ptx", fh.name), re.MULTILINE)) if ptx else set()
         )
+        sizes: dict[str, int] = {}
+        with tempfile.TemporaryDirectory() as out:
+            subprocess.run([tool, "--extract-elf", "all", fh.name], cwd=out, capture_output=True, check=False)
+            for cubin in Path(out).glob("*.cubin"):
+                m = re.search(r"\.(sm_\d+[a-z]?)\.cubin$", cubin.name)
+                if m:
+                    sizes[m.group(1)] = sizes.get(m.group(1), 0) + cubin.stat().st_size
     return CudaFacts(
-        frozenset(sass), frozenset(ptx), {a: frozenset(k) for a, k in kernels.items()}, frozenset(versions)
+        frozenset(sass), frozenset(ptx), {a: frozenset(k) for a, k in kernels.items()}, frozenset(versions), sizes
     )

@@ -433,6 +433,10 @@ def test_clean_payload_is_rechecked_inside_its_layout(kt_wheel: Path) -> None:
     """The sm90a library resolves libkt_cuda.so through $ORIGIN/../lib inside the payload."""
     res = audit_wheel(kt_wheel, POLICY)
     assert res.cuda["libraries"]["sm90a/libkt_cuda_sm90a.so"]["sass"] == ["sm_90a"]
+    arch_bytes = res.cuda["libraries"]["lib/libkt_cuda.so"]["arch_bytes"]
+    assert set(arch_bytes) == {"sm_80", "sm_86", "sm_89", "sm_90", "sm_120"}
+    assert all(b > 0 for b in arch_bytes.values())
+    assert len(res.sizes["cpu_variants"]) == 6
     assert not [f for f in res.findings if f.rule.startswith(("rpath.", "cuda."))]
 
 
