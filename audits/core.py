@@ -14,7 +14,7 @@ from .analyzers._common import finding
 from .errors import AuditError
 from .model import Finding
 from .policy import Policy
-from .readers import ElfFacts, feature_uses, read_elf, read_wheel
+from .readers import ElfFacts, read_elf, read_wheel
 
 SCHEMA_VERSION = 1
 
@@ -58,9 +58,9 @@ def audit_wheel(path: Path, policy: Policy, baseline: dict[str, Any] | None = No
     required = wheel_rules.required_names(w)
     external = [p for p in policy.external if p.provider in required]
     res.findings += elf_rules.rpath(w.filename, elf_list, [m.name for m in w.members], system, external)
-    isa_findings, res.cpu = isa_rules.isa(w.filename, elfs, policy)
+    uses = isa_rules.disassembled_members(elfs, policy)
+    isa_findings, res.cpu = isa_rules.isa(w.filename, uses, policy)
     res.findings += isa_findings
-    uses = {n: feature_uses(e) for n, e in elfs.items() if any(v.member == n for v in policy.variants)}
     res.findings += size_manifest.manifest(w, elfs, policy, uses)
     cuda_findings, res.cuda = cuda_rules.cuda(w, policy, system)
     res.findings += cuda_findings

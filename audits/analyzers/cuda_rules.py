@@ -68,7 +68,7 @@ def cuda(w: WheelFacts, policy: Policy, system: frozenset[str]) -> tuple[list[Fi
             elfs.append(facts)
     out += elf_rules.elf_abi(fn, str(w.name), elfs, policy)
     # The payload's libraries load on the user's system too: the platform tag must cover them.
-    out += [f for f in wheel_rules.tags(w, elfs) if f.rule == "tag.manylinux-overclaim"]
+    out += wheel_rules.platform_overclaims(w, elfs)
     out += elf_rules.rpath(fn, elfs, list(files), system)
     tool = find_cuobjdump()
     section: dict[str, Any] = {"payload": member.name, "payload_bytes": member.size, "libraries": {}}

@@ -15,21 +15,31 @@ def _use_text(u: FeatureUse) -> str:
     return f"{u.instruction} ({u.feature}) at {u.address:#x} in {u.symbol}"
 
 
-def isa(wheel: str, elfs: dict[str, ElfFacts], policy: Policy) -> tuple[list[Finding], dict[str, Any]]:
-    """Findings, and the report's CPU-variant section."""
+def disassembled_members(elfs: dict[str, ElfFacts], policy: Policy) -> dict[str, dict[str, FeatureUse]]:
+    """Feature use of every CPU variant and loader library: disassembled once, shared by
+    the ISA rule and the build-manifest rule."""
+    variants = {v.member for v in policy.variants}
+    return {
+        name: feature_uses(e)
+        for name, e in elfs.items()
+        if name in variants or any(fnmatch.fnmatch(name, p) for p in policy.loader_members)
+    }
+
+
+def isa(wheel: str, uses_of: dict[str, dict[str, FeatureUse]], policy: Policy) -> tuple[list[Finding], dict[str, Any]]:
+    """Findings, and the report's CPU-variant section. uses_of: disassembled_members()."""
     out: list[Finding] = []
     section: dict[str, Any] = {}
     variant_members = {v.member for v in policy.variants}
-    if not any(m in elfs for m in variant_members):
+    if not any(m in uses_of for m in variant_members):
         return out, section  # not a kt-kernel wheel
     for v in policy.variants:
-        e = elfs.get(v.member)
-        if e is None:
+        if v.member not in uses_of:
             out.append(finding("isa.variant-missing", wheel, v.member, f"CPU variant {v.name} is not in the wheel",
                                "build all six variants (nox -s build_cpu without --variant)"))  # fmt: skip
             section[v.name] = {"present": False}
             continue
-        uses = feature_uses(e)
+        uses = uses_of[v.member]
         forbidden = [u for f, u in uses.items() if f not in v.allowed]
         for u in forbidden:
             out.append(finding(
@@ -53,10 +63,9 @@ def isa(wheel: str, elfs: dict[str, ElfFacts], policy: Policy) -> tuple[list[Fin
             "features_used": {f: u.count for f, u in uses.items()},
             "forbidden": [_use_text(u) for u in forbidden],
         }
-    for name, e in elfs.items():
+    for name, uses in uses_of.items():
         if not any(fnmatch.fnmatch(name, p) for p in policy.loader_members):
             continue
-        uses = feature_uses(e)
         above = [u for f, u in uses.items() if f not in policy.baseline and f not in policy.loader_guarded]
         for u in above:
             out.append(finding(

@@ -9,6 +9,7 @@ import importlib.resources
 import io
 import json
 import re
+from email.message import Message
 from email.parser import HeaderParser
 from functools import cache
 from typing import Any
@@ -70,12 +71,18 @@ def integrity(w: WheelFacts) -> list[Finding]:
     return out
 
 
-def wheel_file(w: WheelFacts, elfs: list[ElfFacts]) -> list[Finding]:
-    fn, name = w.filename, f"{w.dist_info}/WHEEL"
+def _headers(w: WheelFacts, file: str) -> tuple[str, Message | None]:
+    """(member name, parsed RFC 822 headers or None) of a .dist-info file."""
+    name = f"{w.dist_info}/{file}"
     text = w.text(name)
-    if text is None:
+    return name, None if text is None else HeaderParser().parsestr(text)
+
+
+def wheel_file(w: WheelFacts, elfs: list[ElfFacts]) -> list[Finding]:
+    fn = w.filename
+    name, msg = _headers(w, "WHEEL")
+    if msg is None:
         return [finding("wheel.wheel-file", fn, name, "no WHEEL file", "rebuild with a PEP 427 wheel builder")]
-    msg = HeaderParser().parsestr(text)
     out = []
     tags = {t.strip() for t in msg.get_all("Tag", [])}
     expected = {str(t) for t in w.tags}
@@ -98,11 +105,10 @@ def wheel_file(w: WheelFacts, elfs: list[ElfFacts]) -> list[Finding]:
 
 
 def metadata(w: WheelFacts) -> list[Finding]:
-    fn, name = w.filename, f"{w.dist_info}/METADATA"
-    text = w.text(name)
-    if text is None:
+    fn = w.filename
+    name, msg = _headers(w, "METADATA")
+    if msg is None:
         return [finding("wheel.metadata", fn, name, "no METADATA", "rebuild with a PEP 427 wheel builder")]
-    msg = HeaderParser().parsestr(text)
     out = []
     meta_name, meta_version = msg.get("Name"), msg.get("Version")
     if not meta_name or not meta_version:
@@ -133,9 +139,9 @@ def metadata(w: WheelFacts) -> list[Finding]:
 
 def required_names(w: WheelFacts) -> frozenset[str]:
     """Normalized names of the distributions the wheel requires (any extra)."""
-    text = w.text(f"{w.dist_info}/METADATA") or ""
+    _, msg = _headers(w, "METADATA")
     names = set()
-    for line in HeaderParser().parsestr(text).get_all("Requires-Dist", []):
+    for line in msg.get_all("Requires-Dist", []) if msg is not None else []:
         try:
             names.add(canonicalize_name(Requirement(line).name))
         except InvalidRequirement:
@@ -176,17 +182,26 @@ def system_libraries(w: WheelFacts) -> frozenset[str]:
     return frozenset(libs | {"ld-linux-x86-64.so.2"})
 
 
+def _admits(pol: dict[str, Any], version: str) -> bool:
+    """Whether manylinux policy `pol` allows the symbol version, e.g. "GLIBC_2.34"."""
+    prefix, _, num = version.partition("_")
+    allowed = pol["symbol_versions"].get("x86_64", {})
+    return prefix not in allowed or num in allowed[prefix]
+
+
+@cache
+def _most_portable_first() -> tuple[dict[str, Any], ...]:
+    return tuple(sorted(_manylinux_policies(), key=lambda p: p["priority"], reverse=True))
+
+
 def honest_platform(elfs: list[ElfFacts]) -> str | None:
     """The most portable manylinux tag whose symbol-version policy admits every ELF
     (auditwheel's data), or None for a wheel without ELF files."""
     if not elfs:
         return None
-    needed = [(v.partition("_")[0], v.partition("_")[2]) for e in elfs for _, vs in e.version_needs for v in vs]
-    for pol in sorted(_manylinux_policies(), key=lambda p: p["priority"], reverse=True):
-        if pol["name"] == "linux":
-            continue
-        allowed = pol["symbol_versions"].get("x86_64", {})
-        if all(prefix not in allowed or num in allowed[prefix] for prefix, num in needed):
+    needed = [v for e in elfs for _, vs in e.version_needs for v in vs]
+    for pol in _most_portable_first():
+        if pol["name"] != "linux" and all(_admits(pol, v) for v in needed):
             return f"{pol['name']}_x86_64"
     return "linux_x86_64"
 
@@ -214,35 +229,34 @@ def tags(w: WheelFacts, elfs: list[ElfFacts]) -> list[Finding]:
                 f"extension built for CPython {m.group(2)} in a wheel tagged {sorted(interp)}/{sorted(abis)}",
                 "build the wheel with the interpreter its tag names",
             ))  # fmt: skip
-    if not elfs:
-        return out
+    if elfs and not any(_glibc_of(t.platform) for t in w.tags) and any(t.platform.startswith("linux_") for t in w.tags):
+        msg = "native wheel tagged linux_*: no installer will take it from an index"
+        out.append(finding("tag.not-portable", fn, "", msg, "run `auditwheel repair` (nox -s build_cpu does)",
+                           "warning"))  # fmt: skip
+    return out + platform_overclaims(w, elfs)
+
+
+def platform_overclaims(w: WheelFacts, elfs: list[ElfFacts]) -> list[Finding]:
+    """Symbol versions the wheel's most portable manylinux tag does not allow (any ELF it
+    ships, the CUDA payload's included)."""
     claimed = [(g, t.platform) for t in w.tags if (g := _glibc_of(t.platform))]
-    if not claimed:
-        if any(t.platform.startswith("linux_") for t in w.tags):
-            msg = "native wheel tagged linux_*: no installer will take it from an index"
-            out.append(finding("tag.not-portable", fn, "", msg, "run `auditwheel repair` (nox -s build_cpu does)",
-                               "warning"))  # fmt: skip
-        return out
-    glibc, platform = min(claimed)
-    pol = policy_for(glibc)
+    pol = policy_for(min(claimed)[0]) if claimed else None
     if pol is None:
-        return out
-    allowed = pol["symbol_versions"]["x86_64"]
+        return []
+    platform = min(claimed)[1]
+    newest = pol["symbol_versions"]["x86_64"]
+    out: list[Finding] = []
     for e in elfs:
         for lib, versions in e.version_needs:
             for v in versions:
-                prefix, _, num = v.partition("_")
-                if prefix not in allowed or num in allowed[prefix]:
+                if _admits(pol, v):
                     continue
-                need = next(
-                    (p["name"] for p in sorted(_manylinux_policies(), key=lambda p: p["priority"], reverse=True)
-                     if num in p["symbol_versions"].get("x86_64", {}).get(prefix, [])),
-                    "none known to auditwheel",
-                )  # fmt: skip
+                prefix = v.partition("_")[0]
+                need = next((p["name"] for p in _most_portable_first() if _admits(p, v)), "none known to auditwheel")
                 out.append(finding(
-                    "tag.manylinux-overclaim", fn, e.member,
+                    "tag.manylinux-overclaim", w.filename, e.member,
                     f"needs {v} from {lib}, which {platform} does not allow (its newest {prefix} is "
-                    f"{max(allowed[prefix], key=_version_key)}); the lowest tag allowing it is {need}",
+                    f"{max(newest[prefix], key=_version_key)}); the lowest tag allowing it is {need}",
                     "let `auditwheel repair` choose the tag, or build in an older manylinux image",
                 ))  # fmt: skip
     return out
