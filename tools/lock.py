@@ -61,12 +61,9 @@ def parse_lock(path: Path) -> dict[str, Pin]:
     return pins
 
 
-def excludes(path: Path) -> frozenset[str]:
-    """Names a `#:exclude` line keeps out of the lock (the carriers: their hashes are per build)."""
-    return frozenset(
-        canonicalize_name(n) for line in path.read_text().splitlines() if line.startswith("#:exclude")
-        for n in line.split()[1:]
-    )  # fmt: skip
+def directive(path: Path, key: str) -> list[str]:
+    """The words after every `#:KEY` line of an input (`#:uv-args`, `#:carriers`)."""
+    return [w for line in path.read_text().splitlines() if line.startswith(f"#:{key} ") for w in line.split()[1:]]
 
 
 def read_in(path: Path) -> list[Requirement]:
@@ -100,10 +97,7 @@ def check(name: str) -> list[str]:
     for pin in pins.values():
         if not pin.hashes:
             problems.append(f"{lock}: {pin.name}=={pin.version} has no --hash")
-    skip = excludes(src)
     for req in read_in(src):
-        if canonicalize_name(req.name) in skip:
-            continue
         locked = pins.get(canonicalize_name(req.name))
         if locked is None:
             problems.append(f"{lock}: {req.name} from {src.name} is not locked; run `nox -s lock`")
@@ -124,7 +118,7 @@ def generate(name: str) -> None:
         raise LockError("uv is not on PATH; install lockfiles/nox.txt (it pins uv)")
     out = LOCKDIR / f"{name}.txt"
     src = LOCKDIR / f"{name}.in"
-    roots = [r for line in src.read_text().splitlines() if line.startswith("#:carriers") for r in line.split()[1:]]
+    roots = directive(src, "carriers")
     if roots:
         # Resolve the carriers' third-party requirements, never the carriers by name.
         from tools.profiles import closure
@@ -136,7 +130,7 @@ def generate(name: str) -> None:
         tmp.parent.mkdir(parents=True, exist_ok=True)
         tmp.write_text("\n".join(reqs) + "\n")
     # A `#:uv-args ...` line in the input adds resolver options (and may replace the platform).
-    extra = [a for line in src.read_text().splitlines() if line.startswith("#:uv-args") for a in line.split()[1:]]
+    extra = directive(src, "uv-args")
     platform = [] if "--python-platform" in extra else ["--python-platform", PLATFORM]
     cmd = [
         uv, "pip", "compile", "--quiet", "--generate-hashes", "--no-header", "--no-annotate",
@@ -149,10 +143,7 @@ def generate(name: str) -> None:
     proc = subprocess.run(cmd, capture_output=True, text=True, check=False, cwd=ROOT)
     if proc.returncode != 0:
         raise LockError(f"locking {name} failed:\n{proc.stderr}")
-    excluded = excludes(src)
-    blocks = [b for b in re.split(r"\n(?=[A-Za-z0-9])", proc.stdout) if b.strip()]
-    kept = [b for b in blocks if canonicalize_name(re.split(r"[=\s\\]", b, maxsplit=1)[0]) not in excluded]
-    out.write_text(HEADER.format(name=name) + "\n".join(k.rstrip("\n") for k in kept) + "\n")
+    out.write_text(HEADER.format(name=name) + proc.stdout)
     print(f"locked {out.relative_to(ROOT)} ({len(parse_lock(out))} pins)")
 
 
