@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from packaging.utils import canonicalize_name, parse_wheel_filename
+from packaging.version import Version
 
 from .errors import InputError
 from .model import ROOT, Source
@@ -62,7 +63,7 @@ def fetch(name: str, lock: Path = LOCK, cache: Path | None = None) -> Input:
     version, hashes = pins[key]
     cache = cache or default_cache()
     for cached in sorted((cache / key).glob("*.whl")) if (cache / key).is_dir() else []:
-        if parse_wheel_filename(cached.name)[1] == parse_wheel_filename(f"x-{version}-py3-none-any.whl")[1]:
+        if parse_wheel_filename(cached.name)[1] == Version(version):
             digest = sha256(cached)
             if digest in hashes:
                 return Input(key, version, cached, digest)

@@ -122,7 +122,7 @@ def apply_patches(members: dict[str, bytes], patches: tuple[Path, ...], what: st
 def derive(c: Carrier, cs: CarrierSet, src: Path, out_dir: Path, versions: Mapping[str, str],
            upstream_of: Mapping[str, str]) -> Path:  # fmt: skip
     """A fork or repack wheel of carrier `c` from the upstream wheel `src`."""
-    up_name, up_version, _, tags = parse_wheel_filename(src.name)
+    up_name, up_version, _, _ = parse_wheel_filename(src.name)
     members = wheelio.read(src)
     di = wheelio.dist_info(members)
     old = (di[: -len(".dist-info")].rsplit("-", 1)[0], di[: -len(".dist-info")].rsplit("-", 1)[1])
@@ -135,9 +135,7 @@ def derive(c: Carrier, cs: CarrierSet, src: Path, out_dir: Path, versions: Mappi
     meta = wheelio.edit_metadata(meta, name=c.name, version=None if c.kind == "repack" else new_version,
                                  requirement=rewrite)  # fmt: skip
     members[f"{new_di}/METADATA"] = meta.encode("utf-8")
-    tag = "-".join(sorted({f"{t.interpreter}-{t.abi}-{t.platform}" for t in tags})[:1]) if len(tags) == 1 else None
-    if tag is None:  # compressed tag sets (py2.py3-none-any): keep the filename's own spelling
-        tag = src.name[:-4].split("-", 2)[2]
+    tag = "-".join(src.name[:-4].split("-")[-3:])  # the input's own spelling, compressed sets included
     out = out_dir / wheelio.wheel_name(c.name, new_version, tag)
     executable = frozenset(n for n in members if "/scripts/" in n or n.endswith(".so"))
     wheelio.write(out, members, executable)
