@@ -55,7 +55,8 @@ struct Plan {
   Routing r;
   bool bf16_path;  // RAWINT4 against bf16 activations (vdpbf16ps)
   int64_t P, H, I, ngh, ngi;
-  size_t ldx, ldxb, ldxg, ldh, ldhq, ldhb, ldhg, ldo;
+  size_t ldx, ldxb, ldxg, ldh, ldhq, ldhb, ldhg, ldo, ld_amx;
+  int64_t kmax;
   Scratch s;
   size_t o_xq, o_xs, o_xb, o_xg, o_xi, o_h, o_hq, o_hs, o_hb, o_hg, o_hi, o_out, o_amx;
   bool int_groups;  // RAWINT4 on int8 activations: int32 group sums of the activations
@@ -91,9 +92,22 @@ struct Plan {
     o_hg = bf16_path ? s.reserve(P * ldhg) : 0;
     o_hi = int_groups ? s.reserve(P * ldhg) : 0;
     o_out = s.reserve(P * ldo);
-    // AMX per-thread: packed B (16*K), padded A (16*K), C (P*16 int32), K = max(H, I)
-    const int64_t K = H > I ? H : I;
-    o_amx = amx_available() ? s.reserve(static_cast<size_t>(threads) * align_up(32 * K + 128 * (P + 16))) : 0;
+    // AMX, per thread: packed B (16*K), padded A (16*K), two C blocks ((P+16)*16 int32 each), K = max(H, I)
+    kmax = H > I ? H : I;
+    ld_amx = align_up(32 * kmax + 128 * (P + 16));
+    o_amx = amx_available() ? s.reserve(static_cast<size_t>(threads) * ld_amx) : 0;
+  }
+
+  struct AmxWorkspace {
+    int8_t* pack_b;
+    int8_t* pad_a;
+    int32_t* c0;
+    int32_t* c1;
+  };
+  AmxWorkspace amx(int thread) const {
+    int8_t* ws = s.at<int8_t>(o_amx + thread * ld_amx);
+    int32_t* c0 = reinterpret_cast<int32_t*>(ws + 32 * kmax);
+    return {ws, ws + 16 * kmax, c0, c0 + 16 * (P + 16)};
   }
 
   int8_t* xq(int64_t p) const { return s.at<int8_t>(o_xq + p * ldx); }
@@ -159,16 +173,13 @@ void prepare(const Plan& pl, int64_t p, const float* v, int64_t n, int8_t* q, fl
 void gate_up_amx(const Plan& pl, int64_t e, int64_t r0, int thread) {
   const auto& a = pl.a;
   const int64_t b = pl.r.expert_begin[e], m = pl.r.expert_begin[e + 1] - b, H = pl.H;
-  int8_t* ws = pl.s.at<int8_t>(pl.o_amx + thread * align_up(32 * (H > pl.I ? H : pl.I) + 128 * (pl.P + 16)));
-  const int64_t K = H > pl.I ? H : pl.I;
-  int8_t* pack_b = ws;
-  int8_t* pad_a = ws + 16 * K;
-  int32_t* cg = reinterpret_cast<int32_t*>(ws + 32 * K);
-  int32_t* cu = cg + 16 * (m + 16);
+  const Plan::AmxWorkspace ws = pl.amx(thread);
+  int32_t* cg = ws.c0;
+  int32_t* cu = ws.c1;
   const int8_t* gw = static_cast<const int8_t*>(a.gate.q) + (e * pl.I + r0) * H;
   const int8_t* uw = static_cast<const int8_t*>(a.up.q) + (e * pl.I + r0) * H;
-  amx_gemm_i8_rows16(pl.xq(b), static_cast<int64_t>(pl.ldx), m, gw, H, cg, pack_b, pad_a);
-  amx_gemm_i8_rows16(pl.xq(b), static_cast<int64_t>(pl.ldx), m, uw, H, cu, pack_b, pad_a);
+  amx_gemm_i8_rows16(pl.xq(b), static_cast<int64_t>(pl.ldx), m, gw, H, cg, ws.pack_b, ws.pad_a);
+  amx_gemm_i8_rows16(pl.xq(b), static_cast<int64_t>(pl.ldx), m, uw, H, cu, ws.pack_b, ws.pad_a);
   for (int64_t i = 0; i < m; ++i)
     for (int64_t n = 0; n < 16; ++n) {
       const int64_t row = e * pl.I + r0 + n;
@@ -181,12 +192,11 @@ void gate_up_amx(const Plan& pl, int64_t e, int64_t r0, int thread) {
 void down_amx(const Plan& pl, int64_t e, int64_t r0, int64_t rows, int thread) {
   const auto& a = pl.a;
   const int64_t b = pl.r.expert_begin[e], m = pl.r.expert_begin[e + 1] - b, I = pl.I;
-  const int64_t K = pl.H > I ? pl.H : I;
-  int8_t* ws = pl.s.at<int8_t>(pl.o_amx + thread * align_up(32 * K + 128 * (pl.P + 16)));
-  int32_t* c = reinterpret_cast<int32_t*>(ws + 32 * K);
+  const Plan::AmxWorkspace ws = pl.amx(thread);
+  int32_t* c = ws.c0;
   for (int64_t rr = r0; rr < r0 + rows; rr += 16) {
     const int8_t* dw = static_cast<const int8_t*>(a.down.q) + (e * pl.H + rr) * I;
-    amx_gemm_i8_rows16(pl.hq(b), static_cast<int64_t>(pl.ldhq), m, dw, I, c, ws, ws + 16 * K);
+    amx_gemm_i8_rows16(pl.hq(b), static_cast<int64_t>(pl.ldhq), m, dw, I, c, ws.pack_b, ws.pad_a);
     for (int64_t i = 0; i < m; ++i)
       for (int64_t n = 0; n < 16; ++n)
         pl.out(b + i)[rr + n] = static_cast<float>(c[i * 16 + n]) * pl.hs()[b + i] * a.down.scale[e * pl.H + rr + n];
