@@ -63,7 +63,7 @@ def carrier_lines(dist: Path, names: list[str], extras: dict[str, str] | None = 
     return lines
 
 
-def pip(venv: Path, *args: str, capture: bool = True) -> subprocess.CompletedProcess[str]:
+def pip(venv: Path, *args: str) -> subprocess.CompletedProcess[str]:
     """pip as a user on a clean machine would run it: no config files, no PIP_* settings
     (this machine's pip.conf adds local indexes and caps torch), only what we pass."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("PIP_")}
@@ -71,7 +71,7 @@ def pip(venv: Path, *args: str, capture: bool = True) -> subprocess.CompletedPro
     base = [str(venv / "bin" / "python"), "-m", "pip", "--disable-pip-version-check"]
     if os.environ.get("PIP_CERT"):
         base += ["--cert", os.environ["PIP_CERT"]]
-    return subprocess.run([*base, *args], capture_output=capture, text=True, check=False, env=env)
+    return subprocess.run([*base, *args], capture_output=True, text=True, check=False, env=env)
 
 
 def install(venv: Path, req: Path, find_links: str | None) -> None:
@@ -84,16 +84,20 @@ def install(venv: Path, req: Path, find_links: str | None) -> None:
         raise VerifyError(f"pip install -r {req} failed:\n{proc.stderr[-3000:]}")
 
 
+def venv_json(venv: Path, what: str, *args: str) -> Any:
+    """Run the venv's python with `args`; the JSON on its last output line, or VerifyError naming `what`."""
+    proc = subprocess.run([str(venv / "bin" / "python"), *args], capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        raise VerifyError(f"{what} failed in {venv}:\n{proc.stdout[-2000:]}{proc.stderr[-3000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
 def snapshot(venv: Path, names: tuple[str, ...]) -> dict[str, dict[str, str]]:
     code = ("import hashlib, json, sys\nfrom importlib.metadata import distribution\nout = {}\n"
             "for n in sys.argv[1:]:\n    d = distribution(n)\n"
             "    out[n] = {str(f): hashlib.sha256(f.locate().read_bytes()).hexdigest() for f in d.files or []"
             " if f.locate().is_file() and not str(f).endswith('.pyc')}\nprint(json.dumps(out))")  # fmt: skip
-    proc = subprocess.run([str(venv / "bin" / "python"), "-c", code, *names], capture_output=True, text=True,
-                          check=False)  # fmt: skip
-    if proc.returncode != 0:
-        raise VerifyError(f"snapshot of {names} failed: {proc.stderr[-2000:]}")
-    data: dict[str, dict[str, str]] = json.loads(proc.stdout)
+    data: dict[str, dict[str, str]] = venv_json(venv, f"snapshot of {names}", "-c", code, *names)
     return data
 
 
@@ -132,11 +136,7 @@ print(json.dumps(out))
 
 def fork_status(venv: Path, names: tuple[str, ...]) -> dict[str, str]:
     """upstream name -> the distribution providing it ("<name>-kt" when the fork does)."""
-    proc = subprocess.run([str(venv / "bin" / "python"), "-c", FORKS, *names], capture_output=True, text=True,
-                          check=False)  # fmt: skip
-    if proc.returncode != 0:
-        raise VerifyError(f"fork check failed: {proc.stderr[-2000:]}")
-    status: dict[str, str] = json.loads(proc.stdout)
+    status: dict[str, str] = venv_json(venv, "fork check", "-c", FORKS, *names)
     return status
 
 
@@ -162,19 +162,12 @@ def verify_sft_cpu(dist: Path, work: Path, find_links: str | None) -> dict[str, 
     check = pip(venv, "check")
     if check.returncode != 0:
         raise VerifyError(f"pip check failed in {venv}:\n{check.stdout}{check.stderr}")
-    smoke = subprocess.run([str(venv / "bin" / "python"), "-c", SMOKE], capture_output=True, text=True, check=False)
-    if smoke.returncode != 0:
-        raise VerifyError(f"import smoke test failed:\n{smoke.stderr[-3000:]}")
-    result: dict[str, Any] = json.loads(smoke.stdout)
+    result: dict[str, Any] = venv_json(venv, "import smoke test", "-c", SMOKE)
     result["forks"] = fork_status(venv, ("transformers", "accelerate", "peft", "trl"))
     bad = {k: v for k, v in result["forks"].items() if not v.endswith("-kt")}
     if bad:
         raise VerifyError(f"upstream distributions provide {sorted(bad)} instead of the forks: {bad}")
-    control = subprocess.run([str(venv / "bin" / "python"), str(ROOT / "tools" / "train_control.py")],
-                             capture_output=True, text=True, check=False)  # fmt: skip
-    if control.returncode != 0:
-        raise VerifyError(f"training/resume control failed:\n{control.stdout}{control.stderr[-3000:]}")
-    result["train_resume"] = json.loads(control.stdout.strip().splitlines()[-1])
+    result["train_resume"] = venv_json(venv, "training/resume control", str(ROOT / "tools" / "train_control.py"))
     result["install_s"] = round(t1 - t0, 1)
     result["core_unchanged"] = list(CORE)
     return result

@@ -54,7 +54,7 @@ def _activations(x: Any) -> tuple[npt.NDArray[Any], int, Any]:
     return np.ascontiguousarray(arr), _F32, None
 
 
-def _plain(x: Any, dtype: Any, what: str) -> npt.NDArray[Any]:
+def _plain(x: Any, dtype: Any) -> npt.NDArray[Any]:
     if _is_torch(x):
         x = x.detach().to("cpu").numpy()
     return np.ascontiguousarray(np.asarray(x), dtype=dtype)
@@ -86,8 +86,8 @@ class MoE:
         xa, xcode, torch_dtype = _activations(x)
         if xa.ndim != 2 or xa.shape[1] != self.hidden:
             raise KTKernelError(f"x must be [tokens, hidden={self.hidden}], got {tuple(xa.shape)}")
-        ida = _plain(ids, np.int64, "ids")
-        wa = _plain(weights, np.float32, "weights")
+        ida = _plain(ids, np.int64)
+        wa = _plain(weights, np.float32)
         tokens = xa.shape[0]
         if ida.ndim != 2 or ida.shape[0] != tokens:
             raise KTKernelError(f"ids must be [tokens={tokens}, topk], got {ida.shape}")
