@@ -90,6 +90,7 @@ def build_wheels(session: nox.Session) -> None:
 def assemble(session: nox.Session) -> None:
     """Carriers and repacks around an already built kt-kernel wheel (build/kt-kernel/out) into dist/."""
     _install_lock(session, "toolchain")
+    _install_lock(session, "audit")  # the payload packer reads the policy and runs cuobjdump
     session.run("python", "-m", "carriers", "assemble", "--kernel", str(KERNEL_OUT), "--dist", str(DIST))
 
 
@@ -98,6 +99,7 @@ def build_all(session: nox.Session) -> None:
     """Build the release into dist/: kt-kernel (CPU variants + CUDA archive), then every carrier, atomically."""
     _install_lock(session, "toolchain")
     _install_lock(session, "cuda")
+    _install_lock(session, "audit")  # the payload packer reads the policy and runs cuobjdump
     session.run("python", "kernel/tools/build_wheel.py", "--dist", str(KERNEL_OUT), "--cuda")
     session.run("python", "-m", "carriers", "assemble", "--kernel", str(KERNEL_OUT), "--dist", str(DIST))
 

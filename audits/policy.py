@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import difflib
 import json
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,6 +29,10 @@ _SCHEMA: dict[str, Any] = {
         "implies": None,
     },
     "cuda": {"libraries": None, "payload_member": None, "min_driver_ptx_isa": None, "kernels": None},
+    "payload": {
+        "manifest_member": None, "include": None, "min_mib": None, "kt_cuda_root": None, "headroom_mib": None,
+        "zstd_level": None, "zstd_window_log": None, "targets": None, "coverage": None,
+    },
     "waivers": None,
 }
 
@@ -81,6 +86,87 @@ class CudaLibraryPolicy:
 
 
 @dataclass(frozen=True)
+class Coverage:
+    file: str  # path inside the release archive
+    targets: tuple[str, ...]  # compute capabilities this file must run on
+    reason: str
+
+
+@dataclass(frozen=True)
+class PayloadPolicy:
+    """The release's lazy CUDA archive: what goes in, how it is packed, what it must cover."""
+
+    manifest_member: str
+    include: tuple[str, ...]
+    min_bytes: int
+    kt_cuda_root: str
+    headroom_bytes: int
+    zstd_level: int
+    zstd_window_log: int
+    targets: tuple[str, ...]
+    coverage: tuple[Coverage, ...]
+
+    def targets_for(self, file: str) -> tuple[tuple[str, ...], str]:
+        """(compute capabilities `file` must cover, the reason when narrower than the matrix)."""
+        for c in self.coverage:
+            if c.file == file:
+                return c.targets, c.reason
+        return self.targets, ""
+
+
+def _cc(value: Any, where: str, source: Path) -> str:
+    if not isinstance(value, str) or not re.fullmatch(r"\d+\.\d+", value):
+        raise PolicyError(f"{source}: {where}: {value!r} is not a compute capability like \"9.0\"")
+    return value
+
+
+def _str_list(value: Any, where: str, source: Path) -> tuple[str, ...]:
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise PolicyError(f"{source}: {where} must be a list of strings, not {value!r}")
+    return tuple(value)
+
+
+def _number(value: Any, where: str, source: Path, *, integer: bool = False) -> float:
+    ok = isinstance(value, int) if integer else isinstance(value, (int, float))
+    if isinstance(value, bool) or not ok or value < 0:
+        kind = "a non-negative integer" if integer else "a non-negative number"
+        raise PolicyError(f"{source}: {where} must be {kind}, not {value!r}")
+    return float(value)
+
+
+def _payload(data: Mapping[str, Any], source: Path) -> PayloadPolicy | None:
+    if not data:
+        return None
+    targets = tuple(_cc(t, f"payload.targets[{i}]", source) for i, t in enumerate(data["targets"]))
+    coverage = []
+    for i, c in enumerate(data.get("coverage", [])):
+        unknown = set(c) - {"file", "targets", "reason"}
+        if unknown or not c.get("file") or not c.get("reason"):
+            raise PolicyError(f"{source}: payload.coverage[{i}] needs file, targets and reason "
+                              f"(unknown keys: {sorted(unknown) or 'none'})")  # fmt: skip
+        cts = tuple(_cc(t, f"payload.coverage[{i}].targets", source) for t in c["targets"])
+        stray = sorted(set(cts) - set(targets))
+        if stray:
+            raise PolicyError(f"{source}: payload.coverage[{i}] ({c['file']}) names {stray}, which payload.targets "
+                              "does not advertise")  # fmt: skip
+        coverage.append(Coverage(str(c["file"]), cts, str(c["reason"])))
+    window = int(_number(data["zstd_window_log"], "payload.zstd_window_log", source, integer=True))
+    if not 10 <= window <= 31:
+        raise PolicyError(f"{source}: payload.zstd_window_log {window} is outside zstd's 10..31")
+    return PayloadPolicy(
+        manifest_member=str(data["manifest_member"]),
+        include=_str_list(data["include"], "payload.include", source),
+        min_bytes=int(_number(data["min_mib"], "payload.min_mib", source) * (1 << 20)),
+        kt_cuda_root=str(data["kt_cuda_root"]).strip("/"),
+        headroom_bytes=int(_number(data["headroom_mib"], "payload.headroom_mib", source) * (1 << 20)),
+        zstd_level=int(_number(data["zstd_level"], "payload.zstd_level", source, integer=True)),
+        zstd_window_log=window,
+        targets=targets,
+        coverage=tuple(coverage),
+    )
+
+
+@dataclass(frozen=True)
 class Policy:
     source: Path
     wheel_budget_bytes: int
@@ -98,6 +184,7 @@ class Policy:
     cuda_min_driver_ptx_isa: str = ""
     cuda_kernels: tuple[str, ...] = ()
     waivers: tuple[Waiver, ...] = ()
+    payload: PayloadPolicy | None = None
 
 
 def _closure(features: frozenset[str], implies: Mapping[str, list[str]]) -> frozenset[str]:
@@ -182,6 +269,7 @@ def load_policy(path: Path | None = None) -> Policy:
             cuda_min_driver_ptx_isa=cuda.get("min_driver_ptx_isa", ""),
             cuda_kernels=tuple(cuda.get("kernels", [])),
             waivers=tuple(_waiver(w, path) for w in data.get("waivers", [])),
+            payload=_payload(data.get("payload", {}), path),
         )
     except KeyError as exc:
         raise PolicyError(f"{path}: missing key {exc}") from exc

@@ -15,7 +15,7 @@ from typing import Any
 
 from packaging.utils import parse_wheel_filename
 
-from . import consistency, inputs, transform, wheelio
+from . import consistency, inputs, payload, transform, wheelio
 from .errors import ConsistencyError, InputError
 from .model import CarrierSet
 
@@ -28,6 +28,7 @@ class Built:
     path: Path
     inputs: list[dict[str, str]] = field(default_factory=list)
     patches: list[dict[str, str]] = field(default_factory=list)
+    payload: dict[str, Any] | None = None  # the lazy CUDA archive's summary (on one entry)
 
 
 def _metadata(path: Path) -> tuple[str, list[str]]:
@@ -61,6 +62,13 @@ def build_set(cs: CarrierSet, kernel_wheel: Path, out: Path, *, lock: Path = inp
         else:
             versions[c.name] = transform.carrier_version(c, cs, upstream_of.get(c.name, ""))
     built: list[Built] = []
+    archived: dict[str, bytes] = {}
+    with_payload = bool(cs.part_carriers) and only is None
+
+    def take(members: dict[str, bytes]) -> None:
+        pp = payload._policy().payload
+        archived.update(payload.take_archived(members, pp.include, pp.min_bytes))
+
     for c in cs.carriers:
         if only is not None and c.name not in only:
             continue
@@ -72,11 +80,20 @@ def build_set(cs: CarrierSet, kernel_wheel: Path, out: Path, *, lock: Path = inp
             built.append(Built(c.name, versions[c.name], c.kind, transform.umbrella(c, cs, versions, out)))
         else:
             src = sources[c.name]
-            path = transform.derive(c, cs, src.path, out, versions, upstream_of)
+            hook = take if with_payload and c.payload_manifest else None
+            path = transform.derive(c, cs, src.path, out, versions, upstream_of, take=hook)
             built.append(Built(c.name, versions[c.name], c.kind, path,
                                inputs=[{"name": src.name, "version": src.version, "filename": src.path.name,
                                         "sha256": src.sha256}],
                                patches=[{"file": p.name, "sha256": inputs.sha256(p)} for p in c.patches]))  # fmt: skip
+    if with_payload:
+        provider = cs.payload_provider
+        assert provider is not None
+        result = payload.attach(cs, {b.name: b.path for b in built}, archived, versions,
+                                [sources[provider.name].path], (cache or inputs.default_cache()).parent / "payload")  # fmt: skip
+        for b in built:
+            b.path = result.wheels.get(b.name, b.path)
+        built[0].payload = payload.manifest_summary(result.manifest)
     return built
 
 
@@ -101,6 +118,9 @@ def assemble(cs: CarrierSet, kernel_wheel: Path, dist: Path, **kwargs: Any) -> d
                            "patches": b.patches})  # fmt: skip
         manifest = {"schema_version": 1, "kt_version": cs.kt_version, "torch": report.torch,
                     "torch_candidates": list(report.torch_candidates), "wheels": wheels}  # fmt: skip
+        summary = next((b.payload for b in built if b.payload), None)
+        if summary:
+            manifest["payload"] = summary
         (staging / "SHA256SUMS").write_text("".join(f"{w['sha256']}  {w['filename']}\n" for w in wheels))
         (staging / "manifest.json").write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
         # The swap: two renames; dist/ is the old tree or the new one, never a mix.

@@ -20,6 +20,47 @@ class Report:
     problems: tuple[str, ...]
     torch: str  # the intersection of every carrier's torch specifiers
     torch_candidates: tuple[str, ...]
+    # install roots ("sglang-kt", "ktransformers[serve]") that can import the payload's package
+    payload_roots: tuple[str, ...] = ()
+
+
+def reach(requires: Mapping[str, list[str]], root: str) -> set[str]:
+    """The carriers an install of `root` ("name" or "name[extra]") pulls in through Requires-Dist alone."""
+    todo = [Requirement(root)]
+    seen: dict[str, set[str]] = {}
+    while todo:
+        req = todo.pop()
+        name = canonicalize_name(req.name)
+        extras = set(req.extras)
+        if name not in requires or (name in seen and extras <= seen[name]):
+            continue
+        seen.setdefault(name, set()).update(extras)
+        for line in requires[name]:
+            dep = Requirement(line)
+            if dep.marker is None or any(dep.marker.evaluate({"extra": e}) for e in (extras or {""})):
+                todo.append(dep)
+    return set(seen)
+
+
+def payload_closure(cs: CarrierSet, requires: Mapping[str, list[str]]) -> tuple[list[str], list[str]]:
+    """(problems, roots that reach the provider): every install that can import the payload's
+    package (it pulls the provider) must pull every part carrier too."""
+    provider = cs.payload_provider
+    if provider is None:
+        return [], []
+    parts = {c.name for c in cs.part_carriers}
+    roots = [c.name for c in cs.carriers] + [f"{c.name}[{e}]" for c in cs.carriers for e, _ in c.extras]
+    problems, reaching = [], []
+    for root in roots:
+        got = reach(requires, root)
+        if provider.name not in got:
+            continue
+        reaching.append(root)
+        missing = sorted(parts - got)
+        if missing:
+            problems.append(f"installing {root} pulls {provider.name} (it can import the CUDA payload) but not the "
+                            f"part carrier(s) {missing}; make {provider.name} require them exactly")  # fmt: skip
+    return problems, reaching
 
 
 def check(cs: CarrierSet, metadata: Mapping[str, tuple[str, list[str]]]) -> Report:
@@ -61,4 +102,6 @@ def check(cs: CarrierSet, metadata: Mapping[str, tuple[str, list[str]]]) -> Repo
     if torch_specs and not ok:
         owners = "; ".join(f"{n}: torch{s}" for n, s in torch_specs)
         problems.append(f"the carriers' torch requirements have no common version ({owners})")
-    return Report(tuple(problems), str(combined) or "(unconstrained)", ok)
+    closure_problems, roots = payload_closure(cs, {n: r for n, (_, r) in metadata.items()})
+    problems += closure_problems
+    return Report(tuple(problems), str(combined) or "(unconstrained)", ok, tuple(roots))

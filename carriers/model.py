@@ -18,11 +18,14 @@ DEFINITIONS = Path(__file__).resolve().parent / "carriers.toml"
 VERSION_FILE = ROOT / "kernel" / "python" / "kt_kernel" / "_version.py"
 Kind = Literal["native", "umbrella", "fork", "repack"]
 _KEYS = {
-    "native": {"kind", "version"},
-    "umbrella": {"kind", "version", "summary", "requires", "requires_python", "extras"},
-    "fork": {"kind", "upstream", "version", "post", "source"},
+    "native": {"kind", "version", "payload_part"},
+    "umbrella": {"kind", "version", "summary", "requires", "requires_python", "extras", "payload_part"},
+    "fork": {"kind", "upstream", "version", "post", "source", "payload_part", "payload"},
     "repack": {"kind", "upstream", "version"},
 }
+# `payload = "manifest"`: this fork provides the package the lazy CUDA archive serves and holds
+# its manifest; `payload_part = N`: this carrier's wheel holds part N of the archive.
+PAYLOAD_ROLES = {"manifest"}
 _VERSION_RULES = {"native": {"kt"}, "umbrella": {"kt"}, "fork": {"kt", "post"}, "repack": {"upstream"}}
 
 
@@ -45,6 +48,13 @@ class Carrier:
     extras: tuple[tuple[str, tuple[str, ...]], ...] = ()
     source: Source | None = None
     patches: tuple[Path, ...] = field(default=())
+    payload_part: int = 0  # 1-based position of the archive part this wheel carries; 0: none
+    payload_manifest: bool = False
+
+    @property
+    def import_package(self) -> str:
+        """The import package the wheel installs (parts ride inside it): kt-kernel -> kt_kernel."""
+        return canonicalize_name(self.upstream or self.name).replace("-", "_")
 
 
 @dataclass(frozen=True)
@@ -57,6 +67,16 @@ class CarrierSet:
             if c.name == name:
                 return c
         raise KeyError(name)
+
+    @property
+    def part_carriers(self) -> tuple[Carrier, ...]:
+        """The carriers that hold a part of the lazy CUDA archive, in part order."""
+        return tuple(sorted((c for c in self.carriers if c.payload_part), key=lambda c: c.payload_part))
+
+    @property
+    def payload_provider(self) -> Carrier | None:
+        """The carrier that holds the archive's manifest (and the package it serves)."""
+        return next((c for c in self.carriers if c.payload_manifest), None)
 
     def by_upstream(self) -> dict[str, str]:
         """upstream project name -> the carrier that replaces it."""
@@ -111,11 +131,35 @@ def load(path: Path = DEFINITIONS, patches_dir: Path | None = None, version: str
         patches = tuple(sorted(pdir.glob("*.patch"))) if pdir.is_dir() else ()
         if patches and kind != "fork":
             raise DefinitionError(f"{pdir}: only forks take patches; a {kind} ships upstream files unchanged")
+        part = spec.get("payload_part", 0)
+        if isinstance(part, bool) or not isinstance(part, int) or part < (1 if "payload_part" in spec else 0):
+            raise DefinitionError(f"{path}: [{name}] payload_part = {part!r}; it takes the part's position, 1..N")
+        role = spec.get("payload")
+        if role is not None and role not in PAYLOAD_ROLES:
+            raise DefinitionError(f"{path}: [{name}] payload = {role!r}; it takes {sorted(PAYLOAD_ROLES)}")
         carriers.append(Carrier(
             name=name, kind=kind, version_rule=rule, upstream=spec.get("upstream", ""), post=int(spec.get("post", 0)),
             summary=spec.get("summary", ""), requires=tuple(spec.get("requires", [])),
             requires_python=spec.get("requires_python", ""),
             extras=tuple((k, tuple(v)) for k, v in sorted(spec.get("extras", {}).items())), source=source,
-            patches=patches,
+            patches=patches, payload_part=part, payload_manifest=role == "manifest",
         ))  # fmt: skip
-    return CarrierSet(tuple(carriers), version or kt_version())
+    cs = CarrierSet(tuple(carriers), version or kt_version())
+    _check_payload(cs, path)
+    return cs
+
+
+def _check_payload(cs: CarrierSet, path: Path) -> None:
+    """Parts are numbered 1..N once each, and exactly one carrier holds the manifest when any part exists."""
+    numbers = [c.payload_part for c in cs.part_carriers]
+    if numbers != list(range(1, len(numbers) + 1)):
+        raise DefinitionError(f"{path}: payload_part values {numbers} must number the parts 1..{len(numbers)} "
+                              "once each")  # fmt: skip
+    providers = [c.name for c in cs.carriers if c.payload_manifest]
+    if len(providers) > 1:
+        raise DefinitionError(f"{path}: {providers} all set payload = 'manifest'; one carrier holds the manifest")
+    if numbers and not providers:
+        raise DefinitionError(f"{path}: carriers hold archive parts but none sets payload = 'manifest'; mark the "
+                              "fork that provides sgl_kernel")  # fmt: skip
+    if providers and not numbers:
+        raise DefinitionError(f"{path}: [{providers[0]}] holds a payload manifest but no carrier sets payload_part")

@@ -120,10 +120,13 @@ def apply_patches(members: dict[str, bytes], patches: tuple[Path, ...], what: st
 
 
 def derive(c: Carrier, cs: CarrierSet, src: Path, out_dir: Path, versions: Mapping[str, str],
-           upstream_of: Mapping[str, str]) -> Path:  # fmt: skip
-    """A fork or repack wheel of carrier `c` from the upstream wheel `src`."""
+           upstream_of: Mapping[str, str], take: Callable[[dict[str, bytes]], None] | None = None) -> Path:  # fmt: skip
+    """A fork or repack wheel of carrier `c` from the upstream wheel `src`. `take` removes
+    members before anything else happens (the lazy CUDA archive's share of the wheel)."""
     up_name, up_version, _, _ = parse_wheel_filename(src.name)
     members = wheelio.read(src)
+    if take is not None:
+        take(members)
     di = wheelio.dist_info(members)
     old = (di[: -len(".dist-info")].rsplit("-", 1)[0], di[: -len(".dist-info")].rsplit("-", 1)[1])
     new_version = versions[c.name]

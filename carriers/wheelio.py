@@ -40,9 +40,11 @@ def record_hash(data: bytes) -> str:
     return "sha256=" + base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
 
 
-def write(path: Path, members: Mapping[str, bytes], executable: frozenset[str] = frozenset()) -> None:
+def write(path: Path, members: Mapping[str, bytes], executable: frozenset[str] = frozenset(),
+          stored: frozenset[str] = frozenset()) -> None:  # fmt: skip
     """Write a wheel whose bytes depend on `members` alone: sorted entries (dist-info
-    last, RECORD regenerated), SOURCE_DATE_EPOCH timestamps, 0644/0755 modes, deflate 6."""
+    last, RECORD regenerated), SOURCE_DATE_EPOCH timestamps, 0644/0755 modes, deflate 6
+    (`stored` members, already compressed, are stored as they are)."""
     di = dist_info(members)
     record = f"{di}/RECORD"
     body = {n: d for n, d in members.items() if n != record and not n.endswith((".jws", ".p7s"))}
@@ -61,10 +63,20 @@ def write(path: Path, members: Mapping[str, bytes], executable: frozenset[str] =
     with zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED, compresslevel=6) as zf:
         for name in order:
             info = zipfile.ZipInfo(name, stamp)
-            info.compress_type = zipfile.ZIP_DEFLATED
+            info.compress_type = zipfile.ZIP_STORED if name in stored else zipfile.ZIP_DEFLATED
             info.external_attr = ((0o755 if name in executable else 0o644) | 0o100000) << 16
-            zf.writestr(info, body[name], compresslevel=6)
+            zf.writestr(info, body[name], compresslevel=None if name in stored else 6)
     tmp.replace(path)
+
+
+def set_tags(members: dict[str, bytes], tags: list[str]) -> None:
+    """Rewrite the WHEEL file's Tag lines (and Root-Is-Purelib: false for a platform tag)."""
+    name = f"{dist_info(members)}/WHEEL"
+    lines = [ln for ln in members[name].decode("utf-8").splitlines() if not ln.startswith("Tag: ")]
+    platform = any(not t.endswith("-any") for t in tags)
+    lines = [f"Root-Is-Purelib: {'false' if platform else 'true'}" if ln.startswith("Root-Is-Purelib:") else ln
+             for ln in lines]  # fmt: skip
+    members[name] = ("\n".join(lines + [f"Tag: {t}" for t in tags]) + "\n").encode()
 
 
 def wheel_name(name: str, version: str, tag: str) -> str:

@@ -1,8 +1,10 @@
 """The lazy CUDA archive: extracted on first CUDA use, then loaded with ctypes.
 
 Importing kt_kernel never touches this module; CPU-only use never extracts or
-loads anything CUDA. The payload (a tar.xz inside the wheel, described by the
-``cuda`` section of ``_build.json``) is unpacked into a content-addressed cache,
+loads anything CUDA. In a release (``"archive": "release"`` in the ``cuda``
+section of ``_build.json``) the libraries travel in the release's lazy payload
+(kt_kernel.payload) under ``kt_kernel/cuda/``. A kernel-only wheel carries its
+own payload (a tar.xz inside the wheel, described by that section), unpacked into a content-addressed cache,
 ``$KT_KERNEL_CACHE_DIR`` or ``$XDG_CACHE_HOME/kt-kernel/cuda``, as
 ``<cache>/<payload sha256>/``, keeping its relative layout: ``lib/libkt_cuda.so``
 and ``sm90a/libkt_cuda_sm90a.so``, which finds the former through its RUNPATH
@@ -13,20 +15,19 @@ processes by a file lock, and verified member by member against the manifest.
 from __future__ import annotations
 
 import ctypes
-import fcntl
 import hashlib
 import io
 import os
 import posixpath
 import shutil
 import tarfile
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ._cpu import KTKernelError
+from .payload import locked as _locked
+from .payload import safe_member_name
 
 CACHE_ENV = "KT_KERNEL_CACHE_DIR"
 # Test hook: exit abruptly after extracting this many members (crash recovery tests).
@@ -63,22 +64,8 @@ def cache_root() -> Path:
     return Path(xdg) / "kt-kernel" / "cuda"
 
 
-@contextmanager
-def _locked(path: Path) -> Iterator[None]:
-    with path.open("a") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
-
-
 def _safe_name(name: str, payload: Path) -> str:
-    norm = posixpath.normpath(name)
-    if name.startswith("/") or norm.startswith("../") or norm == ".." or "/../" in f"/{name}/":
-        raise CudaError(f"corrupted CUDA archive {payload}: member {name!r} points outside the archive root; "
-                        "reinstall kt-kernel")  # fmt: skip
-    return norm
+    return safe_member_name(name, payload, "reinstall kt-kernel")
 
 
 def _extract_into(tmp: Path, payload: Path, data: bytes, files: dict[str, Any]) -> None:
@@ -122,6 +109,11 @@ def _extract_into(tmp: Path, payload: Path, data: bytes, files: dict[str, Any]) 
 def extract(section: dict[str, Any] | None = None, root: Path | None = None, package_dir: Path = _PKG.parent) -> Path:
     """The extracted archive's directory; extracts it first if no process has."""
     section = section or _manifest_section()
+    if section.get("archive") == "release":
+        # A release's kt-kernel: the libraries travel in the release's lazy CUDA payload.
+        from .payload import materialize
+
+        return materialize() / section["root"]
     root = root or cache_root()
     digest: str = section["sha256"]
     final = root / digest

@@ -1,0 +1,348 @@
+"""The release's lazy CUDA archive: what goes in, compressed once per input hash,
+cut into parts that ride in the part-carrying wheels, described by one manifest.
+
+Which members go in, the per-wheel budget and the compression are policy data
+(audits/policy/default.toml, [payload] and [size]); which carriers hold the parts
+and the manifest is carrier data (carriers/carriers.toml). kt_kernel.payload reads
+the result at run time; the audits check it (audits/analyzers/payload_rules.py).
+The manifest's schema: carriers/schemas/payload-manifest.schema.json.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import hashlib
+import io
+import json
+import os
+import re
+import subprocess
+import tarfile
+import tempfile
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from packaging.utils import parse_wheel_filename
+
+from . import wheelio
+from .errors import ConsistencyError, InputError
+from .model import Carrier, CarrierSet
+
+SCHEMA_VERSION = 1
+# Bump when the archive's layout changes: it is part of the cache key.
+FORMAT = 1
+COMPRESSION = "zstd"
+BUILD_MANIFEST = "kt_kernel/_build.json"
+# What the manifest's provider needs at run time to read the archive.
+RUNTIME_REQUIRES = ("zstandard>=0.22",)
+# Zip local header + central directory entry + RECORD line for one part, generously.
+PART_OVERHEAD = 4096
+_LEGACY_GLIBC = {"manylinux1": (2, 5), "manylinux2010": (2, 12), "manylinux2014": (2, 17)}
+
+
+def _policy() -> Any:
+    """The audit policy (one owner of the budget and the [payload] limits)."""
+    from audits.policy import load_policy
+
+    pol = load_policy()
+    if pol.payload is None:
+        raise ConsistencyError(f"{pol.source}: no [payload] section, but carriers.toml assigns payload parts")
+    return pol
+
+
+def say(msg: str) -> None:
+    print(f"[payload] {msg}", flush=True)
+
+
+def take_archived(members: dict[str, bytes], include: tuple[str, ...], min_bytes: int) -> dict[str, bytes]:
+    """Move every member matching `include` with at least `min_bytes` out of `members`; return them."""
+    picked = {n: d for n, d in members.items()
+              if len(d) >= min_bytes and any(fnmatch.fnmatchcase(n, p) for p in include)}  # fmt: skip
+    for n in picked:
+        del members[n]
+    return picked
+
+
+def take_kernel_cuda(members: dict[str, bytes], root: str) -> dict[str, bytes]:
+    """Move kt-kernel's own CUDA libraries out of its wheel (its tar.xz) to `root/...` in the
+    release archive, and point _build.json's cuda section at the release payload."""
+    build = json.loads(members[BUILD_MANIFEST])
+    cuda = build.get("cuda")
+    if not cuda or "payload" not in cuda:
+        raise InputError(f"the kt-kernel wheel has no CUDA archive ({BUILD_MANIFEST} has no cuda.payload); build it "
+                         "with nox -s build_cuda (the release ships CUDA kernels)")  # fmt: skip
+    blob = members.pop(cuda["payload"])
+    out: dict[str, bytes] = {}
+    with tarfile.open(fileobj=io.BytesIO(blob), mode="r:xz") as tar:
+        for info in tar:
+            if info.isfile():
+                fh = tar.extractfile(info)
+                out[f"{root}/{info.name}"] = fh.read() if fh else b""
+    if sorted(f"{root}/{n}" for n in cuda["files"]) != sorted(out):
+        raise InputError(f"kt-kernel's CUDA archive holds {sorted(out)}, its {BUILD_MANIFEST} lists "
+                         f"{sorted(cuda['files'])}; rebuild kt-kernel")  # fmt: skip
+    build["cuda"] = {"archive": "release", "root": root, "compression": COMPRESSION, "layout": cuda.get("layout", 2),
+                     "files": cuda["files"]}  # fmt: skip
+    members[BUILD_MANIFEST] = (json.dumps(build, indent=2, sort_keys=True) + "\n").encode()
+    return out
+
+
+def _cuobjdump() -> str:
+    from audits.readers._cuda import find_cuobjdump
+
+    tool = find_cuobjdump()
+    if tool is None:
+        raise InputError("cuobjdump is needed to describe the CUDA archive's binaries; install lockfiles/audit.txt "
+                         "(nvidia-cuda-cuobjdump) or set KT_CUOBJDUMP")  # fmt: skip
+    return tool
+
+
+def list_archs(tool: str, path: Path) -> tuple[list[str], list[str]]:
+    """(SASS, PTX) architectures cuobjdump lists for one ELF file."""
+    found = []
+    for kind in ("elf", "ptx"):
+        proc = subprocess.run([tool, f"--list-{kind}", str(path)], capture_output=True, text=True, check=False)
+        if proc.returncode != 0 and "does not contain" not in proc.stderr and "No PTX" not in proc.stderr:
+            raise InputError(f"cuobjdump --list-{kind} {path.name} failed: {proc.stderr.strip()}")
+        archs = sorted(set(re.findall(r"\.(sm_\d+[a-z]?)\.(?:cubin|ptx)", proc.stdout)))
+        found.append([a.replace("sm_", "compute_") for a in archs] if kind == "ptx" else archs)
+    return found[0], found[1]
+
+
+@dataclass(frozen=True)
+class Archive:
+    path: Path
+    sha256: str
+    size: int
+    window_log: int
+    files: dict[str, dict[str, Any]]
+
+
+def _key(entries: Mapping[str, bytes], level: int, window: int) -> tuple[str, dict[str, dict[str, Any]]]:
+    files = {n: {"size": len(d), "sha256": hashlib.sha256(d).hexdigest()} for n, d in sorted(entries.items())}
+    ident = json.dumps({"format": FORMAT, "level": level, "window": window, "files": files}, sort_keys=True)
+    return hashlib.sha256(ident.encode()).hexdigest(), files
+
+
+def build_archive(entries: Mapping[str, bytes], level: int, window: int, cache: Path) -> Archive:
+    """The deterministic tar.zst of `entries` (sorted, fixed metadata), built once per input hash."""
+    key, files = _key(entries, level, window)
+    target, desc = cache / f"{key}.tar.zst", cache / f"{key}.json"
+    if target.is_file() and desc.is_file():
+        d = json.loads(desc.read_text())
+        say(f"archive {key[:16]} reused from {cache} ({d['size'] / 2**20:.1f} MiB)")
+        return Archive(target, d["sha256"], d["size"], window, d["files"])
+    import zstandard
+
+    tool = _cuobjdump()
+    total = sum(len(d) for d in entries.values())
+    say(f"describing {len(entries)} binaries ({total / 2**20:.0f} MiB) with cuobjdump")
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, data in sorted(entries.items()):
+            if data[:4] == b"\x7fELF":
+                p = Path(tmp) / "lib.so"
+                p.write_bytes(data)
+                files[name]["sass"], files[name]["ptx"] = list_archs(tool, p)
+    cache.mkdir(parents=True, exist_ok=True)
+    params = zstandard.ZstdCompressionParameters.from_level(level, window_log=window, enable_ldm=True,
+                                                            threads=os.cpu_count() or 1)  # fmt: skip
+    part_file = target.with_name(f".{target.name}.{os.getpid()}")
+    t0 = time.perf_counter()
+    say(f"compressing {total / 2**20:.0f} MiB with zstd-{level} (window 2**{window}, long-distance matching, "
+        f"{os.cpu_count()} threads); cached under {cache}")  # fmt: skip
+    done = 0
+    with part_file.open("wb") as raw:
+        with zstandard.ZstdCompressor(compression_params=params).stream_writer(raw, closefd=False) as zw, \
+                tarfile.open(fileobj=zw, mode="w|", format=tarfile.PAX_FORMAT) as tar:  # fmt: skip
+            for name, data in sorted(entries.items()):
+                info = tarfile.TarInfo(name)
+                info.size, info.mtime, info.mode = len(data), 0, 0o755
+                info.uid = info.gid = 0
+                info.uname = info.gname = ""
+                tar.addfile(info, io.BytesIO(data))
+                done += len(data)
+                say(f"  {name} ({len(data) / 2**20:.1f} MiB) - {100 * done / max(total, 1):.0f}% after "
+                    f"{time.perf_counter() - t0:.0f}s")  # fmt: skip
+    digest = hashlib.sha256()
+    with part_file.open("rb") as fh:
+        while chunk := fh.read(1 << 20):
+            digest.update(chunk)
+    size = part_file.stat().st_size
+    desc.write_text(json.dumps({"sha256": digest.hexdigest(), "size": size, "files": files}, indent=1) + "\n")
+    part_file.replace(target)
+    say(f"archive {size / 2**20:.1f} MiB ({100 * size / max(total, 1):.1f}%) in {time.perf_counter() - t0:.1f}s")
+    return Archive(target, digest.hexdigest(), size, window, files)
+
+
+def plan_parts(archive_size: int, bases: list[tuple[str, int]], budget: int, headroom: int) -> list[int]:
+    """Part sizes, one per carrier (in order), proportional to the room each wheel has under
+    `budget - headroom` beside its own content, so every wheel ends equally full."""
+    limit = budget - headroom
+    rooms = [(name, limit - base - PART_OVERHEAD) for name, base in bases]
+    full = [f"{n} ({b / 2**20:.1f} MiB)" for (n, b), (_, r) in zip(bases, rooms, strict=True) if r <= 0]
+    if full:
+        raise ConsistencyError(f"no room for an archive part in {', '.join(full)} under the "
+                               f"{limit / 2**20:.0f} MiB limit (budget minus headroom); raise size.wheel_budget_mib "
+                               "or lower payload.headroom_mib in audits/policy/default.toml")  # fmt: skip
+    capacity = sum(r for _, r in rooms)
+    if capacity < archive_size:
+        raise ConsistencyError(f"the CUDA archive ({archive_size / 2**20:.1f} MiB) does not fit: the {len(rooms)} "
+                               f"part carriers have {capacity / 2**20:.1f} MiB of room under {limit / 2**20:.0f} MiB "
+                               "each; compress harder (payload.zstd_level) or raise size.wheel_budget_mib")  # fmt: skip
+    sizes = [archive_size * r // capacity for _, r in rooms]
+    short = archive_size - sum(sizes)
+    for i in sorted(range(len(rooms)), key=lambda i: -(rooms[i][1] - sizes[i]))[:short]:
+        sizes[i] += 1
+    if any(s <= 0 for s in sizes):
+        raise ConsistencyError(f"the CUDA archive ({archive_size} bytes) is too small to give each of the "
+                               f"{len(rooms)} part carriers a part")  # fmt: skip
+    return sizes
+
+
+def glibc_of(platform: str) -> tuple[int, int] | None:
+    for legacy, ver in _LEGACY_GLIBC.items():
+        if platform.startswith(legacy + "_"):
+            return ver
+    m = re.match(r"manylinux_(\d+)_(\d+)_", platform)
+    return (int(m.group(1)), int(m.group(2))) if m else None
+
+
+def archive_platform(sources: list[Path]) -> str:
+    """The platform tag the archive needs: the newest glibc floor among the wheels its files came from."""
+    best: tuple[int, int] | None = None
+    arch = "x86_64"
+    for wheel in sources:
+        for tag in parse_wheel_filename(wheel.name)[3]:
+            g = glibc_of(tag.platform)
+            if g and (best is None or g > best):
+                best, arch = g, tag.platform.split("_", 3)[-1] if tag.platform.startswith("manylinux_") else arch
+    if best is None:
+        raise InputError(f"none of {[w.name for w in sources]} has a manylinux tag; the archive's platform is unknown")
+    return f"manylinux_{best[0]}_{best[1]}_{arch}"
+
+
+def retag(wheel_name: str, platform: str) -> list[str]:
+    """Tags for a part carrier: `any` becomes the archive's platform; an older glibc floor is raised to it."""
+    out = []
+    for tag in sorted(parse_wheel_filename(wheel_name)[3], key=str):
+        plat = tag.platform
+        g = glibc_of(plat)
+        if plat == "any" or (g is not None and g < (glibc_of(platform) or (0, 0))):
+            plat = platform
+        out.append(f"{tag.interpreter}-{tag.abi}-{plat}")
+    return sorted(set(out))
+
+
+def compressed_tag(tags: list[str]) -> str:
+    """PEP 425 compressed tag set: cp311-cp311-manylinux_2_34_x86_64, py3-none-a.b."""
+    parts = [sorted({t.split("-")[i] for t in tags}) for i in range(3)]
+    return "-".join(".".join(p) for p in parts)
+
+
+def part_member(c: Carrier, index: int, count: int) -> str:
+    return f"{c.import_package}/_kt_payload/cuda.tar.zst.{index:02d}-of-{count:02d}"
+
+
+def _slices(path: Path, sizes: list[int]) -> list[bytes]:
+    with path.open("rb") as fh:
+        return [fh.read(n) for n in sizes]
+
+
+@dataclass
+class PayloadResult:
+    manifest: dict[str, Any]
+    wheels: dict[str, Path]  # carrier -> rewritten wheel path
+
+
+def attach(cs: CarrierSet, wheels: Mapping[str, Path], archived: Mapping[str, bytes], versions: Mapping[str, str],
+           sources: list[Path], cache: Path) -> PayloadResult:  # fmt: skip
+    """Build (or reuse) the archive of `archived` plus kt-kernel's CUDA libraries, cut it into parts,
+    add each part to its carrier's wheel (retagged for the archive's platform), and write the
+    manifest and the part requirements into the provider's wheel. `wheels`: carrier -> built wheel."""
+    pol = _policy()
+    pp = pol.payload
+    provider = cs.payload_provider
+    assert provider is not None  # carriers.toml validation guarantees one when parts exist
+    native = next(c for c in cs.carriers if c.kind == "native")
+    members = {c.name: wheelio.read(wheels[c.name]) for c in cs.part_carriers}
+    entries = dict(archived)
+    entries.update(take_kernel_cuda(members[native.name], pp.kt_cuda_root))
+    archive = build_archive(entries, pp.zstd_level, pp.zstd_window_log, cache)
+    platform = archive_platform([*sources, wheels[native.name]])
+    # Each carrier's size without its part: write it once, retagged, and measure.
+    bases: list[tuple[str, int]] = []
+    names: dict[str, str] = {}
+    for c in cs.part_carriers:
+        tags = retag(wheels[c.name].name, platform)
+        wheelio.set_tags(members[c.name], tags)
+        names[c.name] = wheelio.wheel_name(c.name, versions[c.name], compressed_tag(tags))
+        probe = wheels[c.name].with_name(names[c.name] + ".probe")
+        wheelio.write(probe, members[c.name], _executable(members[c.name]))
+        bases.append((c.name, probe.stat().st_size))
+        probe.unlink()
+    sizes = plan_parts(archive.size, bases, pol.wheel_budget_bytes, pp.headroom_bytes)
+    count = len(sizes)
+    parts: list[dict[str, Any]] = []
+    out: dict[str, Path] = {}
+    for i, (c, blob) in enumerate(zip(cs.part_carriers, _slices(archive.path, sizes), strict=True), 1):
+        member = part_member(c, i, count)
+        if not any(n.startswith(f"{c.import_package}/") for n in members[c.name]):
+            raise ConsistencyError(f"{c.name}: its wheel has no {c.import_package}/ package to carry part {i}")
+        members[c.name][member] = blob
+        dest = wheels[c.name].with_name(names[c.name])
+        wheelio.write(dest, members[c.name], _executable(members[c.name]), stored=frozenset({member}))
+        if dest != wheels[c.name]:
+            wheels[c.name].unlink()
+        if dest.stat().st_size > pol.wheel_budget_bytes:
+            raise ConsistencyError(f"{dest.name} is {dest.stat().st_size / 2**20:.1f} MiB with its part, over the "
+                                   f"{pol.wheel_budget_bytes / 2**20:.0f} MiB budget")  # fmt: skip
+        out[c.name] = dest
+        parts.append({"index": i, "distribution": c.name, "version": versions[c.name], "member": member,
+                      "size": len(blob), "sha256": hashlib.sha256(blob).hexdigest()})  # fmt: skip
+        say(f"part {i}/{count}: {c.name} {versions[c.name]} carries {len(blob) / 2**20:.1f} MiB "
+            f"-> {dest.stat().st_size / 2**20:.1f} MiB wheel")  # fmt: skip
+    manifest = {
+        "schema_version": SCHEMA_VERSION,
+        "release": cs.kt_version,
+        "provider": {"distribution": provider.name, "version": versions[provider.name]},
+        "archive": {"sha256": archive.sha256, "size": archive.size, "compression": COMPRESSION, "format": "tar",
+                    "level": pp.zstd_level, "window_log": archive.window_log, "platform": platform},
+        "parts": parts,
+        "files": archive.files,
+    }  # fmt: skip
+    out[provider.name] = _finish_provider(provider, wheels[provider.name], manifest, pp.manifest_member, cs, versions)
+    return PayloadResult(manifest, out)
+
+
+def _executable(members: Mapping[str, bytes]) -> frozenset[str]:
+    return frozenset(n for n in members if "/scripts/" in n or n.endswith(".so") or ".so." in n)
+
+
+def _finish_provider(c: Carrier, path: Path, manifest: dict[str, Any], member: str, cs: CarrierSet,
+                     versions: Mapping[str, str]) -> Path:  # fmt: skip
+    """Manifest into the provider's wheel; it requires every part carrier exactly, and zstandard."""
+    members = wheelio.read(path)
+    members[member] = (json.dumps(manifest, indent=1, sort_keys=True) + "\n").encode()
+    meta_name = f"{wheelio.dist_info(members)}/METADATA"
+    meta = members[meta_name].decode("utf-8")
+    head, sep, body = meta.partition("\n\n")
+    lines = [f"Requires-Dist: {p.name}=={versions[p.name]}" for p in cs.part_carriers]
+    lines += [f"Requires-Dist: {r}" for r in RUNTIME_REQUIRES]
+    members[meta_name] = (head + "\n" + "\n".join(lines) + sep + body).encode("utf-8")
+    wheelio.write(path, members, _executable(members))
+    return path
+
+
+def manifest_summary(manifest: Mapping[str, Any]) -> dict[str, Any]:
+    """What dist/manifest.json records of the payload."""
+    return {
+        "archive_sha256": manifest["archive"]["sha256"],
+        "archive_size": manifest["archive"]["size"],
+        "files": len(manifest["files"]),
+        "extracted_size": sum(f["size"] for f in manifest["files"].values()),
+        "parts": [{k: p[k] for k in ("index", "distribution", "version", "size", "sha256")}
+                  for p in manifest["parts"]],
+    }  # fmt: skip

@@ -1,0 +1,399 @@
+"""The release's lazy CUDA archive: verified, extracted on first use, cached.
+
+A KT release carries its large CUDA binaries (sgl_kernel's kernels and kt-kernel's
+own libkt_cuda*.so) in one zstd-compressed tar, cut into parts that ride in the
+five carrier wheels. The manifest (``sgl_kernel/_kt_payload.json`` in the
+sglang-kernel-kt wheel; schema in carriers/schemas/payload-manifest.schema.json)
+names every part (distribution, version, member, size, sha256) and every file.
+
+``materialize()`` finds each part through ``importlib.metadata`` (never by
+guessing paths), checks the installed versions, and streams the parts in order
+through hashing, decompression and extraction (no concatenated temp archive),
+into ``$KT_KERNEL_CACHE_DIR/<archive sha256>/`` (else
+``$XDG_CACHE_HOME/kt-kernel/payload/``), keeping wheel-relative paths so
+``$ORIGIN`` RPATHs and the sm90/ vs sm100/ loader work. Extraction is atomic
+(temp dir + rename), serialised across processes (flock), verified file by
+file; the warm path only stats files. Command line::
+
+    python -m kt_kernel.payload materialize   # extract + verify, print the directory
+    python -m kt_kernel.payload verify        # re-hash every extracted file
+    python -m kt_kernel.payload where         # print the directory; exit 1 if absent
+"""
+
+from __future__ import annotations
+
+import argparse
+import fcntl
+import hashlib
+import io
+import json
+import os
+import posixpath
+import shutil
+import sys
+import tarfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from importlib import metadata, util
+from pathlib import Path
+from typing import Any
+
+try:
+    from ._cpu import KTKernelError
+except ImportError:  # loaded as a lone file by tests/unit: same behaviour, no native package needed
+
+    class KTKernelError(Exception):  # type: ignore[no-redef]
+        """kt_kernel's error root."""
+
+
+SCHEMA_VERSION = 1
+CACHE_ENV = "KT_KERNEL_CACHE_DIR"
+MANIFEST_PACKAGE = "sgl_kernel"
+MANIFEST_NAME = "_kt_payload.json"
+COMPLETE = ".complete"
+# Test hook: exit abruptly after extracting this many files (crash-recovery tests).
+_CRASH_ENV = "KT_KERNEL_TEST_CRASH_AFTER_MEMBERS"
+_CHUNK = 1 << 20
+_SERVE_HINT = "ktransformers[serve]"
+
+
+class PayloadError(KTKernelError):
+    """The CUDA payload cannot be materialized; the message names the cause and the fix."""
+
+
+@dataclass(frozen=True)
+class Part:
+    index: int
+    distribution: str
+    version: str
+    member: str
+    size: int
+    sha256: str
+
+    def label(self, total: int) -> str:
+        return f"part {self.index}/{total} ({self.distribution} {self.version}, {self.member})"
+
+
+@dataclass(frozen=True)
+class Manifest:
+    path: Path
+    release: str
+    sha256: str
+    size: int
+    compression: str
+    window_log: int
+    parts: tuple[Part, ...]
+    files: dict[str, dict[str, Any]]
+
+    @property
+    def extracted_size(self) -> int:
+        return sum(int(f["size"]) for f in self.files.values())
+
+    def install_hint(self) -> str:
+        pins = " ".join(f"{p.distribution}=={p.version}" for p in self.parts)
+        return f"pip install {pins} (or {_SERVE_HINT}=={self.release})"
+
+
+def find_manifest() -> Path:
+    """The installed manifest, found beside sgl_kernel without importing it."""
+    spec = util.find_spec(MANIFEST_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise PayloadError(
+            f"{MANIFEST_PACKAGE} is not installed, so the release's CUDA payload manifest is missing; "
+            f"install sglang-kernel-kt (pip install {_SERVE_HINT})"
+        )
+    for location in spec.submodule_search_locations:
+        candidate = Path(location) / MANIFEST_NAME
+        if candidate.is_file():
+            return candidate
+    where = ", ".join(spec.submodule_search_locations)
+    raise PayloadError(
+        f"{where}: this {MANIFEST_PACKAGE} has no {MANIFEST_NAME}; it is upstream sglang-kernel, not the KT build. "
+        f"pip uninstall sglang-kernel, then pip install {_SERVE_HINT}"
+    )
+
+
+def load_manifest(path: Path | None = None) -> Manifest:
+    path = path or find_manifest()
+    try:
+        data = json.loads(path.read_text())
+        if data.get("schema_version") != SCHEMA_VERSION:
+            raise ValueError(f"schema_version {data.get('schema_version')!r}, this kt-kernel reads {SCHEMA_VERSION}")
+        archive = data["archive"]
+        parts = tuple(
+            Part(int(p["index"]), p["distribution"], p["version"], p["member"], int(p["size"]), p["sha256"])
+            for p in data["parts"]
+        )
+        return Manifest(path, data["release"], archive["sha256"], int(archive["size"]), archive["compression"],
+                        int(archive.get("window_log", 27)), parts, dict(data["files"]))  # fmt: skip
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise PayloadError(f"{path}: unreadable CUDA payload manifest ({exc}); reinstall sglang-kernel-kt") from None
+
+
+def cache_root() -> Path:
+    env = os.environ.get(CACHE_ENV)
+    if env:
+        return Path(env)
+    xdg = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(xdg) / "kt-kernel" / "payload"
+
+
+@contextmanager
+def locked(path: Path) -> Iterator[None]:
+    """An exclusive flock on `path` (created if needed), held for the block."""
+    with path.open("a") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def safe_member_name(name: str, where: object, fix: str) -> str:
+    """`name` normalised; an absolute path or one that climbs out of the root is an error."""
+    norm = posixpath.normpath(name)
+    if name.startswith("/") or norm == ".." or norm.startswith("../") or "/../" in f"/{name}/":
+        raise PayloadError(f"corrupted archive {where}: member {name!r} points outside the archive root; {fix}")
+    return norm
+
+
+def locate_parts(m: Manifest) -> list[tuple[Part, Path]]:
+    """Each part's installed file, through the distributions' metadata; versions checked."""
+    n = len(m.parts)
+    missing: list[Part] = []
+    found: list[tuple[Part, Path]] = []
+    for part in m.parts:
+        try:
+            dist = metadata.distribution(part.distribution)
+        except metadata.PackageNotFoundError:
+            missing.append(part)
+            continue
+        if dist.version != part.version:
+            raise PayloadError(
+                f"the CUDA payload's parts come from two releases: {m.path} is release {m.release} and wants "
+                f"{part.distribution}=={part.version}, but {part.distribution} {dist.version} is installed. "
+                f"Install the same release everywhere: {m.install_hint()}"
+            )
+        path = Path(str(dist.locate_file(part.member)))
+        if not path.is_file():
+            raise PayloadError(f"{part.label(n)} is missing: {path} does not exist although {part.distribution} "
+                               f"{dist.version} is installed; pip install --force-reinstall "
+                               f"{part.distribution}=={part.version}")  # fmt: skip
+        size = path.stat().st_size
+        if size != part.size:
+            raise PayloadError(f"corrupted {part.label(n)}: {path} is {size} bytes, the manifest says {part.size}; "
+                               f"pip install --force-reinstall {part.distribution}=={part.version}")  # fmt: skip
+        found.append((part, path))
+    if missing:
+        names = ", ".join(f"{p.distribution}=={p.version} (part {p.index}/{n})" for p in missing)
+        raise PayloadError(f"the CUDA payload is incomplete: {names} not installed. Install "
+                           f"{' '.join(f'{p.distribution}=={p.version}' for p in missing)}, or {_SERVE_HINT}"
+                           f"=={m.release}")  # fmt: skip
+    return found
+
+
+class _PartStream(io.RawIOBase):
+    """The parts read in order as one stream; each part's and the whole archive's sha256
+    are checked as the bytes go by. Nothing is concatenated on disk."""
+
+    def __init__(self, m: Manifest, parts: list[tuple[Part, Path]]) -> None:
+        self._m = m
+        self._parts = parts
+        self._i = -1
+        self._fh: io.BufferedReader | None = None
+        self._part_hash = hashlib.sha256()
+        self.archive_hash = hashlib.sha256()
+        self.total = 0
+        self._next()
+
+    def _next(self) -> None:
+        if self._fh is not None:
+            self._fh.close()
+            part, path = self._parts[self._i]
+            if self._part_hash.hexdigest() != part.sha256:
+                raise PayloadError(f"corrupted {part.label(len(self._parts))}: {path} has sha256 "
+                                   f"{self._part_hash.hexdigest()}, the manifest says {part.sha256}; "
+                                   f"pip install --force-reinstall {part.distribution}=={part.version}")  # fmt: skip
+        self._i += 1
+        self._fh = self._parts[self._i][1].open("rb") if self._i < len(self._parts) else None
+        self._part_hash = hashlib.sha256()
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buf: Any) -> int:
+        while self._fh is not None:
+            n = self._fh.readinto(buf)
+            if n:
+                view = memoryview(buf)[:n]
+                self._part_hash.update(view)
+                self.archive_hash.update(view)
+                self.total += n
+                return n
+            self._next()
+        return 0
+
+
+def _extract_stream(m: Manifest, parts: list[tuple[Part, Path]], tmp: Path) -> None:
+    try:
+        import zstandard
+    except ImportError:
+        raise PayloadError("the zstandard module is missing; it comes with sglang-kernel-kt: "
+                           f"pip install {_SERVE_HINT}") from None  # fmt: skip
+    if m.compression != "zstd":
+        raise PayloadError(f"{m.path}: compression {m.compression!r} is unknown to this kt-kernel; upgrade kt-kernel")
+    fix = f"reinstall the release ({m.install_hint()})"
+    crash_after = int(os.environ.get(_CRASH_ENV, "0") or 0)
+    stream = _PartStream(m, parts)
+    dctx = zstandard.ZstdDecompressor(max_window_size=1 << max(m.window_log, 10))
+    seen: set[str] = set()
+    try:
+        with dctx.stream_reader(stream, read_size=_CHUNK, read_across_frames=True) as raw, tarfile.open(
+            fileobj=raw, mode="r|"
+        ) as tar:
+            for info in tar:
+                name = safe_member_name(info.name, "CUDA payload", fix)
+                if info.isdir():
+                    continue
+                if not info.isfile():
+                    kind = "a link" if info.issym() or info.islnk() else "a special file"
+                    raise PayloadError(f"corrupted CUDA payload: member {name!r} is {kind}; {fix}")
+                expected = m.files.get(name)
+                if expected is None or name in seen:
+                    why = "is not in the manifest" if expected is None else "appears twice"
+                    raise PayloadError(f"corrupted CUDA payload: member {name!r} {why}; {fix}")
+                src = tar.extractfile(info)
+                assert src is not None  # a regular file always has a reader
+                out = tmp / name
+                out.parent.mkdir(parents=True, exist_ok=True)
+                h = hashlib.sha256()
+                with out.open("wb") as fh:
+                    while chunk := src.read(_CHUNK):
+                        h.update(chunk)
+                        fh.write(chunk)
+                if h.hexdigest() != expected["sha256"] or info.size != int(expected["size"]):
+                    raise PayloadError(f"corrupted CUDA payload: {name} has sha256 {h.hexdigest()} ({info.size} "
+                                       f"bytes), the manifest says {expected['sha256']} ({expected['size']}); {fix}")  # fmt: skip
+                out.chmod(0o755)
+                seen.add(name)
+                if crash_after and len(seen) >= crash_after:
+                    os._exit(70)
+            while raw.read(_CHUNK):  # the rest of the stream still has to be hashed
+                pass
+    except (tarfile.TarError, zstandard.ZstdError, EOFError) as exc:
+        raise PayloadError(f"corrupted CUDA payload: the parts do not decompress ({exc}); {fix}") from None
+    if stream.total != m.size or stream.archive_hash.hexdigest() != m.sha256:
+        raise PayloadError(f"corrupted CUDA payload: the parts make {stream.total} bytes with sha256 "
+                           f"{stream.archive_hash.hexdigest()}, the manifest says {m.size} bytes, {m.sha256}; {fix}")  # fmt: skip
+    missing = sorted(set(m.files) - seen)
+    if missing:
+        raise PayloadError(f"corrupted CUDA payload: {', '.join(missing)} missing from the archive; {fix}")
+
+
+def _is_complete(final: Path, m: Manifest) -> bool:
+    """The warm check: the marker exists and every file has its size (stat only, no hashing)."""
+    if not (final / COMPLETE).is_file():
+        return False
+    try:
+        return all((final / name).stat().st_size == int(f["size"]) for name, f in m.files.items())
+    except OSError:
+        return False
+
+
+def target_dir(m: Manifest, root: Path | None = None) -> Path:
+    return (root or cache_root()) / m.sha256
+
+
+def materialize(manifest: Path | Manifest | None = None, root: Path | None = None) -> Path:
+    """The extracted payload's directory; extracts it first if no process has."""
+    m = manifest if isinstance(manifest, Manifest) else load_manifest(manifest)
+    root = root or cache_root()
+    final = target_dir(m, root)
+    if _is_complete(final, m):
+        return final
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        lock = root / f"{m.sha256}.lock"
+        lock.touch()
+    except OSError as exc:
+        raise PayloadError(f"cannot write the CUDA payload cache {root}: {exc.strerror}; set {CACHE_ENV} to a "
+                           "writable directory") from None  # fmt: skip
+    with locked(lock):
+        if _is_complete(final, m):  # another process finished while we waited
+            return final
+        parts = locate_parts(m)
+        for stale in root.glob(f".tmp-{m.sha256}-*"):  # left by a crash mid-extraction
+            shutil.rmtree(stale, ignore_errors=True)
+        if final.exists():
+            shutil.rmtree(final)
+        free = shutil.disk_usage(root).free
+        if free < m.extracted_size:
+            raise PayloadError(f"not enough disk space in {root}: the CUDA payload needs "
+                               f"{m.extracted_size / 2**20:.0f} MiB, {free / 2**20:.0f} MiB are free; free space "
+                               f"or set {CACHE_ENV} to a larger disk")  # fmt: skip
+        tmp = root / f".tmp-{m.sha256}-{os.getpid()}"
+        tmp.mkdir()
+        try:
+            _extract_stream(m, parts, tmp)
+            (tmp / COMPLETE).write_text(json.dumps({"release": m.release, "sha256": m.sha256}) + "\n")
+            tmp.rename(final)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        with (root / "extractions.log").open("a") as log:
+            log.write(f"{m.sha256} {os.getpid()}\n")
+    return final
+
+
+def verify(manifest: Path | Manifest | None = None, root: Path | None = None) -> list[str]:
+    """Re-hash every extracted file; the problems found (empty: all match)."""
+    m = manifest if isinstance(manifest, Manifest) else load_manifest(manifest)
+    final = target_dir(m, root)
+    if not (final / COMPLETE).is_file():
+        return [f"{final} is not materialized; run python -m kt_kernel.payload materialize"]
+    problems = []
+    for name, f in sorted(m.files.items()):
+        h = hashlib.sha256()
+        try:
+            with (final / name).open("rb") as fh:
+                while chunk := fh.read(_CHUNK):
+                    h.update(chunk)
+        except OSError as exc:
+            problems.append(f"{final / name}: {exc.strerror}")
+            continue
+        if h.hexdigest() != f["sha256"]:
+            problems.append(f"{final / name}: sha256 {h.hexdigest()}, the manifest says {f['sha256']}")
+    return problems
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m kt_kernel.payload", description=__doc__.splitlines()[0])
+    p.add_argument("command", choices=["materialize", "verify", "where"])
+    p.add_argument("--manifest", type=Path, help="a manifest other than the installed sgl_kernel's")
+    args = p.parse_args(argv)
+    try:
+        m = load_manifest(args.manifest)
+        if args.command == "materialize":
+            print(materialize(m))
+            return 0
+        final = target_dir(m)
+        if args.command == "where":
+            if not _is_complete(final, m):
+                print(f"not materialized: {final}; run python -m kt_kernel.payload materialize", file=sys.stderr)
+                return 1
+            print(final)
+            return 0
+        problems = verify(m)
+        for line in problems:
+            print(f"error: {line}", file=sys.stderr)
+        if not problems:
+            print(f"{final}: {len(m.files)} files match the manifest ({m.extracted_size / 2**20:.1f} MiB)")
+        return 1 if problems else 0
+    except PayloadError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
