@@ -9,12 +9,14 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from .analyzers import cuda_rules, elf_rules, isa_rules, size_manifest, wheel_rules
+from .analyzers import cuda_rules, elf_rules, isa_rules, payload_rules, size_manifest, wheel_rules
 from .analyzers._common import finding
 from .errors import AuditError
 from .model import Finding
 from .policy import Policy
 from .readers import ElfFacts, read_elf, read_wheel
+from .readers._cuda import find_cuobjdump
+from .readers._payload import ArchiveFacts, WheelSummary, read_archive, summarize
 
 SCHEMA_VERSION = 1
 
@@ -29,6 +31,7 @@ class WheelResult:
     cuda: dict[str, Any] = field(default_factory=dict)
     sizes: dict[str, Any] = field(default_factory=dict)
     platform: str | None = None  # the most portable manylinux tag the ELF files allow
+    summary: WheelSummary | None = None  # what the release-level payload rules need
 
 
 def audit_wheel(path: Path, policy: Policy, baseline: dict[str, Any] | None = None) -> WheelResult:
@@ -39,6 +42,8 @@ def audit_wheel(path: Path, policy: Policy, baseline: dict[str, Any] | None = No
     except AuditError as exc:
         res.findings.append(finding("wheel.unreadable", path.name, "", str(exc), "rebuild the wheel"))
         return res
+    if policy.payload is not None:
+        res.summary = summarize(w, policy.payload.manifest_member)
     elfs: dict[str, ElfFacts] = {}
     for m in w.members:
         try:
@@ -57,7 +62,8 @@ def audit_wheel(path: Path, policy: Policy, baseline: dict[str, Any] | None = No
     system = wheel_rules.system_libraries(w)
     required = wheel_rules.required_names(w)
     external = [p for p in policy.external if p.provider in required]
-    res.findings += elf_rules.rpath(w.filename, elf_list, [m.name for m in w.members], system, external)
+    res.findings += elf_rules.rpath(w.filename, elf_list, [m.name for m in w.members], system, external,
+                                    policy.always_external)  # fmt: skip
     uses = isa_rules.disassembled_members(elfs, policy)
     isa_findings, res.cpu = isa_rules.isa(w.filename, uses, policy)
     res.findings += isa_findings
@@ -104,6 +110,7 @@ def run(paths: list[Path], policy: Policy, baseline_file: Path | None = None) ->
         baseline = {w["name"]: w["size"] for w in raw.get("wheels", [])} if "wheels" in raw else raw
     t0 = time.perf_counter()
     results = [audit_wheel(p, policy, baseline) for p in expand(paths)]
+    payload_section = _release_payload(results, policy)
     findings = [f for r in results for f in r.findings]
     return {
         "schema_version": SCHEMA_VERSION,
@@ -125,4 +132,40 @@ def run(paths: list[Path], policy: Policy, baseline_file: Path | None = None) ->
         "cpu_variants": {r.wheel: r.cpu for r in results if r.cpu},
         "cuda_architectures": {r.wheel: r.cuda for r in results if r.cuda},
         "sizes": {r.wheel: r.sizes for r in results},
+        "payload": payload_section,
     }
+
+
+def _stream_archive(summaries: list[WheelSummary], policy: Policy) -> ArchiveFacts | None:
+    """Read the archive out of the part members in the manifest's order; None if a part is absent."""
+    assert policy.payload is not None
+    provider = next((s for s in summaries if s.manifest is not None), None)
+    if provider is None or provider.manifest is None:
+        return None
+    by_name = {s.name: s for s in summaries}
+    located: list[tuple[Path, str]] = []
+    for p in provider.manifest.get("parts", []):
+        carrier = by_name.get(str(p.get("distribution")))
+        if carrier is None or not any(pm.name == p.get("member") for pm in carrier.parts):
+            return None
+        located.append((carrier.path, str(p["member"])))
+    root = policy.payload.kt_cuda_root
+    detailed = {f"{root}/{lib.member}" for lib in policy.cuda_libraries}
+    window = int(provider.manifest.get("archive", {}).get("window_log", policy.payload.zstd_window_log))
+    return read_archive(located, window, find_cuobjdump(), detailed)
+
+
+def _release_payload(results: list[WheelResult], policy: Policy) -> dict[str, Any]:
+    """The release-level payload rules; their findings join the wheel they name."""
+    summaries = [r.summary for r in results if r.summary is not None]
+    if policy.payload is None or not any(s.parts or s.manifest or s.manifest_error for s in summaries):
+        return {}
+    provider = next((s for s in summaries if s.manifest is not None), summaries[0])
+    system = wheel_rules.system_libraries_for([t.rsplit("-", 1)[-1] for t in provider.tags])
+    findings, section = payload_rules.analyze(summaries, _stream_archive(summaries, policy), policy, system)
+    by_file = {r.wheel: r for r in results}
+    for f in findings:
+        r = by_file.get(f.wheel, results[0])
+        name = r.summary.name if r.summary else r.wheel.split("-")[0]
+        r.findings.append(_waive(f, name, policy))
+    return section

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import difflib
+import fnmatch
 import json
 import re
 from collections.abc import Mapping
@@ -19,7 +20,10 @@ DEFAULT_POLICY = Path(__file__).resolve().parent / "policy" / "default.toml"
 _SCHEMA: dict[str, Any] = {
     "schema_version": None,
     "size": {"wheel_budget_mib": None, "growth_threshold_pct": None},
-    "elf": {"forbidden_needed": None, "external": None, "exports": {"allowed": None, "applies_to": None}},
+    "elf": {
+        "forbidden_needed": None, "external": None, "always_external": None,
+        "exports": {"allowed": None, "applies_to": None},
+    },
     "isa": {
         "ladder": None,
         "variant_member": None,
@@ -52,6 +56,10 @@ def _check_keys(data: Mapping[str, Any], schema: Mapping[str, Any], where: str, 
 class ForbiddenNeeded:
     pattern: str
     fix: str
+    members: tuple[str, ...] = ("*",)  # fnmatch patterns of the files the rule applies to
+
+    def applies(self, member: str) -> bool:
+        return any(fnmatch.fnmatchcase(member.split("!", 1)[-1], m) for m in self.members)
 
 
 @dataclass(frozen=True)
@@ -65,8 +73,11 @@ class Waiver:
 @dataclass(frozen=True)
 class ExternalProvider:
     provider: str
-    path: str
+    path: str  # an RPATH entry ending in this reaches the provider's libraries ("" if preloaded)
     libraries: tuple[str, ...]
+    # The importing package loads the provider first (sgl_kernel imports torch), so its
+    # libraries are found by soname in the process without any RPATH.
+    preloaded: bool = False
 
 
 @dataclass(frozen=True)
@@ -185,6 +196,8 @@ class Policy:
     cuda_kernels: tuple[str, ...] = ()
     waivers: tuple[Waiver, ...] = ()
     payload: PayloadPolicy | None = None
+    # Always provided by the system, never by a wheel (the CUDA driver): correct to need.
+    always_external: frozenset[str] = frozenset()
 
 
 def _closure(features: frozenset[str], implies: Mapping[str, list[str]]) -> frozenset[str]:
@@ -254,10 +267,17 @@ def load_policy(path: Path | None = None) -> Policy:
             source=path,
             wheel_budget_bytes=int(float(size["wheel_budget_mib"]) * (1 << 20)),
             growth_threshold_pct=float(size["growth_threshold_pct"]),
-            forbidden_needed=tuple(ForbiddenNeeded(f["pattern"], f["fix"]) for f in elf["forbidden_needed"]),
-            external=tuple(
-                ExternalProvider(e["provider"], e["path"], tuple(e["libraries"])) for e in elf.get("external", [])
+            forbidden_needed=tuple(
+                ForbiddenNeeded(f["pattern"], f["fix"], _str_list(f.get("members", ["*"]), "elf.forbidden_needed.members",
+                                                                  path))
+                for f in elf["forbidden_needed"]
             ),
+            external=tuple(
+                ExternalProvider(e["provider"], e.get("path", ""), _str_list(e["libraries"], "elf.external.libraries",
+                                                                             path), bool(e.get("preloaded", False)))
+                for e in elf.get("external", [])
+            ),
+            always_external=frozenset(_str_list(elf.get("always_external", []), "elf.always_external", path)),
             exports_allowed=tuple(elf["exports"]["allowed"]),
             exports_applies_to=frozenset(elf["exports"]["applies_to"]),
             variants=tuple(variants),

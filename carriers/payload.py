@@ -16,7 +16,6 @@ import io
 import json
 import os
 import re
-import subprocess
 import tarfile
 import tempfile
 import time
@@ -26,6 +25,8 @@ from pathlib import Path
 from typing import Any
 
 from packaging.utils import parse_wheel_filename
+
+from audits.readers._cuda import find_cuobjdump, list_archs
 
 from . import wheelio
 from .errors import ConsistencyError, InputError
@@ -91,25 +92,12 @@ def take_kernel_cuda(members: dict[str, bytes], root: str) -> dict[str, bytes]:
 
 
 def _cuobjdump() -> str:
-    from audits.readers._cuda import find_cuobjdump
 
     tool = find_cuobjdump()
     if tool is None:
         raise InputError("cuobjdump is needed to describe the CUDA archive's binaries; install lockfiles/audit.txt "
                          "(nvidia-cuda-cuobjdump) or set KT_CUOBJDUMP")  # fmt: skip
     return tool
-
-
-def list_archs(tool: str, path: Path) -> tuple[list[str], list[str]]:
-    """(SASS, PTX) architectures cuobjdump lists for one ELF file."""
-    found = []
-    for kind in ("elf", "ptx"):
-        proc = subprocess.run([tool, f"--list-{kind}", str(path)], capture_output=True, text=True, check=False)
-        if proc.returncode != 0 and "does not contain" not in proc.stderr and "No PTX" not in proc.stderr:
-            raise InputError(f"cuobjdump --list-{kind} {path.name} failed: {proc.stderr.strip()}")
-        archs = sorted(set(re.findall(r"\.(sm_\d+[a-z]?)\.(?:cubin|ptx)", proc.stdout)))
-        found.append([a.replace("sm_", "compute_") for a in archs] if kind == "ptx" else archs)
-    return found[0], found[1]
 
 
 @dataclass(frozen=True)
@@ -137,15 +125,20 @@ def build_archive(entries: Mapping[str, bytes], level: int, window: int, cache: 
         return Archive(target, d["sha256"], d["size"], window, d["files"])
     import zstandard
 
-    tool = _cuobjdump()
     total = sum(len(d) for d in entries.values())
-    say(f"describing {len(entries)} binaries ({total / 2**20:.0f} MiB) with cuobjdump")
+    elfs = sorted(n for n, d in entries.items() if d[:4] == b"\x7fELF")
+    tool = _cuobjdump() if elfs else ""
+    say(f"describing {len(elfs)} binaries ({total / 2**20:.0f} MiB) with cuobjdump")
     with tempfile.TemporaryDirectory() as tmp:
-        for name, data in sorted(entries.items()):
-            if data[:4] == b"\x7fELF":
-                p = Path(tmp) / "lib.so"
-                p.write_bytes(data)
-                files[name]["sass"], files[name]["ptx"] = list_archs(tool, p)
+        for name in elfs:
+            data = entries[name]
+            p = Path(tmp) / "lib.so"
+            p.write_bytes(data)
+            try:
+                sass, ptx = list_archs(tool, p)
+            except ValueError as exc:
+                raise InputError(f"{name}: {exc}") from None
+            files[name]["sass"], files[name]["ptx"] = sorted(sass), sorted(ptx)
     cache.mkdir(parents=True, exist_ok=True)
     params = zstandard.ZstdCompressionParameters.from_level(level, window_log=window, enable_ldm=True,
                                                             threads=os.cpu_count() or 1)  # fmt: skip
@@ -313,7 +306,8 @@ def attach(cs: CarrierSet, wheels: Mapping[str, Path], archived: Mapping[str, by
         "parts": parts,
         "files": archive.files,
     }  # fmt: skip
-    out[provider.name] = _finish_provider(provider, wheels[provider.name], manifest, pp.manifest_member, cs, versions)
+    out[provider.name] = _finish_provider(provider, wheels[provider.name], manifest, pp.manifest_member, cs, versions,
+                                          platform)  # fmt: skip
     return PayloadResult(manifest, out)
 
 
@@ -322,9 +316,13 @@ def _executable(members: Mapping[str, bytes]) -> frozenset[str]:
 
 
 def _finish_provider(c: Carrier, path: Path, manifest: dict[str, Any], member: str, cs: CarrierSet,
-                     versions: Mapping[str, str]) -> Path:  # fmt: skip
-    """Manifest into the provider's wheel; it requires every part carrier exactly, and zstandard."""
+                     versions: Mapping[str, str], platform: str) -> Path:  # fmt: skip
+    """Manifest into the provider's wheel; it requires every part carrier exactly, and zstandard.
+    Tagged for the archive's platform: it is the package that loads the archived binaries."""
     members = wheelio.read(path)
+    tags = retag(path.name, platform)
+    wheelio.set_tags(members, tags)
+    dest = path.with_name(wheelio.wheel_name(c.name, versions[c.name], compressed_tag(tags)))
     members[member] = (json.dumps(manifest, indent=1, sort_keys=True) + "\n").encode()
     meta_name = f"{wheelio.dist_info(members)}/METADATA"
     meta = members[meta_name].decode("utf-8")
@@ -332,8 +330,10 @@ def _finish_provider(c: Carrier, path: Path, manifest: dict[str, Any], member: s
     lines = [f"Requires-Dist: {p.name}=={versions[p.name]}" for p in cs.part_carriers]
     lines += [f"Requires-Dist: {r}" for r in RUNTIME_REQUIRES]
     members[meta_name] = (head + "\n" + "\n".join(lines) + sep + body).encode("utf-8")
-    wheelio.write(path, members, _executable(members))
-    return path
+    wheelio.write(dest, members, _executable(members))
+    if dest != path:
+        path.unlink()
+    return dest
 
 
 def manifest_summary(manifest: Mapping[str, Any]) -> dict[str, Any]:

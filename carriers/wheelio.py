@@ -72,7 +72,7 @@ def write(path: Path, members: Mapping[str, bytes], executable: frozenset[str] =
 def set_tags(members: dict[str, bytes], tags: list[str]) -> None:
     """Rewrite the WHEEL file's Tag lines (and Root-Is-Purelib: false for a platform tag)."""
     name = f"{dist_info(members)}/WHEEL"
-    lines = [ln for ln in members[name].decode("utf-8").splitlines() if not ln.startswith("Tag: ")]
+    lines = [ln for ln in members[name].decode("utf-8").splitlines() if ln.strip() and not ln.startswith("Tag: ")]
     platform = any(not t.endswith("-any") for t in tags)
     lines = [f"Root-Is-Purelib: {'false' if platform else 'true'}" if ln.startswith("Root-Is-Purelib:") else ln
              for ln in lines]  # fmt: skip

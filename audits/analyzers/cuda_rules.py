@@ -12,7 +12,7 @@ from typing import Any
 from ..model import Finding
 from ..policy import Policy
 from ..readers import ElfFacts, WheelFacts, read_elf
-from ..readers._cuda import find_cuobjdump, read_cuda, read_payload
+from ..readers._cuda import CudaFacts, find_cuobjdump, read_cuda, read_payload
 from . import elf_rules, wheel_rules
 from ._common import finding
 
@@ -69,24 +69,42 @@ def cuda(w: WheelFacts, policy: Policy, system: frozenset[str]) -> tuple[list[Fi
     out += elf_rules.elf_abi(fn, str(w.name), elfs, policy)
     # The payload's libraries load on the user's system too: the platform tag must cover them.
     out += wheel_rules.platform_overclaims(w, elfs)
-    out += elf_rules.rpath(fn, elfs, list(files), system)
+    out += elf_rules.rpath(fn, elfs, list(files), system, (), policy.always_external)
     tool = find_cuobjdump()
     section: dict[str, Any] = {"payload": member.name, "payload_bytes": member.size, "libraries": {}}
     if tool is None:
         out.append(finding("cuda.tool-missing", fn, member.name, "cuobjdump not found: SASS/PTX were not checked",
                            "install nvidia-cuda-cuobjdump (lockfiles/audit.txt) or set KT_CUOBJDUMP"))  # fmt: skip
         return out, section
+    facts: dict[str, tuple[int, CudaFacts | str]] = {}
     for lib in policy.cuda_libraries:
-        label = f"{member.name}!{lib.member}"
         lib_data = files.get(lib.member)
-        if lib_data is None:
+        if lib_data is not None:
+            try:
+                facts[lib.member] = (len(lib_data), read_cuda(tool, lib_data))
+            except ValueError as exc:
+                facts[lib.member] = (len(lib_data), str(exc))
+    lib_findings, section["libraries"] = check_libraries(fn, f"{member.name}!", facts, policy)
+    out += lib_findings
+    return out, section
+
+
+def check_libraries(fn: str, prefix: str, facts: dict[str, tuple[int, CudaFacts | str]],
+                    policy: Policy) -> tuple[list[Finding], dict[str, Any]]:  # fmt: skip
+    """The policy's per-library CUDA rules (arch set, every kernel per arch, PTX ISA floor) over
+    cuobjdump facts: library path (as the policy names it) -> (bytes, facts or the reader's error)."""
+    out: list[Finding] = []
+    libraries: dict[str, Any] = {}
+    for lib in policy.cuda_libraries:
+        label = f"{prefix}{lib.member}"
+        entry = facts.get(lib.member)
+        if entry is None:
             out.append(finding("cuda.arch-set", fn, label, f"{lib.member} is not in the payload",
                                "build with KT_CUDA=ON and every architecture (nox -s build_cuda)"))  # fmt: skip
             continue
-        try:
-            cfacts = read_cuda(tool, lib_data)
-        except ValueError as exc:
-            out.append(finding("cuda.payload", fn, label, str(exc), "rebuild the CUDA libraries"))
+        size, cfacts = entry
+        if isinstance(cfacts, str):
+            out.append(finding("cuda.payload", fn, label, cfacts, "rebuild the CUDA libraries"))
             continue
         if cfacts.sass != lib.sass or cfacts.ptx != lib.ptx:
             missing = sorted((lib.sass - cfacts.sass) | (lib.ptx - cfacts.ptx))
@@ -114,9 +132,9 @@ def cuda(w: WheelFacts, policy: Policy, system: frozenset[str]) -> tuple[list[Fi
                     "driver can JIT", "build the PTX with an older toolkit, or raise min_driver_ptx_isa (and the "
                     "documented driver floor) in the policy",
                 ))  # fmt: skip
-        section["libraries"][lib.member] = {
-            "bytes": len(lib_data), "sass": sorted(cfacts.sass), "ptx": sorted(cfacts.ptx),
+        libraries[lib.member] = {
+            "bytes": size, "sass": sorted(cfacts.sass), "ptx": sorted(cfacts.ptx),
             "ptx_isa": sorted(cfacts.ptx_versions), "kernels": {a: len(k) for a, k in sorted(cfacts.kernels.items())},
             "arch_bytes": dict(sorted(cfacts.arch_bytes.items())),
         }  # fmt: skip
-    return out, section
+    return out, libraries

@@ -17,7 +17,7 @@ def elf_abi(wheel: str, dist_name: str, elfs: list[ElfFacts], policy: Policy) ->
     for e in elfs:
         for lib in e.needed:
             for rule in policy.forbidden_needed:
-                if fnmatch.fnmatch(lib, rule.pattern):
+                if fnmatch.fnmatch(lib, rule.pattern) and rule.applies(e.member):
                     out.append(finding("elf.needed-forbidden", wheel, e.member, f"DT_NEEDED {lib}", rule.fix))
         if e.textrel:
             out.append(finding("elf.textrel", wheel, e.member, "has text relocations (DT_TEXTREL)",
@@ -53,7 +53,7 @@ def _search_dirs(e: ElfFacts, member_dir: str) -> tuple[list[str], list[str]]:
 
 
 def rpath(wheel: str, elfs: list[ElfFacts], tree: Collection[str], system: Collection[str],
-          external: Collection[ExternalProvider] = ()) -> list[Finding]:  # fmt: skip
+          external: Collection[ExternalProvider] = (), always_external: Collection[str] = ()) -> list[Finding]:  # fmt: skip
     """Every RPATH entry is $ORIGIN-relative; every non-system DT_NEEDED resolves inside `tree`.
 
     `tree` holds the paths the ELF files live among: the wheel's members, or a
@@ -76,10 +76,12 @@ def rpath(wheel: str, elfs: list[ElfFacts], tree: Collection[str], system: Colle
                 "set wheel-relative entries only, e.g. $ORIGIN/../lib (CMake: INSTALL_RPATH, BUILD_WITH_INSTALL_RPATH)",
             ))  # fmt: skip
         for lib in e.needed:
-            if lib in system or "/" in lib:
+            if lib in system or lib in always_external or "/" in lib:
+                continue
+            if any(p.preloaded and fnmatch.fnmatch(lib, pat) for p in external for pat in p.libraries):
                 continue
             entries = e.runpath or e.rpath
-            if any(fnmatch.fnmatch(lib, pat) and any(x.rstrip("/").endswith(p.path) for x in entries)
+            if any(fnmatch.fnmatch(lib, pat) and p.path and any(x.rstrip("/").endswith(p.path) for x in entries)
                    for p in external for pat in p.libraries):  # fmt: skip
                 continue
             if any(lib in by_dir.get(d.lstrip("./") if d != "." else "", set()) or lib in by_dir.get(d, set())

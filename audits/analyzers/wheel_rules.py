@@ -176,7 +176,12 @@ def policy_for(glibc: tuple[int, int]) -> dict[str, Any] | None:
 
 
 def system_libraries(w: WheelFacts) -> frozenset[str]:
-    claimed = [g for t in w.tags if (g := _glibc_of(t.platform))]
+    return system_libraries_for([t.platform for t in w.tags])
+
+
+def system_libraries_for(platforms: list[str]) -> frozenset[str]:
+    """The manylinux policy's system libraries for the most portable of `platforms`."""
+    claimed = [g for p in platforms if (g := _glibc_of(p))]
     pol = policy_for(min(claimed)) if claimed else None
     libs = set(pol["lib_whitelist"]) if pol else set(_manylinux_policies()[-1]["lib_whitelist"])
     return frozenset(libs | {"ld-linux-x86-64.so.2"})

@@ -75,9 +75,16 @@ class CudaFacts:
 
 def _run(tool: str, *args: str) -> str:
     proc = subprocess.run([tool, *args], capture_output=True, text=True, check=False)
-    if proc.returncode != 0 and "does not contain" not in proc.stderr:
+    if proc.returncode != 0 and "does not contain" not in proc.stderr and "No PTX" not in proc.stderr:
         raise ValueError(f"cuobjdump {' '.join(args[:-1])} failed: {proc.stderr.strip()}")
     return proc.stdout
+
+
+def list_archs(tool: str, path: Path) -> tuple[frozenset[str], frozenset[str]]:
+    """(SASS, PTX) architectures of one ELF file on disk: cuobjdump's lists only (fast on 1 GB binaries)."""
+    sass = re.findall(r"\.(sm_\d+[a-z]?)\.cubin", _run(tool, "--list-elf", str(path)))
+    ptx = re.findall(r"\.(sm_\d+[a-z]?)\.ptx", _run(tool, "--list-ptx", str(path)))
+    return frozenset(sass), frozenset(a.replace("sm_", "compute_") for a in ptx)
 
 
 def read_cuda(tool: str, data: bytes) -> CudaFacts:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+from typing import BinaryIO
 from bisect import bisect_right
 from dataclasses import dataclass, field
 
@@ -48,8 +49,15 @@ def read_elf(member: str, data: bytes) -> ElfFacts | None:
     """Facts about one ELF file, or None if `data` is not ELF."""
     if not is_elf(data):
         return None
+    return read_elf_stream(member, io.BytesIO(data))
+
+
+def read_elf_stream(member: str, stream: BinaryIO, *, code: bool = True) -> ElfFacts:
+    """Facts about the ELF file on a seekable stream; bounded reads only. Without `code`, the
+    executable sections and the symbol table are skipped (large CUDA binaries: the dynamic
+    section, versions and segments are all the rules need)."""
     try:
-        elf = ELFFile(io.BytesIO(data))
+        elf = ELFFile(stream)
         needed: list[str] = []
         rpath: list[str] = []
         runpath: list[str] = []
@@ -94,11 +102,11 @@ def read_elf(member: str, data: bytes) -> ElfFacts | None:
         exec_secs = tuple(
             (s.name, s["sh_addr"], s.data())
             for s in elf.iter_sections()
-            if s["sh_flags"] & SHF_EXECINSTR and s["sh_type"] == "SHT_PROGBITS"
+            if code and s["sh_flags"] & SHF_EXECINSTR and s["sh_type"] == "SHT_PROGBITS"
         )
         table = elf.get_section_by_name(".symtab") or dynsym
         syms: list[tuple[int, str]] = []
-        if isinstance(table, SymbolTableSection):
+        if code and isinstance(table, SymbolTableSection):
             syms = sorted(
                 (s["st_value"], s.name) for s in table.iter_symbols() if s["st_info"]["type"] == "STT_FUNC" and s.name
             )

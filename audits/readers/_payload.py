@@ -1,0 +1,196 @@
+"""Reader for the release's lazy CUDA archive: what each wheel carries of it, and
+the archive itself, streamed out of the wheels' part members in the manifest's
+order through zstd and tar. Every file is spooled to a temporary file, hashed,
+and read for ELF facts and (cuobjdump) its cubins/PTX, then deleted: the archive
+is never held in memory or written out whole."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import tarfile
+import tempfile
+import zipfile
+from collections.abc import Collection, Iterator
+from dataclasses import dataclass
+from email.parser import HeaderParser
+from pathlib import Path
+from typing import Any
+
+from ._cuda import CudaFacts, list_archs, read_cuda
+from ._elf import ElfFacts, is_elf, read_elf_stream
+from ._wheel import WheelFacts
+
+PART_DIR = "/_kt_payload/"
+_CHUNK = 1 << 20
+
+
+@dataclass(frozen=True)
+class PartMember:
+    name: str
+    size: int
+    sha256: str
+
+
+@dataclass(frozen=True)
+class WheelSummary:
+    """What the release-level payload rules need of one wheel."""
+
+    path: Path
+    filename: str
+    name: str
+    version: str
+    tags: tuple[str, ...]
+    requires: tuple[str, ...]
+    parts: tuple[PartMember, ...]
+    manifest: dict[str, Any] | None
+    manifest_error: str
+    largest: tuple[tuple[str, int], ...]
+
+
+def summarize(w: WheelFacts, manifest_member: str) -> WheelSummary:
+    parts = tuple(
+        PartMember(m.name, m.size, hashlib.sha256(m.data).hexdigest()) for m in w.members if PART_DIR in f"/{m.name}"
+    )
+    manifest, error = None, ""
+    member = w.member(manifest_member)
+    if member is not None:
+        try:
+            manifest = json.loads(member.data)
+            if not isinstance(manifest, dict):
+                raise ValueError("not a JSON object")
+        except ValueError as exc:
+            manifest, error = None, f"{manifest_member}: {exc}"
+    meta = w.text(f"{w.dist_info}/METADATA") or ""
+    requires = tuple(HeaderParser().parsestr(meta).get_all("Requires-Dist", []))
+    largest = tuple(sorted(((m.name, m.size) for m in w.members), key=lambda x: -x[1])[:3])
+    return WheelSummary(w.path, w.filename, str(w.name), str(w.version), tuple(sorted(str(t) for t in w.tags)),
+                        requires, parts, manifest, error, largest)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class ArchivedFile:
+    path: str
+    kind: str  # "file", "dir", "link", "special"
+    size: int
+    sha256: str
+    linkname: str = ""
+    elf: ElfFacts | None = None
+    elf_error: str = ""
+    sass: frozenset[str] = frozenset()
+    ptx: frozenset[str] = frozenset()
+    cuda: CudaFacts | None = None  # full cuobjdump facts, for the libraries the policy details
+
+
+@dataclass(frozen=True)
+class ArchiveFacts:
+    size: int
+    sha256: str
+    error: str  # "" when the stream decompressed and untarred to its end
+    files: tuple[ArchivedFile, ...]
+    cuda_inspected: bool
+
+
+class _Chain(io.RawIOBase):
+    """Part members of several wheels read in order as one stream, hashed as they pass."""
+
+    def __init__(self, parts: list[tuple[Path, str]]) -> None:
+        self._todo = list(parts)
+        self._zip: zipfile.ZipFile | None = None
+        self._fh: Any = None
+        self.hash = hashlib.sha256()
+        self.size = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def _advance(self) -> bool:
+        if self._fh is not None:
+            self._fh.close()
+            assert self._zip is not None
+            self._zip.close()
+            self._fh = self._zip = None
+        if not self._todo:
+            return False
+        wheel, member = self._todo.pop(0)
+        self._zip = zipfile.ZipFile(wheel)
+        self._fh = self._zip.open(member)
+        return True
+
+    def readinto(self, buf: Any) -> int:
+        while True:
+            if self._fh is not None:
+                data = self._fh.read(len(buf))
+                if data:
+                    n = len(data)
+                    buf[:n] = data
+                    self.hash.update(data)
+                    self.size += n
+                    return n
+            if not self._advance():
+                return 0
+
+    def drain(self) -> None:
+        while self.readinto(bytearray(_CHUNK)):
+            pass
+
+
+def _entries(raw: Any) -> Iterator[tuple[tarfile.TarInfo, Any]]:
+    with tarfile.open(fileobj=raw, mode="r|") as tar:
+        for info in tar:
+            yield info, tar.extractfile(info) if info.isfile() else None
+
+
+def read_archive(parts: list[tuple[Path, str]], window_log: int, tool: str | None,
+                 detailed: Collection[str] = ()) -> ArchiveFacts:  # fmt: skip
+    """Stream the archive; `detailed`: archive paths whose full cuobjdump facts are wanted."""
+    import zstandard
+
+    chain = _Chain(parts)
+    files: list[ArchivedFile] = []
+    error = ""
+    try:
+        dctx = zstandard.ZstdDecompressor(max_window_size=1 << max(window_log, 10))
+        with dctx.stream_reader(chain, read_size=_CHUNK, read_across_frames=True) as raw:
+            for info, src in _entries(raw):
+                if src is None:
+                    kind = "dir" if info.isdir() else "link" if info.issym() or info.islnk() else "special"
+                    files.append(ArchivedFile(info.name, kind, 0, "", info.linkname))
+                    continue
+                files.append(_spool(info.name, src, tool, info.name in detailed))
+            while raw.read(_CHUNK):
+                pass
+    except (tarfile.TarError, zstandard.ZstdError, EOFError, OSError) as exc:
+        error = str(exc) or type(exc).__name__
+    chain.drain()
+    return ArchiveFacts(chain.size, chain.hash.hexdigest(), error, tuple(files), tool is not None)
+
+
+def _spool(name: str, src: Any, tool: str | None, detailed: bool) -> ArchivedFile:
+    h = hashlib.sha256()
+    size = 0
+    with tempfile.NamedTemporaryFile(prefix="kt-audit-", suffix=".so") as tmp:
+        while chunk := src.read(_CHUNK):
+            h.update(chunk)
+            tmp.write(chunk)
+            size += len(chunk)
+        tmp.flush()
+        tmp.seek(0)
+        elf, elf_error = None, ""
+        sass: frozenset[str] = frozenset()
+        ptx: frozenset[str] = frozenset()
+        cuda = None
+        if is_elf(tmp.read(4)):
+            tmp.seek(0)
+            try:
+                elf = read_elf_stream(f"payload!{name}", tmp, code=False)  # type: ignore[arg-type]
+            except ValueError as exc:
+                elf_error = str(exc)
+            if tool is not None:
+                if detailed:
+                    cuda = read_cuda(tool, Path(tmp.name).read_bytes())
+                    sass, ptx = cuda.sass, cuda.ptx
+                else:
+                    sass, ptx = list_archs(tool, Path(tmp.name))
+    return ArchivedFile(name, "file", size, h.hexdigest(), elf=elf, elf_error=elf_error, sass=sass, ptx=ptx, cuda=cuda)
