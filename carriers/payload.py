@@ -171,27 +171,38 @@ def build_archive(entries: Mapping[str, bytes], level: int, window: int, cache: 
 
 
 def plan_parts(archive_size: int, bases: list[tuple[str, int]], budget: int, headroom: int) -> list[int]:
-    """Part sizes, one per carrier (in order), proportional to the room each wheel has under
-    `budget - headroom` beside its own content, so every wheel ends equally full."""
-    limit = budget - headroom
-    rooms = [(name, limit - base - PART_OVERHEAD) for name, base in bases]
-    full = [f"{n} ({b / 2**20:.1f} MiB)" for (n, b), (_, r) in zip(bases, rooms, strict=True) if r <= 0]
+    """Part sizes, one per carrier (in order), filling the wheels to one common size ("water
+    filling"): a wheel with much content of its own gets a small part, every wheel gets one,
+    and none goes over `budget - headroom`. `bases`: each carrier's wheel size without its part."""
+    limit = budget - headroom - PART_OVERHEAD
+    full = [f"{n} ({b / 2**20:.1f} MiB)" for n, b in bases if b >= limit]
     if full:
         raise ConsistencyError(f"no room for an archive part in {', '.join(full)} under the "
-                               f"{limit / 2**20:.0f} MiB limit (budget minus headroom); raise size.wheel_budget_mib "
-                               "or lower payload.headroom_mib in audits/policy/default.toml")  # fmt: skip
-    capacity = sum(r for _, r in rooms)
+                               f"{(budget - headroom) / 2**20:.0f} MiB limit (budget minus headroom); raise "
+                               "size.wheel_budget_mib or lower payload.headroom_mib in audits/policy/default.toml")  # fmt: skip
+    capacity = sum(limit - b for _, b in bases)
     if capacity < archive_size:
-        raise ConsistencyError(f"the CUDA archive ({archive_size / 2**20:.1f} MiB) does not fit: the {len(rooms)} "
-                               f"part carriers have {capacity / 2**20:.1f} MiB of room under {limit / 2**20:.0f} MiB "
-                               "each; compress harder (payload.zstd_level) or raise size.wheel_budget_mib")  # fmt: skip
-    sizes = [archive_size * r // capacity for _, r in rooms]
-    short = archive_size - sum(sizes)
-    for i in sorted(range(len(rooms)), key=lambda i: -(rooms[i][1] - sizes[i]))[:short]:
-        sizes[i] += 1
-    if any(s <= 0 for s in sizes):
+        raise ConsistencyError(f"the CUDA archive ({archive_size / 2**20:.1f} MiB) does not fit: the {len(bases)} "
+                               f"part carriers have {capacity / 2**20:.1f} MiB of room under "
+                               f"{(budget - headroom) / 2**20:.0f} MiB each; compress harder (payload.zstd_level) or "
+                               "raise size.wheel_budget_mib")  # fmt: skip
+    if archive_size < len(bases):
         raise ConsistencyError(f"the CUDA archive ({archive_size} bytes) is too small to give each of the "
-                               f"{len(rooms)} part carriers a part")  # fmt: skip
+                               f"{len(bases)} part carriers a part")  # fmt: skip
+
+    def total(level: int) -> int:
+        return sum(max(level - b, 1) for _, b in bases)
+
+    lo, hi = 0, limit  # the smallest common wheel size that holds the whole archive
+    while lo < hi:
+        mid = (lo + hi) // 2
+        lo, hi = (mid + 1, hi) if total(mid) < archive_size else (lo, mid)
+    sizes = [max(lo - b, 1) for _, b in bases]
+    excess = sum(sizes) - archive_size
+    for i in sorted(range(len(sizes)), key=lambda i: -sizes[i]):  # trim the overshoot from the largest parts
+        cut = min(excess, sizes[i] - 1)
+        sizes[i] -= cut
+        excess -= cut
     return sizes
 
 

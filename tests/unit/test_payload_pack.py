@@ -1,0 +1,92 @@
+"""The packer: what goes into the archive, how parts are sized by the budget, how part
+carriers are retagged, that the archive is deterministic and cached, and that the
+carrier set's closure pulls every part wherever sgl_kernel can be imported."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import pytest
+
+from carriers import payload
+from carriers.consistency import payload_closure, reach
+from carriers.errors import ConsistencyError
+from carriers.model import load
+
+MiB = 1 << 20
+
+
+def test_only_large_matching_members_go_into_the_archive() -> None:
+    members = {"sgl_kernel/flash_ops.abi3.so": b"x" * (2 * MiB), "sgl_kernel/sm90/common_ops.abi3.so": b"y" * MiB,
+               "sgl_kernel/spatial_ops.abi3.so": b"z" * 1000, "sgl_kernel/__init__.py": b"w" * (3 * MiB),
+               "triton_kernels/big.so": b"v" * (3 * MiB)}  # fmt: skip
+    taken = payload.take_archived(members, ("sgl_kernel/*.so", "sgl_kernel/*/*.so"), MiB)
+    assert sorted(taken) == ["sgl_kernel/flash_ops.abi3.so", "sgl_kernel/sm90/common_ops.abi3.so"]
+    assert sorted(members) == ["sgl_kernel/__init__.py", "sgl_kernel/spatial_ops.abi3.so", "triton_kernels/big.so"]
+
+
+def test_parts_fill_every_wheel_to_one_size_and_sum_to_the_archive() -> None:
+    bases = [("a", 1 * MiB), ("b", 0), ("c", 40 * MiB), ("d", 12 * MiB), ("e", MiB // 2)]
+    sizes = payload.plan_parts(170 * MiB + 7, bases, 100 * MiB, 4 * MiB)
+    assert sum(sizes) == 170 * MiB + 7
+    totals = [b + s for (_, b), s in zip(bases, sizes, strict=True)]
+    assert max(totals) - min(totals) <= 8, totals  # every wheel ends at the same size
+    assert max(totals) <= 96 * MiB
+    assert sizes[2] == min(sizes), "the wheel with the most content gets the smallest part"
+
+
+def test_a_wheel_fuller_than_the_level_still_gets_a_part() -> None:
+    sizes = payload.plan_parts(10 * MiB, [("a", 0), ("b", 80 * MiB)], 100 * MiB, 4 * MiB)
+    assert sizes[1] >= 1
+    assert sum(sizes) == 10 * MiB
+
+
+def test_archive_too_large_for_the_budget_is_refused() -> None:
+    with pytest.raises(ConsistencyError, match=r"does not fit: the 2 part carriers have .* raise size.wheel_budget"):
+        payload.plan_parts(300 * MiB, [("a", 0), ("b", 0)], 100 * MiB, 4 * MiB)
+    with pytest.raises(ConsistencyError, match=r"no room for an archive part in b \(97.0 MiB\)"):
+        payload.plan_parts(MiB, [("a", 0), ("b", 97 * MiB)], 100 * MiB, 4 * MiB)
+
+
+@pytest.mark.parametrize(("name", "expected"), [
+    ("ktransformers-0.6.1-py3-none-any.whl", ["py3-none-manylinux_2_34_x86_64"]),
+    ("kt_kernel-0.6.1-cp311-cp311-manylinux_2_34_x86_64.whl", ["cp311-cp311-manylinux_2_34_x86_64"]),
+    ("x-1-cp310-abi3-manylinux2014_x86_64.whl", ["cp310-abi3-manylinux_2_34_x86_64"]),  # floor raised
+])  # fmt: skip
+def test_part_carriers_take_the_archive_platform(name: str, expected: list[str]) -> None:
+    assert payload.retag(name, "manylinux_2_34_x86_64") == expected
+
+
+def test_archive_platform_is_the_newest_glibc_floor() -> None:
+    wheels = [Path("a-1-cp310-abi3-manylinux2014_x86_64.whl"), Path("b-1-cp311-cp311-manylinux_2_34_x86_64.whl")]
+    assert payload.archive_platform(wheels) == "manylinux_2_34_x86_64"
+
+
+def test_archive_is_deterministic_and_built_once(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    entries = {"b/x.so": b"B" * 100_000, "a/y.so": bytes(range(256)) * 100}
+    one = payload.build_archive(entries, 3, 20, tmp_path / "one")
+    two = payload.build_archive(dict(reversed(entries.items())), 3, 20, tmp_path / "two")
+    assert one.sha256 == two.sha256 == hashlib.sha256(one.path.read_bytes()).hexdigest()
+    assert one.path.read_bytes() == two.path.read_bytes()
+    capsys.readouterr()
+    again = payload.build_archive(entries, 3, 20, tmp_path / "one")
+    assert "reused" in capsys.readouterr().out
+    assert again.path == one.path
+
+
+def test_the_carrier_set_pulls_every_part_wherever_sgl_kernel_can_be_imported() -> None:
+    cs = load()
+    versions = {c.name: "1" for c in cs.carriers}
+    requires = {c.name: [] for c in cs.carriers}  # type: dict[str, list[str]]
+    requires["sglang-kt"] = ["sglang-kernel-kt==1"]
+    requires["ktransformers"] = ['sglang-kt==1; extra == "serve"', 'transformers-kt==1; extra == "sft"']
+    requires["sglang-kernel-kt"] = [f"{c.name}=={versions[c.name]}" for c in cs.part_carriers]
+    problems, roots = payload_closure(cs, requires)
+    assert problems == []
+    assert {"sglang-kt", "ktransformers[serve]", "sglang-kernel-kt"} <= set(roots)
+    assert "ktransformers[sft]" not in roots, "an SFT-only install never needs the payload"
+    assert "sglang-kernel-kt" not in reach(requires, "ktransformers[sft]")
+    requires["sglang-kernel-kt"] = requires["sglang-kernel-kt"][:-1]
+    problems, _ = payload_closure(cs, requires)
+    assert problems and all("accelerate-kt" in p for p in problems)
