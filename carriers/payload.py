@@ -34,7 +34,7 @@ from .model import Carrier, CarrierSet
 
 SCHEMA_VERSION = 1
 # Bump when the archive's layout changes: it is part of the cache key.
-FORMAT = 1
+FORMAT = 2
 COMPRESSION = "zstd"
 BUILD_MANIFEST = "kt_kernel/_build.json"
 # What the manifest's provider needs at run time to read the archive.
@@ -140,8 +140,9 @@ def build_archive(entries: Mapping[str, bytes], level: int, window: int, cache: 
                 raise InputError(f"{name}: {exc}") from None
             files[name]["sass"], files[name]["ptx"] = sorted(sass), sorted(ptx)
     cache.mkdir(parents=True, exist_ok=True)
+    # The frame checksum lets the decompressor itself notice corrupted bytes.
     params = zstandard.ZstdCompressionParameters.from_level(level, window_log=window, enable_ldm=True,
-                                                            threads=os.cpu_count() or 1)  # fmt: skip
+                                                            write_checksum=True, threads=os.cpu_count() or 1)  # fmt: skip
     part_file = target.with_name(f".{target.name}.{os.getpid()}")
     t0 = time.perf_counter()
     say(f"compressing {total / 2**20:.0f} MiB with zstd-{level} (window 2**{window}, long-distance matching, "

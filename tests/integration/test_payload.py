@@ -1,0 +1,164 @@
+"""The multi-carrier CUDA payload for real: a several-hundred-MB synthetic archive split
+and reassembled, real ELF loading through $ORIGIN from the wheel-relative layout (and
+the flattened failure), and the assembled release - its wheels under the budget, its
+payload materialized in a fresh venv from the installed carriers alone, its audit
+clean, and a corrupted part caught by exactly the payload rules."""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import shutil
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from audits import core, load_policy
+from carriers import load, wheelio
+from carriers.assemble import assemble
+from tests.conftest import KT_SRC, ROOT, load_source_module
+from tools.lock import parse_lock
+from tests.integration.conftest import make_venv
+from tests.payloadkit import compressible, make_release
+from tests.wheelkit import compile_so
+
+payload: Any = load_source_module("kt_payload_integration", KT_SRC / "payload.py")
+MiB = 1 << 20
+
+
+def test_several_hundred_mb_round_trip(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    files = {f"sgl_kernel/big{i}.abi3.so": compressible(100 * MiB, i) for i in range(3)}
+    files["sgl_kernel/sm90/common_ops.abi3.so"] = compressible(20 * MiB, 9)
+    rel = make_release(tmp_path / "site", files, tmp_path / "build-cache")
+    assert sum(len(d) for d in files.values()) > 300 * MiB
+    monkeypatch.syspath_prepend(str(rel.site))
+    out = payload.materialize(rel.manifest, tmp_path / "cache")
+    for name, data in files.items():
+        assert (out / name).read_bytes() == data, name
+    assert payload.verify(rel.manifest, tmp_path / "cache") == []
+    leftovers = [p.name for p in (tmp_path / "cache").iterdir() if p.name.startswith(".tmp")]
+    assert leftovers == [], "no concatenated archive or temp dir stays behind"
+
+
+def test_wheel_relative_layout_loads_and_the_flattened_one_fails(tmp_path: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    dep = compile_so(tmp_path, "libkt_dep.so", "int kt_dep(void) { return 41; }\n", "-Wl,-soname,libkt_dep.so")
+    (tmp_path / "libkt_dep.so").write_bytes(dep)
+    top = compile_so(tmp_path, "libkt_top.so", "int kt_dep(void);\nint kt_top(void) { return kt_dep() + 1; }\n",
+                     f"-L{tmp_path}", "-lkt_dep", "-Wl,-rpath,$ORIGIN/../lib", "-Wl,--enable-new-dtags")  # fmt: skip
+    files = {"kt_kernel/cuda/lib/libkt_dep.so": dep, "kt_kernel/cuda/sm90a/libkt_top.so": top}
+    rel = make_release(tmp_path / "site", files, tmp_path / "build-cache")
+    monkeypatch.syspath_prepend(str(rel.site))
+    out = payload.materialize(rel.manifest, tmp_path / "cache")
+    assert ctypes.CDLL(str(out / "kt_kernel/cuda/sm90a/libkt_top.so")).kt_top() == 42
+    flat = tmp_path / "flat"
+    flat.mkdir()
+    for name in files:
+        shutil.copy(out / name, flat / Path(name).name)
+    probe = subprocess.run([sys.executable, "-c", f"import ctypes; ctypes.CDLL({str(flat / 'libkt_top.so')!r})"],
+                           capture_output=True, text=True, check=False)  # fmt: skip
+    assert probe.returncode != 0
+    assert "libkt_dep.so: cannot open shared object file" in probe.stderr
+
+
+@pytest.fixture(scope="module")
+def release(tmp_path_factory: pytest.TempPathFactory, kt_wheel: Path) -> tuple[Path, dict[str, Any]]:
+    dist = tmp_path_factory.mktemp("release") / "dist"
+    manifest = assemble(load(), kt_wheel, dist)
+    return dist, manifest
+
+
+def _provider(dist: Path) -> Path:
+    (wheel,) = dist.glob("sglang_kernel_kt-*.whl")
+    return wheel
+
+
+def _manifest(dist: Path) -> dict[str, Any]:
+    with zipfile.ZipFile(_provider(dist)) as zf:
+        data: dict[str, Any] = json.loads(zf.read("sgl_kernel/_kt_payload.json"))
+    return data
+
+
+@pytest.mark.network
+def test_every_carrier_holds_one_part_and_stays_under_the_budget(release: tuple[Path, dict[str, Any]]) -> None:
+    dist, summary = release
+    m = _manifest(dist)
+    assert [p["distribution"] for p in m["parts"]] == [
+        "kt-kernel", "ktransformers", "sglang-kt", "transformers-kt", "accelerate-kt"
+    ]  # fmt: skip
+    budget = load_policy().wheel_budget_bytes
+    for w in summary["wheels"]:
+        assert w["size"] <= budget, (w["filename"], w["size"])
+        if w["name"] in {p["distribution"] for p in m["parts"]}:
+            assert not w["filename"].endswith("-any.whl"), f"{w['filename']} carries ELF payload"
+    assert set(m["files"]) >= {"sgl_kernel/flash_ops.abi3.so", "sgl_kernel/sm90/common_ops.abi3.so",
+                               "sgl_kernel/sm100/common_ops.abi3.so", "kt_kernel/cuda/lib/libkt_cuda.so",
+                               "kt_kernel/cuda/sm90a/libkt_cuda_sm90a.so"}  # fmt: skip
+    assert m["files"]["sgl_kernel/flash_ops.abi3.so"]["sass"] == ["sm_80", "sm_86", "sm_90a"]
+    assert summary["payload"]["archive_sha256"] == m["archive"]["sha256"]
+    with zipfile.ZipFile(_provider(dist)) as zf:
+        names = set(zf.namelist())
+    assert "sgl_kernel/flash_ops.abi3.so" not in names, "large binaries leave the provider's wheel"
+    assert "sgl_kernel/spatial_ops.abi3.so" in names, "small libraries stay ordinary wheel files"
+
+
+@pytest.mark.network
+def test_installed_carriers_materialize_without_torch(release: tuple[Path, dict[str, Any]], tmp_path: Path) -> None:
+    dist, _ = release
+    wanted = ["kt_kernel", "ktransformers", "sglang_kt", "transformers_kt", "accelerate_kt", "sglang_kernel_kt"]
+    wheels = [str(next(dist.glob(f"{n}-*.whl"))) for n in wanted]
+    zstd = parse_lock(ROOT / "lockfiles" / "audit.txt")["zstandard"]
+    venv = make_venv(tmp_path / "venv", [f"zstandard=={zstd.version} " + " ".join(f"--hash=sha256:{h}" for h in zstd.hashes)])
+    uv = shutil.which("uv")
+    assert uv is not None
+    subprocess.run([uv, "pip", "install", "--quiet", "--python", str(venv.python), "--no-deps", *wheels],
+                   check=True)  # fmt: skip
+    env = {"KT_KERNEL_CACHE_DIR": str(tmp_path / "cache")}
+    where = venv.run("-m", "kt_kernel.payload", "where", env=env, check=False)
+    assert where.returncode == 1
+    out = Path(venv.run("-m", "kt_kernel.payload", "materialize", env=env).stdout.strip())
+    assert (out / "sgl_kernel/sm90/common_ops.abi3.so").is_file()
+    assert venv.run("-m", "kt_kernel.payload", "where", env=env).stdout.strip() == str(out)
+    assert "files match the manifest" in venv.run("-m", "kt_kernel.payload", "verify", env=env).stdout
+    probe = venv.json("-c", "import json, sys, kt_kernel.payload; print(json.dumps(sorted(m for m in sys.modules "
+                      "if m.split('.')[0] in ('torch', 'sgl_kernel'))))", env=env)  # fmt: skip
+    assert probe == []
+    # kt-kernel's own CUDA libraries come from the release payload too
+    root = venv.run("-c", "import kt_kernel.cuda as c; print(c.extract())", env=env).stdout.strip()
+    assert Path(root) == out / "kt_kernel/cuda"
+    subprocess.run([uv, "pip", "uninstall", "--quiet", "--python", str(venv.python), "accelerate-kt"], check=True)
+    env2 = {"KT_KERNEL_CACHE_DIR": str(tmp_path / "cache2")}
+    failed = venv.run("-m", "kt_kernel.payload", "materialize", env=env2, check=False)
+    assert failed.returncode == 2
+    assert "accelerate-kt==1.15.0.post1 (part 5/5) not installed" in failed.stderr
+    assert "Traceback" not in failed.stderr
+
+
+@pytest.mark.network
+def test_release_audit_is_clean_and_a_corrupted_part_is_caught(release: tuple[Path, dict[str, Any]],
+                                                              tmp_path: Path) -> None:  # fmt: skip
+    dist, _ = release
+    policy = load_policy()
+    clean = core.run([dist], policy)
+    assert clean["passed"], [f for f in clean["findings"] if f["severity"] == "error"]
+    assert set(clean["payload"]["coverage"]) >= {"sgl_kernel/flash_ops.abi3.so"}
+    bad = tmp_path / "dist"
+    shutil.copytree(dist, bad)
+    (wheel,) = bad.glob("transformers_kt-*.whl")
+    members = wheelio.read(wheel)
+    part = next(n for n in members if "/_kt_payload/" in n)
+    data = bytearray(members[part])
+    data[1000] ^= 0x55
+    members[part] = bytes(data)
+    wheelio.write(wheel, members, stored=frozenset({part}))
+    report = core.run([bad], policy)
+    errors = {f["rule"] for f in report["findings"] if f["severity"] == "error"}
+    # The part's bytes, the archive they make, and the one archived file those bytes land in.
+    assert errors == {"payload.part-mismatch", "payload.archive-mismatch", "payload.file-mismatch"}, errors
+    assert [f["member"] for f in report["findings"] if f["rule"] == "payload.part-mismatch"] == [part]
+    assert len([f for f in report["findings"] if f["rule"] == "payload.file-mismatch"]) == 1
+
