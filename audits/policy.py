@@ -21,7 +21,9 @@ _SCHEMA: dict[str, Any] = {
     "schema_version": None,
     "size": {"wheel_budget_mib": None, "growth_threshold_pct": None},
     "elf": {
-        "forbidden_needed": None, "external": None, "always_external": None,
+        "forbidden_needed": None,
+        "external": None,
+        "always_external": None,
         "exports": {"allowed": None, "applies_to": None},
     },
     "isa": {
@@ -34,8 +36,15 @@ _SCHEMA: dict[str, Any] = {
     },
     "cuda": {"libraries": None, "payload_member": None, "min_driver_ptx_isa": None, "kernels": None},
     "payload": {
-        "manifest_member": None, "include": None, "min_mib": None, "kt_cuda_root": None, "headroom_mib": None,
-        "zstd_level": None, "zstd_window_log": None, "targets": None, "coverage": None,
+        "manifest_member": None,
+        "include": None,
+        "min_mib": None,
+        "kt_cuda_root": None,
+        "headroom_mib": None,
+        "zstd_level": None,
+        "zstd_window_log": None,
+        "targets": None,
+        "coverage": None,
     },
     "waivers": None,
 }
@@ -127,7 +136,7 @@ class PayloadPolicy:
 
 def _cc(value: Any, where: str, source: Path) -> str:
     if not isinstance(value, str) or not re.fullmatch(r"\d+\.\d+", value):
-        raise PolicyError(f"{source}: {where}: {value!r} is not a compute capability like \"9.0\"")
+        raise PolicyError(f'{source}: {where}: {value!r} is not a compute capability like "9.0"')
     return value
 
 
@@ -268,13 +277,18 @@ def load_policy(path: Path | None = None) -> Policy:
             wheel_budget_bytes=int(float(size["wheel_budget_mib"]) * (1 << 20)),
             growth_threshold_pct=float(size["growth_threshold_pct"]),
             forbidden_needed=tuple(
-                ForbiddenNeeded(f["pattern"], f["fix"], _str_list(f.get("members", ["*"]), "elf.forbidden_needed.members",
-                                                                  path))
+                ForbiddenNeeded(
+                    f["pattern"], f["fix"], _str_list(f.get("members", ["*"]), "elf.forbidden_needed.members", path)
+                )
                 for f in elf["forbidden_needed"]
             ),
             external=tuple(
-                ExternalProvider(e["provider"], e.get("path", ""), _str_list(e["libraries"], "elf.external.libraries",
-                                                                             path), bool(e.get("preloaded", False)))
+                ExternalProvider(
+                    e["provider"],
+                    e.get("path", ""),
+                    _str_list(e["libraries"], "elf.external.libraries", path),
+                    bool(e.get("preloaded", False)),
+                )
                 for e in elf.get("external", [])
             ),
             always_external=frozenset(_str_list(elf.get("always_external", []), "elf.always_external", path)),

@@ -89,8 +89,14 @@ def build_set(cs: CarrierSet, kernel_wheel: Path, out: Path, *, lock: Path = inp
     if with_payload:
         provider = cs.payload_provider
         assert provider is not None
-        result = payload.attach(cs, {b.name: b.path for b in built}, archived, versions,
-                                [sources[provider.name].path], (cache or inputs.default_cache()).parent / "payload")  # fmt: skip
+        result = payload.attach(
+            cs,
+            {b.name: b.path for b in built},
+            archived,
+            versions,
+            [sources[provider.name].path],
+            (cache or inputs.default_cache()).parent / "payload",
+        )
         for b in built:
             b.path = result.wheels.get(b.name, b.path)
         built[0].payload = payload.manifest_summary(result.manifest)

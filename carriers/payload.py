@@ -60,8 +60,9 @@ def say(msg: str) -> None:
 
 def take_archived(members: dict[str, bytes], include: tuple[str, ...], min_bytes: int) -> dict[str, bytes]:
     """Move every member matching `include` with at least `min_bytes` out of `members`; return them."""
-    picked = {n: d for n, d in members.items()
-              if len(d) >= min_bytes and any(fnmatch.fnmatchcase(n, p) for p in include)}  # fmt: skip
+    picked = {
+        n: d for n, d in members.items() if len(d) >= min_bytes and any(fnmatch.fnmatchcase(n, p) for p in include)
+    }
     for n in picked:
         del members[n]
     return picked
@@ -73,8 +74,10 @@ def take_kernel_cuda(members: dict[str, bytes], root: str) -> dict[str, bytes]:
     build = json.loads(members[BUILD_MANIFEST])
     cuda = build.get("cuda")
     if not cuda or "payload" not in cuda:
-        raise InputError(f"the kt-kernel wheel has no CUDA archive ({BUILD_MANIFEST} has no cuda.payload); build it "
-                         "with nox -s build_cuda (the release ships CUDA kernels)")  # fmt: skip
+        raise InputError(
+            f"the kt-kernel wheel has no CUDA archive ({BUILD_MANIFEST} has no cuda.payload); build it "
+            "with nox -s build_cuda (the release ships CUDA kernels)"
+        )
     blob = members.pop(cuda["payload"])
     out: dict[str, bytes] = {}
     with tarfile.open(fileobj=io.BytesIO(blob), mode="r:xz") as tar:
@@ -83,10 +86,17 @@ def take_kernel_cuda(members: dict[str, bytes], root: str) -> dict[str, bytes]:
                 fh = tar.extractfile(info)
                 out[f"{root}/{info.name}"] = fh.read() if fh else b""
     if sorted(f"{root}/{n}" for n in cuda["files"]) != sorted(out):
-        raise InputError(f"kt-kernel's CUDA archive holds {sorted(out)}, its {BUILD_MANIFEST} lists "
-                         f"{sorted(cuda['files'])}; rebuild kt-kernel")  # fmt: skip
-    build["cuda"] = {"archive": "release", "root": root, "compression": COMPRESSION, "layout": cuda.get("layout", 2),
-                     "files": cuda["files"]}  # fmt: skip
+        raise InputError(
+            f"kt-kernel's CUDA archive holds {sorted(out)}, its {BUILD_MANIFEST} lists "
+            f"{sorted(cuda['files'])}; rebuild kt-kernel"
+        )
+    build["cuda"] = {
+        "archive": "release",
+        "root": root,
+        "compression": COMPRESSION,
+        "layout": cuda.get("layout", 2),
+        "files": cuda["files"],
+    }
     members[BUILD_MANIFEST] = (json.dumps(build, indent=2, sort_keys=True) + "\n").encode()
     return out
 
@@ -95,8 +105,10 @@ def _cuobjdump() -> str:
 
     tool = find_cuobjdump()
     if tool is None:
-        raise InputError("cuobjdump is needed to describe the CUDA archive's binaries; install lockfiles/audit.txt "
-                         "(nvidia-cuda-cuobjdump) or set KT_CUOBJDUMP")  # fmt: skip
+        raise InputError(
+            "cuobjdump is needed to describe the CUDA archive's binaries; install lockfiles/audit.txt "
+            "(nvidia-cuda-cuobjdump) or set KT_CUOBJDUMP"
+        )
     return tool
 
 
@@ -141,25 +153,32 @@ def build_archive(entries: Mapping[str, bytes], level: int, window: int, cache: 
             files[name]["sass"], files[name]["ptx"] = sorted(sass), sorted(ptx)
     cache.mkdir(parents=True, exist_ok=True)
     # The frame checksum lets the decompressor itself notice corrupted bytes.
-    params = zstandard.ZstdCompressionParameters.from_level(level, window_log=window, enable_ldm=True,
-                                                            write_checksum=True, threads=os.cpu_count() or 1)  # fmt: skip
+    params = zstandard.ZstdCompressionParameters.from_level(
+        level, window_log=window, enable_ldm=True, write_checksum=True, threads=os.cpu_count() or 1
+    )
     part_file = target.with_name(f".{target.name}.{os.getpid()}")
     t0 = time.perf_counter()
-    say(f"compressing {total / 2**20:.0f} MiB with zstd-{level} (window 2**{window}, long-distance matching, "
-        f"{os.cpu_count()} threads); cached under {cache}")  # fmt: skip
+    say(
+        f"compressing {total / 2**20:.0f} MiB with zstd-{level} (window 2**{window}, long-distance matching, "
+        f"{os.cpu_count()} threads); cached under {cache}"
+    )
     done = 0
-    with part_file.open("wb") as raw:
-        with zstandard.ZstdCompressor(compression_params=params).stream_writer(raw, closefd=False) as zw, \
-                tarfile.open(fileobj=zw, mode="w|", format=tarfile.PAX_FORMAT) as tar:  # fmt: skip
-            for name, data in sorted(entries.items()):
-                info = tarfile.TarInfo(name)
-                info.size, info.mtime, info.mode = len(data), 0, 0o755
-                info.uid = info.gid = 0
-                info.uname = info.gname = ""
-                tar.addfile(info, io.BytesIO(data))
-                done += len(data)
-                say(f"  {name} ({len(data) / 2**20:.1f} MiB) - {100 * done / max(total, 1):.0f}% after "
-                    f"{time.perf_counter() - t0:.0f}s")  # fmt: skip
+    with (
+        part_file.open("wb") as raw,
+        zstandard.ZstdCompressor(compression_params=params).stream_writer(raw, closefd=False) as zw,
+        tarfile.open(fileobj=zw, mode="w|", format=tarfile.PAX_FORMAT) as tar,
+    ):
+        for name, data in sorted(entries.items()):
+            info = tarfile.TarInfo(name)
+            info.size, info.mtime, info.mode = len(data), 0, 0o755
+            info.uid = info.gid = 0
+            info.uname = info.gname = ""
+            tar.addfile(info, io.BytesIO(data))
+            done += len(data)
+            say(
+                f"  {name} ({len(data) / 2**20:.1f} MiB) - {100 * done / max(total, 1):.0f}% after "
+                f"{time.perf_counter() - t0:.0f}s"
+            )
     digest = hashlib.sha256()
     with part_file.open("rb") as fh:
         while chunk := fh.read(1 << 20):
@@ -178,18 +197,24 @@ def plan_parts(archive_size: int, bases: list[tuple[str, int]], budget: int, hea
     limit = budget - headroom - PART_OVERHEAD
     full = [f"{n} ({b / 2**20:.1f} MiB)" for n, b in bases if b >= limit]
     if full:
-        raise ConsistencyError(f"no room for an archive part in {', '.join(full)} under the "
-                               f"{(budget - headroom) / 2**20:.0f} MiB limit (budget minus headroom); raise "
-                               "size.wheel_budget_mib or lower payload.headroom_mib in audits/policy/default.toml")  # fmt: skip
+        raise ConsistencyError(
+            f"no room for an archive part in {', '.join(full)} under the "
+            f"{(budget - headroom) / 2**20:.0f} MiB limit (budget minus headroom); raise "
+            "size.wheel_budget_mib or lower payload.headroom_mib in audits/policy/default.toml"
+        )
     capacity = sum(limit - b for _, b in bases)
     if capacity < archive_size:
-        raise ConsistencyError(f"the CUDA archive ({archive_size / 2**20:.1f} MiB) does not fit: the {len(bases)} "
-                               f"part carriers have {capacity / 2**20:.1f} MiB of room under "
-                               f"{(budget - headroom) / 2**20:.0f} MiB each; compress harder (payload.zstd_level) or "
-                               "raise size.wheel_budget_mib")  # fmt: skip
+        raise ConsistencyError(
+            f"the CUDA archive ({archive_size / 2**20:.1f} MiB) does not fit: the {len(bases)} "
+            f"part carriers have {capacity / 2**20:.1f} MiB of room under "
+            f"{(budget - headroom) / 2**20:.0f} MiB each; compress harder (payload.zstd_level) or "
+            "raise size.wheel_budget_mib"
+        )
     if archive_size < len(bases):
-        raise ConsistencyError(f"the CUDA archive ({archive_size} bytes) is too small to give each of the "
-                               f"{len(bases)} part carriers a part")  # fmt: skip
+        raise ConsistencyError(
+            f"the CUDA archive ({archive_size} bytes) is too small to give each of the "
+            f"{len(bases)} part carriers a part"
+        )
 
     def total(level: int) -> int:
         return sum(max(level - b, 1) for _, b in bases)
@@ -262,8 +287,14 @@ class PayloadResult:
     wheels: dict[str, Path]  # carrier -> rewritten wheel path
 
 
-def attach(cs: CarrierSet, wheels: Mapping[str, Path], archived: Mapping[str, bytes], versions: Mapping[str, str],
-           sources: list[Path], cache: Path) -> PayloadResult:  # fmt: skip
+def attach(
+    cs: CarrierSet,
+    wheels: Mapping[str, Path],
+    archived: Mapping[str, bytes],
+    versions: Mapping[str, str],
+    sources: list[Path],
+    cache: Path,
+) -> PayloadResult:
     """Build (or reuse) the archive of `archived` plus kt-kernel's CUDA libraries, cut it into parts,
     add each part to its carrier's wheel (retagged for the archive's platform), and write the
     manifest and the part requirements into the provider's wheel. `wheels`: carrier -> built wheel."""
@@ -302,24 +333,44 @@ def attach(cs: CarrierSet, wheels: Mapping[str, Path], archived: Mapping[str, by
         if dest != wheels[c.name]:
             wheels[c.name].unlink()
         if dest.stat().st_size > pol.wheel_budget_bytes:
-            raise ConsistencyError(f"{dest.name} is {dest.stat().st_size / 2**20:.1f} MiB with its part, over the "
-                                   f"{pol.wheel_budget_bytes / 2**20:.0f} MiB budget")  # fmt: skip
+            raise ConsistencyError(
+                f"{dest.name} is {dest.stat().st_size / 2**20:.1f} MiB with its part, over the "
+                f"{pol.wheel_budget_bytes / 2**20:.0f} MiB budget"
+            )
         out[c.name] = dest
-        parts.append({"index": i, "distribution": c.name, "version": versions[c.name], "member": member,
-                      "size": len(blob), "sha256": hashlib.sha256(blob).hexdigest()})  # fmt: skip
-        say(f"part {i}/{count}: {c.name} {versions[c.name]} carries {len(blob) / 2**20:.1f} MiB "
-            f"-> {dest.stat().st_size / 2**20:.1f} MiB wheel")  # fmt: skip
+        parts.append(
+            {
+                "index": i,
+                "distribution": c.name,
+                "version": versions[c.name],
+                "member": member,
+                "size": len(blob),
+                "sha256": hashlib.sha256(blob).hexdigest(),
+            }
+        )
+        say(
+            f"part {i}/{count}: {c.name} {versions[c.name]} carries {len(blob) / 2**20:.1f} MiB "
+            f"-> {dest.stat().st_size / 2**20:.1f} MiB wheel"
+        )
     manifest = {
         "schema_version": SCHEMA_VERSION,
         "release": cs.kt_version,
         "provider": {"distribution": provider.name, "version": versions[provider.name]},
-        "archive": {"sha256": archive.sha256, "size": archive.size, "compression": COMPRESSION, "format": "tar",
-                    "level": pp.zstd_level, "window_log": archive.window_log, "platform": platform},
+        "archive": {
+            "sha256": archive.sha256,
+            "size": archive.size,
+            "compression": COMPRESSION,
+            "format": "tar",
+            "level": pp.zstd_level,
+            "window_log": archive.window_log,
+            "platform": platform,
+        },
         "parts": parts,
         "files": archive.files,
-    }  # fmt: skip
-    out[provider.name] = _finish_provider(provider, wheels[provider.name], manifest, pp.manifest_member, cs, versions,
-                                          platform)  # fmt: skip
+    }
+    out[provider.name] = _finish_provider(
+        provider, wheels[provider.name], manifest, pp.manifest_member, cs, versions, platform
+    )
     return PayloadResult(manifest, out)
 
 
@@ -327,8 +378,15 @@ def _executable(members: Mapping[str, bytes]) -> frozenset[str]:
     return frozenset(n for n in members if "/scripts/" in n or n.endswith(".so") or ".so." in n)
 
 
-def _finish_provider(c: Carrier, path: Path, manifest: dict[str, Any], member: str, cs: CarrierSet,
-                     versions: Mapping[str, str], platform: str) -> Path:  # fmt: skip
+def _finish_provider(
+    c: Carrier,
+    path: Path,
+    manifest: dict[str, Any],
+    member: str,
+    cs: CarrierSet,
+    versions: Mapping[str, str],
+    platform: str,
+) -> Path:
     """Manifest into the provider's wheel; it requires every part carrier exactly, and zstandard.
     Tagged for the archive's platform: it is the package that loads the archived binaries."""
     members = wheelio.read(path)
@@ -355,6 +413,5 @@ def manifest_summary(manifest: Mapping[str, Any]) -> dict[str, Any]:
         "archive_size": manifest["archive"]["size"],
         "files": len(manifest["files"]),
         "extracted_size": sum(f["size"] for f in manifest["files"].values()),
-        "parts": [{k: p[k] for k in ("index", "distribution", "version", "size", "sha256")}
-                  for p in manifest["parts"]],
-    }  # fmt: skip
+        "parts": [{k: p[k] for k in ("index", "distribution", "version", "size", "sha256")} for p in manifest["parts"]],
+    }

@@ -76,17 +76,32 @@ def make_release(site: Path, files: dict[str, bytes], cache: Path, *, level: int
         member = f"{pkg}/_kt_payload/cuda.tar.zst.{i:02d}-of-{n:02d}"
         install_dist(site, name, version, {member: blob})
         paths.append(site / member)
-        parts.append({"index": i, "distribution": name, "version": version, "member": member, "size": len(blob),
-                      "sha256": hashlib.sha256(blob).hexdigest()})  # fmt: skip
+        parts.append(
+            {
+                "index": i,
+                "distribution": name,
+                "version": version,
+                "member": member,
+                "size": len(blob),
+                "sha256": hashlib.sha256(blob).hexdigest(),
+            }
+        )
     manifest = {
         "schema_version": 1,
         "release": "0.6.1",
         "provider": {"distribution": "sglang-kernel-kt", "version": "0.4.10.post1"},
-        "archive": {"sha256": archive.sha256, "size": archive.size, "compression": "zstd", "format": "tar",
-                    "level": level, "window_log": window, "platform": "manylinux_2_34_x86_64"},
+        "archive": {
+            "sha256": archive.sha256,
+            "size": archive.size,
+            "compression": "zstd",
+            "format": "tar",
+            "level": level,
+            "window_log": window,
+            "platform": "manylinux_2_34_x86_64",
+        },
         "parts": parts,
         "files": archive.files,
-    }  # fmt: skip
+    }
     path = site / "sgl_kernel" / "_kt_payload.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     (site / "sgl_kernel" / "__init__.py").write_text("")

@@ -76,15 +76,15 @@ def cuda(w: WheelFacts, policy: Policy, system: frozenset[str]) -> tuple[list[Fi
         out.append(finding("cuda.tool-missing", fn, member.name, "cuobjdump not found: SASS/PTX were not checked",
                            "install nvidia-cuda-cuobjdump (lockfiles/audit.txt) or set KT_CUOBJDUMP"))  # fmt: skip
         return out, section
-    facts: dict[str, tuple[int, CudaFacts | str]] = {}
+    lib_facts: dict[str, tuple[int, CudaFacts | str]] = {}
     for lib in policy.cuda_libraries:
         lib_data = files.get(lib.member)
         if lib_data is not None:
             try:
-                facts[lib.member] = (len(lib_data), read_cuda(tool, lib_data))
+                lib_facts[lib.member] = (len(lib_data), read_cuda(tool, lib_data))
             except ValueError as exc:
-                facts[lib.member] = (len(lib_data), str(exc))
-    lib_findings, section["libraries"] = check_libraries(fn, f"{member.name}!", facts, policy)
+                lib_facts[lib.member] = (len(lib_data), str(exc))
+    lib_findings, section["libraries"] = check_libraries(fn, f"{member.name}!", lib_facts, policy)
     out += lib_findings
     return out, section
 

@@ -52,8 +52,14 @@ def _search_dirs(e: ElfFacts, member_dir: str) -> tuple[list[str], list[str]]:
     return dirs, bad
 
 
-def rpath(wheel: str, elfs: list[ElfFacts], tree: Collection[str], system: Collection[str],
-          external: Collection[ExternalProvider] = (), always_external: Collection[str] = ()) -> list[Finding]:  # fmt: skip
+def rpath(
+    wheel: str,
+    elfs: list[ElfFacts],
+    tree: Collection[str],
+    system: Collection[str],
+    external: Collection[ExternalProvider] = (),
+    always_external: Collection[str] = (),
+) -> list[Finding]:
     """Every RPATH entry is $ORIGIN-relative; every non-system DT_NEEDED resolves inside `tree`.
 
     `tree` holds the paths the ELF files live among: the wheel's members, or a

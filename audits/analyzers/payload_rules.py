@@ -47,7 +47,8 @@ def runs_on(cc: str, sass: frozenset[str], ptx: frozenset[str]) -> str | None:
 
 
 def _reach(wheels: dict[str, WheelSummary], root: str) -> set[str]:
-    todo, seen = [canonicalize_name(root)], set()
+    todo: list[str] = [canonicalize_name(root)]
+    seen: set[str] = set()
     while todo:
         name = todo.pop()
         if name in seen or name not in wheels:
@@ -69,40 +70,87 @@ def _parts_and_manifest(provider: WheelSummary, m: dict[str, Any], wheels: dict[
     parts: list[dict[str, Any]] = m.get("parts", [])
     indices = [p.get("index") for p in parts]
     if indices != list(range(1, len(parts) + 1)):
-        out.append(finding("payload.part-order", pf, "", f"the manifest lists parts {indices}; they must be 1..N "
-                           "in order (the archive is their concatenation in that order)", _FIX_REBUILD))  # fmt: skip
+        out.append(
+            finding(
+                "payload.part-order",
+                pf,
+                "",
+                f"the manifest lists parts {indices}; they must be 1..N "
+                "in order (the archive is their concatenation in that order)",
+                _FIX_REBUILD,
+            )
+        )
     seen_members: dict[tuple[str, str], int] = {}
     for p in parts:
         key = (canonicalize_name(str(p.get("distribution", ""))), str(p.get("member", "")))
         if key in seen_members:
-            out.append(finding("payload.part-duplicate", pf, key[1], f"parts {seen_members[key]} and {p.get('index')} "
-                               f"are both {key[0]}'s {key[1]}", _FIX_REBUILD))  # fmt: skip
+            out.append(
+                finding(
+                    "payload.part-duplicate",
+                    pf,
+                    key[1],
+                    f"parts {seen_members[key]} and {p.get('index')} are both {key[0]}'s {key[1]}",
+                    _FIX_REBUILD,
+                )
+            )
         seen_members[key] = int(p.get("index", 0) or 0)
         w = wheels.get(key[0])
         label = f"part {p.get('index')} ({key[0]} {p.get('version')}, {key[1]})"
         if w is None:
-            out.append(finding("payload.part-missing", pf, key[1], f"{label}: no {key[0]} wheel is in the release",
-                               f"build and ship {key[0]} with the release"))  # fmt: skip
+            out.append(
+                finding(
+                    "payload.part-missing",
+                    pf,
+                    key[1],
+                    f"{label}: no {key[0]} wheel is in the release",
+                    f"build and ship {key[0]} with the release",
+                )
+            )
             continue
         if w.version != str(p.get("version")):
-            out.append(finding("payload.part-version", w.filename, key[1], f"{label}: the manifest is release "
-                               f"{m.get('release')} and wants {key[0]} {p.get('version')}, the release has "
-                               f"{w.version}: parts from two releases", _FIX_REBUILD))  # fmt: skip
+            out.append(
+                finding(
+                    "payload.part-version",
+                    w.filename,
+                    key[1],
+                    f"{label}: the manifest is release "
+                    f"{m.get('release')} and wants {key[0]} {p.get('version')}, the release has "
+                    f"{w.version}: parts from two releases",
+                    _FIX_REBUILD,
+                )
+            )
         carried = {pm.name: pm for pm in w.parts}
         pm = carried.get(key[1])
         if pm is None:
-            out.append(finding("payload.part-missing", w.filename, key[1], f"{label}: the wheel does not carry it",
-                               _FIX_REBUILD))  # fmt: skip
+            out.append(
+                finding(
+                    "payload.part-missing", w.filename, key[1], f"{label}: the wheel does not carry it", _FIX_REBUILD
+                )
+            )
             continue
         if pm.size != p.get("size") or pm.sha256 != p.get("sha256"):
-            out.append(finding("payload.part-mismatch", w.filename, key[1], f"{label} is {pm.size} bytes, sha256 "
-                               f"{pm.sha256}; the manifest says {p.get('size')} bytes, {p.get('sha256')}",
-                               _FIX_REBUILD))  # fmt: skip
+            out.append(
+                finding(
+                    "payload.part-mismatch",
+                    w.filename,
+                    key[1],
+                    f"{label} is {pm.size} bytes, sha256 "
+                    f"{pm.sha256}; the manifest says {p.get('size')} bytes, {p.get('sha256')}",
+                    _FIX_REBUILD,
+                )
+            )
     for w in wheels.values():
         for pm in w.parts:
             if (canonicalize_name(w.name), pm.name) not in seen_members:
-                out.append(finding("payload.part-duplicate", w.filename, pm.name, "an archive part the manifest does "
-                                   "not list: a leftover or a second copy", _FIX_REBUILD))  # fmt: skip
+                out.append(
+                    finding(
+                        "payload.part-duplicate",
+                        w.filename,
+                        pm.name,
+                        "an archive part the manifest does not list: a leftover or a second copy",
+                        _FIX_REBUILD,
+                    )
+                )
     return out
 
 
@@ -112,19 +160,33 @@ def _carriers(provider: WheelSummary, m: dict[str, Any], wheels: dict[str, Wheel
     for name in [*carriers, canonicalize_name(provider.name)]:
         w = wheels.get(name)
         if w is not None and any(t.endswith("-any") for t in w.tags):
-            out.append(finding("payload.carrier-any", w.filename, "", f"{name} carries the CUDA payload (a part or "
-                               f"its manifest) but is tagged {', '.join(w.tags)}: an `any` wheel must not carry "
-                               "Linux ELF payload", "tag it for the archive's platform (carriers/payload.py retags "
-                               "part carriers)"))  # fmt: skip
+            out.append(
+                finding(
+                    "payload.carrier-any",
+                    w.filename,
+                    "",
+                    f"{name} carries the CUDA payload (a part or "
+                    f"its manifest) but is tagged {', '.join(w.tags)}: an `any` wheel must not carry "
+                    "Linux ELF payload",
+                    "tag it for the archive's platform (carriers/payload.py retags part carriers)",
+                )
+            )
     need = set(carriers)
     users = [n for n in wheels if canonicalize_name(provider.name) in _reach(wheels, n)]
     for user in sorted(users):
         missing = sorted(need - _reach(wheels, user))
         if missing:
-            out.append(finding("payload.closure", wheels[user].filename, "", f"installing {user} pulls "
-                               f"{provider.name} (it can import the archived binaries) but not the part "
-                               f"carrier(s) {missing}: the payload cannot be materialized",
-                               f"make {provider.name} require every part carrier at its exact version"))  # fmt: skip
+            out.append(
+                finding(
+                    "payload.closure",
+                    wheels[user].filename,
+                    "",
+                    f"installing {user} pulls "
+                    f"{provider.name} (it can import the archived binaries) but not the part "
+                    f"carrier(s) {missing}: the payload cannot be materialized",
+                    f"make {provider.name} require every part carrier at its exact version",
+                )
+            )
     return out
 
 
@@ -133,45 +195,95 @@ def _archive(provider: WheelSummary, m: dict[str, Any], a: ArchiveFacts) -> list
     pf = provider.filename
     meta = m.get("archive", {})
     if a.size != meta.get("size") or a.sha256 != meta.get("sha256"):
-        out.append(finding("payload.archive-mismatch", pf, "", f"the parts concatenate to {a.size} bytes, sha256 "
-                           f"{a.sha256}; the manifest says {meta.get('size')} bytes, {meta.get('sha256')}",
-                           _FIX_REBUILD))  # fmt: skip
+        out.append(
+            finding(
+                "payload.archive-mismatch",
+                pf,
+                "",
+                f"the parts concatenate to {a.size} bytes, sha256 "
+                f"{a.sha256}; the manifest says {meta.get('size')} bytes, {meta.get('sha256')}",
+                _FIX_REBUILD,
+            )
+        )
     if a.error:
-        out.append(finding("payload.archive-mismatch", pf, "", f"the archive does not decompress/untar: {a.error}",
-                           _FIX_REBUILD))  # fmt: skip
+        out.append(
+            finding(
+                "payload.archive-mismatch", pf, "", f"the archive does not decompress/untar: {a.error}", _FIX_REBUILD
+            )
+        )
     claimed: dict[str, Any] = m.get("files", {})
     seen: set[str] = set()
     for f in a.files:
         norm = f.path
         if f.path.startswith("/") or ".." in f.path.split("/"):
-            out.append(finding("payload.unsafe-member", pf, f"payload!{f.path}", f"{f.path!r} escapes the archive "
-                               "root", "pack the archive with carriers/payload.py only"))  # fmt: skip
+            out.append(
+                finding(
+                    "payload.unsafe-member",
+                    pf,
+                    f"payload!{f.path}",
+                    f"{f.path!r} escapes the archive root",
+                    "pack the archive with carriers/payload.py only",
+                )
+            )
             continue
         if f.kind in ("link", "special"):
-            out.append(finding("payload.unsafe-member", pf, f"payload!{f.path}", f"{f.path!r} is a {f.kind}"
-                               + (f" to {f.linkname!r}" if f.linkname else ""),
-                               "the archive holds regular files only; kt_kernel.payload refuses the rest"))  # fmt: skip
+            out.append(
+                finding(
+                    "payload.unsafe-member",
+                    pf,
+                    f"payload!{f.path}",
+                    f"{f.path!r} is a {f.kind}" + (f" to {f.linkname!r}" if f.linkname else ""),
+                    "the archive holds regular files only; kt_kernel.payload refuses the rest",
+                )
+            )
             continue
         if f.kind != "file":
             continue
         seen.add(norm)
         c = claimed.get(norm)
         if c is None:
-            out.append(finding("payload.file-mismatch", pf, f"payload!{norm}", "in the archive but not in the "
-                               "manifest", _FIX_REBUILD))  # fmt: skip
+            out.append(
+                finding(
+                    "payload.file-mismatch",
+                    pf,
+                    f"payload!{norm}",
+                    "in the archive but not in the manifest",
+                    _FIX_REBUILD,
+                )
+            )
             continue
         if c.get("size") != f.size or c.get("sha256") != f.sha256:
-            out.append(finding("payload.file-mismatch", pf, f"payload!{norm}", f"{f.size} bytes, sha256 {f.sha256}; "
-                               f"the manifest says {c.get('size')} bytes, {c.get('sha256')}", _FIX_REBUILD))  # fmt: skip
-        if a.cuda_inspected and f.elf is not None and (set(c.get("sass", [])) != f.sass or
-                                                       set(c.get("ptx", [])) != f.ptx):  # fmt: skip
-            out.append(finding("payload.file-mismatch", pf, f"payload!{norm}", f"holds SASS {sorted(f.sass)} + PTX "
-                               f"{sorted(f.ptx)}; the manifest claims {c.get('sass')} + {c.get('ptx')}",
-                               _FIX_REBUILD))  # fmt: skip
+            out.append(
+                finding(
+                    "payload.file-mismatch",
+                    pf,
+                    f"payload!{norm}",
+                    f"{f.size} bytes, sha256 {f.sha256}; the manifest says {c.get('size')} bytes, {c.get('sha256')}",
+                    _FIX_REBUILD,
+                )
+            )
+        if (
+            a.cuda_inspected
+            and f.elf is not None
+            and (set(c.get("sass", [])) != f.sass or set(c.get("ptx", [])) != f.ptx)
+        ):
+            out.append(
+                finding(
+                    "payload.file-mismatch",
+                    pf,
+                    f"payload!{norm}",
+                    f"holds SASS {sorted(f.sass)} + PTX "
+                    f"{sorted(f.ptx)}; the manifest claims {c.get('sass')} + {c.get('ptx')}",
+                    _FIX_REBUILD,
+                )
+            )
     # After a stream error the rest of the files were never read: that is the archive's finding, not theirs.
     for name in [] if a.error else sorted(set(claimed) - seen):
-        out.append(finding("payload.file-mismatch", pf, f"payload!{name}", "in the manifest but not in the archive",
-                           _FIX_REBUILD))  # fmt: skip
+        out.append(
+            finding(
+                "payload.file-mismatch", pf, f"payload!{name}", "in the manifest but not in the archive", _FIX_REBUILD
+            )
+        )
     return out
 
 
@@ -190,36 +302,73 @@ def coverage(pf: str, a: ArchiveFacts, policy: Policy) -> tuple[list[Finding], d
             if what is not None:
                 continue
             if cc in need:
-                out.append(finding("payload.sass-coverage", pf, f"payload!{f.path}", f"nothing runs on compute "
-                                   f"capability {cc}: SASS {sorted(f.sass)}, PTX {sorted(f.ptx) or 'none'}",
-                                   "build it for that architecture, or narrow its targets in [[payload.coverage]] "
-                                   "with the reason"))  # fmt: skip
+                out.append(
+                    finding(
+                        "payload.sass-coverage",
+                        pf,
+                        f"payload!{f.path}",
+                        f"nothing runs on compute "
+                        f"capability {cc}: SASS {sorted(f.sass)}, PTX {sorted(f.ptx) or 'none'}",
+                        "build it for that architecture, or narrow its targets in [[payload.coverage]] with the reason",
+                    )
+                )
             else:
-                out.append(finding("payload.sass-coverage", pf, f"payload!{f.path}", f"not for compute capability "
-                                   f"{cc}, by policy: {reason}", "none needed", severity="info"))  # fmt: skip
+                out.append(
+                    finding(
+                        "payload.sass-coverage",
+                        pf,
+                        f"payload!{f.path}",
+                        f"not for compute capability {cc}, by policy: {reason}",
+                        "none needed",
+                        severity="info",
+                    )
+                )
     return out, matrix
 
 
-def analyze(summaries: list[WheelSummary], archive: ArchiveFacts | None, policy: Policy,
-            system: frozenset[str]) -> tuple[list[Finding], dict[str, Any]]:  # fmt: skip
+def analyze(
+    summaries: list[WheelSummary], archive: ArchiveFacts | None, policy: Policy, system: frozenset[str]
+) -> tuple[list[Finding], dict[str, Any]]:
     """Every payload rule over the release. `archive` is None when the parts could not be streamed."""
     if policy.payload is None:
         return [], {}
-    wheels = {canonicalize_name(w.name): w for w in summaries}
+    wheels: dict[str, WheelSummary] = {canonicalize_name(w.name): w for w in summaries}
     providers = [w for w in summaries if w.manifest is not None or w.manifest_error]
     carrying = [w for w in summaries if w.parts]
     if not providers:
-        return [finding("payload.manifest", w.filename, w.parts[0].name, "carries a CUDA archive part but no wheel "
-                        f"of the release holds the manifest ({policy.payload.manifest_member})", _FIX_REBUILD)
-                for w in carrying], {}  # fmt: skip
+        return [
+            finding(
+                "payload.manifest",
+                w.filename,
+                w.parts[0].name,
+                "carries a CUDA archive part but no wheel "
+                f"of the release holds the manifest ({policy.payload.manifest_member})",
+                _FIX_REBUILD,
+            )
+            for w in carrying
+        ], {}
     out: list[Finding] = []
     if len(providers) > 1:
-        out.append(finding("payload.manifest", providers[1].filename, policy.payload.manifest_member,
-                           f"a second manifest (also in {providers[0].filename})", _FIX_REBUILD))  # fmt: skip
+        out.append(
+            finding(
+                "payload.manifest",
+                providers[1].filename,
+                policy.payload.manifest_member,
+                f"a second manifest (also in {providers[0].filename})",
+                _FIX_REBUILD,
+            )
+        )
     provider = providers[0]
     if provider.manifest is None:
-        return [finding("payload.manifest", provider.filename, policy.payload.manifest_member,
-                        f"unreadable manifest: {provider.manifest_error}", _FIX_REBUILD)], {}  # fmt: skip
+        return [
+            finding(
+                "payload.manifest",
+                provider.filename,
+                policy.payload.manifest_member,
+                f"unreadable manifest: {provider.manifest_error}",
+                _FIX_REBUILD,
+            )
+        ], {}
     m = provider.manifest
     out += _parts_and_manifest(provider, m, wheels)
     out += _carriers(provider, m, wheels)
@@ -229,35 +378,54 @@ def analyze(summaries: list[WheelSummary], archive: ArchiveFacts | None, policy:
         "parts": [{k: p.get(k) for k in ("index", "distribution", "version", "size")} for p in m.get("parts", [])],
     }
     if archive is None:
-        out.append(finding("payload.archive-mismatch", provider.filename, "", "the archive was not inspected: a part "
-                           "is missing (see payload.part-missing)", _FIX_REBUILD))  # fmt: skip
+        out.append(
+            finding(
+                "payload.archive-mismatch",
+                provider.filename,
+                "",
+                "the archive was not inspected: a part is missing (see payload.part-missing)",
+                _FIX_REBUILD,
+            )
+        )
         return out, section
     out += _archive(provider, m, archive)
     elfs = [f.elf for f in archive.files if f.elf is not None]
     for f in archive.files:
         if f.elf_error:
-            out.append(finding("wheel.unreadable", provider.filename, f"payload!{f.path}", f.elf_error,
-                               "rebuild the library"))  # fmt: skip
+            out.append(
+                finding("wheel.unreadable", provider.filename, f"payload!{f.path}", f.elf_error, "rebuild the library")
+            )
     out += elf_rules.elf_abi(provider.filename, provider.name, elfs, policy)
     requires = {canonicalize_name(Requirement(r).name) for r in provider.requires}
     external = [p for p in policy.external if p.provider in requires]
-    out += elf_rules.rpath(provider.filename, elfs, [f.path for f in archive.files], system, external,
-                           policy.always_external)  # fmt: skip
+    out += elf_rules.rpath(
+        provider.filename, elfs, [f.path for f in archive.files], system, external, policy.always_external
+    )
     if archive.cuda_inspected:
         root = policy.payload.kt_cuda_root + "/"
-        kt = {f.path[len(root):]: (f.size, f.cuda) for f in archive.files if f.path.startswith(root) and f.cuda}
-        lib_findings, section["kt_libraries"] = cuda_rules.check_libraries(provider.filename, f"payload!{root}",
-                                                                           dict(kt), policy)  # fmt: skip
+        kt = {f.path[len(root) :]: (f.size, f.cuda) for f in archive.files if f.path.startswith(root) and f.cuda}
+        lib_findings, section["kt_libraries"] = cuda_rules.check_libraries(
+            provider.filename, f"payload!{root}", dict(kt), policy
+        )
         out += lib_findings
         cov, matrix = coverage(provider.filename, archive, policy)
         out += cov
         section["coverage"] = matrix
     else:
-        out.append(finding("cuda.tool-missing", provider.filename, "", "cuobjdump not found: the archive's SASS/PTX "
-                           "were not checked", "install nvidia-cuda-cuobjdump (lockfiles/audit.txt) or set "
-                           "KT_CUOBJDUMP"))  # fmt: skip
-    section["files"] = {f.path: {"bytes": f.size, "sass": sorted(f.sass), "ptx": sorted(f.ptx)}
-                        for f in archive.files if f.kind == "file"}  # fmt: skip
+        out.append(
+            finding(
+                "cuda.tool-missing",
+                provider.filename,
+                "",
+                "cuobjdump not found: the archive's SASS/PTX were not checked",
+                "install nvidia-cuda-cuobjdump (lockfiles/audit.txt) or set KT_CUOBJDUMP",
+            )
+        )
+    section["files"] = {
+        f.path: {"bytes": f.size, "sass": sorted(f.sass), "ptx": sorted(f.ptx)}
+        for f in archive.files
+        if f.kind == "file"
+    }
     return out, section
 
 

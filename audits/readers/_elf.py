@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import io
-from typing import BinaryIO
 from bisect import bisect_right
 from dataclasses import dataclass, field
+from typing import BinaryIO
 
 from elftools.common.exceptions import ELFError
 from elftools.elf.dynamic import DynamicSection

@@ -65,8 +65,18 @@ def summarize(w: WheelFacts, manifest_member: str) -> WheelSummary:
     meta = w.text(f"{w.dist_info}/METADATA") or ""
     requires = tuple(HeaderParser().parsestr(meta).get_all("Requires-Dist", []))
     largest = tuple(sorted(((m.name, m.size) for m in w.members), key=lambda x: -x[1])[:3])
-    return WheelSummary(w.path, w.filename, str(w.name), str(w.version), tuple(sorted(str(t) for t in w.tags)),
-                        requires, parts, manifest, error, largest)  # fmt: skip
+    return WheelSummary(
+        w.path,
+        w.filename,
+        str(w.name),
+        str(w.version),
+        tuple(sorted(str(t) for t in w.tags)),
+        requires,
+        parts,
+        manifest,
+        error,
+        largest,
+    )
 
 
 @dataclass(frozen=True)
@@ -142,8 +152,9 @@ def _entries(raw: Any) -> Iterator[tuple[tarfile.TarInfo, Any]]:
             yield info, tar.extractfile(info) if info.isfile() else None
 
 
-def read_archive(parts: list[tuple[Path, str]], window_log: int, tool: str | None,
-                 detailed: Collection[str] = ()) -> ArchiveFacts:  # fmt: skip
+def read_archive(
+    parts: list[tuple[Path, str]], window_log: int, tool: str | None, detailed: Collection[str] = ()
+) -> ArchiveFacts:
     """Stream the archive; `detailed`: archive paths whose full cuobjdump facts are wanted."""
     import zstandard
 

@@ -21,10 +21,10 @@ from audits import core, load_policy
 from carriers import load, wheelio
 from carriers.assemble import assemble
 from tests.conftest import KT_SRC, ROOT, load_source_module
-from tools.lock import parse_lock
 from tests.integration.conftest import make_venv
 from tests.payloadkit import compressible, make_release
 from tests.wheelkit import compile_so
+from tools.lock import parse_lock
 
 payload: Any = load_source_module("kt_payload_integration", KT_SRC / "payload.py")
 MiB = 1 << 20
@@ -44,12 +44,20 @@ def test_several_hundred_mb_round_trip(tmp_path: Path, monkeypatch: pytest.Monke
     assert leftovers == [], "no concatenated archive or temp dir stays behind"
 
 
-def test_wheel_relative_layout_loads_and_the_flattened_one_fails(tmp_path: Path,
-                                                                monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+def test_wheel_relative_layout_loads_and_the_flattened_one_fails(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     dep = compile_so(tmp_path, "libkt_dep.so", "int kt_dep(void) { return 41; }\n", "-Wl,-soname,libkt_dep.so")
     (tmp_path / "libkt_dep.so").write_bytes(dep)
-    top = compile_so(tmp_path, "libkt_top.so", "int kt_dep(void);\nint kt_top(void) { return kt_dep() + 1; }\n",
-                     f"-L{tmp_path}", "-lkt_dep", "-Wl,-rpath,$ORIGIN/../lib", "-Wl,--enable-new-dtags")  # fmt: skip
+    top = compile_so(
+        tmp_path,
+        "libkt_top.so",
+        "int kt_dep(void);\nint kt_top(void) { return kt_dep() + 1; }\n",
+        f"-L{tmp_path}",
+        "-lkt_dep",
+        "-Wl,-rpath,$ORIGIN/../lib",
+        "-Wl,--enable-new-dtags",
+    )
     files = {"kt_kernel/cuda/lib/libkt_dep.so": dep, "kt_kernel/cuda/sm90a/libkt_top.so": top}
     rel = make_release(tmp_path / "site", files, tmp_path / "build-cache")
     monkeypatch.syspath_prepend(str(rel.site))
@@ -59,8 +67,12 @@ def test_wheel_relative_layout_loads_and_the_flattened_one_fails(tmp_path: Path,
     flat.mkdir()
     for name in files:
         shutil.copy(out / name, flat / Path(name).name)
-    probe = subprocess.run([sys.executable, "-c", f"import ctypes; ctypes.CDLL({str(flat / 'libkt_top.so')!r})"],
-                           capture_output=True, text=True, check=False)  # fmt: skip
+    probe = subprocess.run(
+        [sys.executable, "-c", f"import ctypes; ctypes.CDLL({str(flat / 'libkt_top.so')!r})"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     assert probe.returncode != 0
     assert "libkt_dep.so: cannot open shared object file" in probe.stderr
 
@@ -88,16 +100,24 @@ def test_every_carrier_holds_one_part_and_stays_under_the_budget(release: tuple[
     dist, summary = release
     m = _manifest(dist)
     assert [p["distribution"] for p in m["parts"]] == [
-        "kt-kernel", "ktransformers", "sglang-kt", "transformers-kt", "accelerate-kt"
-    ]  # fmt: skip
+        "kt-kernel",
+        "ktransformers",
+        "sglang-kt",
+        "transformers-kt",
+        "accelerate-kt",
+    ]
     budget = load_policy().wheel_budget_bytes
     for w in summary["wheels"]:
         assert w["size"] <= budget, (w["filename"], w["size"])
         if w["name"] in {p["distribution"] for p in m["parts"]}:
             assert not w["filename"].endswith("-any.whl"), f"{w['filename']} carries ELF payload"
-    assert set(m["files"]) >= {"sgl_kernel/flash_ops.abi3.so", "sgl_kernel/sm90/common_ops.abi3.so",
-                               "sgl_kernel/sm100/common_ops.abi3.so", "kt_kernel/cuda/lib/libkt_cuda.so",
-                               "kt_kernel/cuda/sm90a/libkt_cuda_sm90a.so"}  # fmt: skip
+    assert set(m["files"]) >= {
+        "sgl_kernel/flash_ops.abi3.so",
+        "sgl_kernel/sm90/common_ops.abi3.so",
+        "sgl_kernel/sm100/common_ops.abi3.so",
+        "kt_kernel/cuda/lib/libkt_cuda.so",
+        "kt_kernel/cuda/sm90a/libkt_cuda_sm90a.so",
+    }
     assert m["files"]["sgl_kernel/flash_ops.abi3.so"]["sass"] == ["sm_80", "sm_86", "sm_90a"]
     assert summary["payload"]["archive_sha256"] == m["archive"]["sha256"]
     with zipfile.ZipFile(_provider(dist)) as zf:
@@ -112,11 +132,12 @@ def test_installed_carriers_materialize_without_torch(release: tuple[Path, dict[
     wanted = ["kt_kernel", "ktransformers", "sglang_kt", "transformers_kt", "accelerate_kt", "sglang_kernel_kt"]
     wheels = [str(next(dist.glob(f"{n}-*.whl"))) for n in wanted]
     zstd = parse_lock(ROOT / "lockfiles" / "audit.txt")["zstandard"]
-    venv = make_venv(tmp_path / "venv", [f"zstandard=={zstd.version} " + " ".join(f"--hash=sha256:{h}" for h in zstd.hashes)])
+    venv = make_venv(
+        tmp_path / "venv", [f"zstandard=={zstd.version} " + " ".join(f"--hash=sha256:{h}" for h in zstd.hashes)]
+    )
     uv = shutil.which("uv")
     assert uv is not None
-    subprocess.run([uv, "pip", "install", "--quiet", "--python", str(venv.python), "--no-deps", *wheels],
-                   check=True)  # fmt: skip
+    subprocess.run([uv, "pip", "install", "--quiet", "--python", str(venv.python), "--no-deps", *wheels], check=True)
     env = {"KT_KERNEL_CACHE_DIR": str(tmp_path / "cache")}
     where = venv.run("-m", "kt_kernel.payload", "where", env=env, check=False)
     assert where.returncode == 1
@@ -124,8 +145,12 @@ def test_installed_carriers_materialize_without_torch(release: tuple[Path, dict[
     assert (out / "sgl_kernel/sm90/common_ops.abi3.so").is_file()
     assert venv.run("-m", "kt_kernel.payload", "where", env=env).stdout.strip() == str(out)
     assert "files match the manifest" in venv.run("-m", "kt_kernel.payload", "verify", env=env).stdout
-    probe = venv.json("-c", "import json, sys, kt_kernel.payload; print(json.dumps(sorted(m for m in sys.modules "
-                      "if m.split('.')[0] in ('torch', 'sgl_kernel'))))", env=env)  # fmt: skip
+    probe = venv.json(
+        "-c",
+        "import json, sys, kt_kernel.payload; print(json.dumps(sorted(m for m in sys.modules "
+        "if m.split('.')[0] in ('torch', 'sgl_kernel'))))",
+        env=env,
+    )
     assert probe == []
     # kt-kernel's own CUDA libraries come from the release payload too
     root = venv.run("-c", "import kt_kernel.cuda as c; print(c.extract())", env=env).stdout.strip()
@@ -139,8 +164,9 @@ def test_installed_carriers_materialize_without_torch(release: tuple[Path, dict[
 
 
 @pytest.mark.network
-def test_release_audit_is_clean_and_a_corrupted_part_is_caught(release: tuple[Path, dict[str, Any]],
-                                                              tmp_path: Path) -> None:  # fmt: skip
+def test_release_audit_is_clean_and_a_corrupted_part_is_caught(
+    release: tuple[Path, dict[str, Any]], tmp_path: Path
+) -> None:
     dist, _ = release
     policy = load_policy()
     clean = core.run([dist], policy)
@@ -161,4 +187,3 @@ def test_release_audit_is_clean_and_a_corrupted_part_is_caught(release: tuple[Pa
     assert errors == {"payload.part-mismatch", "payload.archive-mismatch", "payload.file-mismatch"}, errors
     assert [f["member"] for f in report["findings"] if f["rule"] == "payload.part-mismatch"] == [part]
     assert len([f for f in report["findings"] if f["rule"] == "payload.file-mismatch"]) == 1
-

@@ -18,9 +18,13 @@ MiB = 1 << 20
 
 
 def test_only_large_matching_members_go_into_the_archive() -> None:
-    members = {"sgl_kernel/flash_ops.abi3.so": b"x" * (2 * MiB), "sgl_kernel/sm90/common_ops.abi3.so": b"y" * MiB,
-               "sgl_kernel/spatial_ops.abi3.so": b"z" * 1000, "sgl_kernel/__init__.py": b"w" * (3 * MiB),
-               "triton_kernels/big.so": b"v" * (3 * MiB)}  # fmt: skip
+    members = {
+        "sgl_kernel/flash_ops.abi3.so": b"x" * (2 * MiB),
+        "sgl_kernel/sm90/common_ops.abi3.so": b"y" * MiB,
+        "sgl_kernel/spatial_ops.abi3.so": b"z" * 1000,
+        "sgl_kernel/__init__.py": b"w" * (3 * MiB),
+        "triton_kernels/big.so": b"v" * (3 * MiB),
+    }
     taken = payload.take_archived(members, ("sgl_kernel/*.so", "sgl_kernel/*/*.so"), MiB)
     assert sorted(taken) == ["sgl_kernel/flash_ops.abi3.so", "sgl_kernel/sm90/common_ops.abi3.so"]
     assert sorted(members) == ["sgl_kernel/__init__.py", "sgl_kernel/spatial_ops.abi3.so", "triton_kernels/big.so"]
@@ -49,11 +53,14 @@ def test_archive_too_large_for_the_budget_is_refused() -> None:
         payload.plan_parts(MiB, [("a", 0), ("b", 97 * MiB)], 100 * MiB, 4 * MiB)
 
 
-@pytest.mark.parametrize(("name", "expected"), [
-    ("ktransformers-0.6.1-py3-none-any.whl", ["py3-none-manylinux_2_34_x86_64"]),
-    ("kt_kernel-0.6.1-cp311-cp311-manylinux_2_34_x86_64.whl", ["cp311-cp311-manylinux_2_34_x86_64"]),
-    ("x-1-cp310-abi3-manylinux2014_x86_64.whl", ["cp310-abi3-manylinux_2_34_x86_64"]),  # floor raised
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("name", "expected"),
+    [
+        ("ktransformers-0.6.1-py3-none-any.whl", ["py3-none-manylinux_2_34_x86_64"]),
+        ("kt_kernel-0.6.1-cp311-cp311-manylinux_2_34_x86_64.whl", ["cp311-cp311-manylinux_2_34_x86_64"]),
+        ("x-1-cp310-abi3-manylinux2014_x86_64.whl", ["cp310-abi3-manylinux_2_34_x86_64"]),  # floor raised
+    ],
+)
 def test_part_carriers_take_the_archive_platform(name: str, expected: list[str]) -> None:
     assert payload.retag(name, "manylinux_2_34_x86_64") == expected
 
@@ -89,4 +96,5 @@ def test_the_carrier_set_pulls_every_part_wherever_sgl_kernel_can_be_imported() 
     assert "sglang-kernel-kt" not in reach(requires, "ktransformers[sft]")
     requires["sglang-kernel-kt"] = requires["sglang-kernel-kt"][:-1]
     problems, _ = payload_closure(cs, requires)
-    assert problems and all("accelerate-kt" in p for p in problems)
+    assert problems
+    assert all("accelerate-kt" in p for p in problems)

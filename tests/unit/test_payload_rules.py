@@ -13,14 +13,18 @@ import pytest
 from audits.analyzers.payload_rules import analyze, runs_on
 from audits.policy import load_policy
 from audits.readers._elf import ElfFacts
-from audits.readers._payload import ArchiveFacts, ArchivedFile, PartMember, WheelSummary
+from audits.readers._payload import ArchivedFile, ArchiveFacts, PartMember, WheelSummary
 
 POLICY = load_policy()
 MANIFEST = "sgl_kernel/_kt_payload.json"
 PLATFORM = "manylinux_2_34_x86_64"
-CARRIERS = [("kt-kernel", "0.6.1", "cp311-cp311"), ("ktransformers", "0.6.1", "py3-none"),
-            ("sglang-kt", "0.6.1", "cp311-cp311"), ("transformers-kt", "5.19.0.post1", "py3-none"),
-            ("accelerate-kt", "1.15.0.post1", "py3-none")]  # fmt: skip
+CARRIERS = [
+    ("kt-kernel", "0.6.1", "cp311-cp311"),
+    ("ktransformers", "0.6.1", "py3-none"),
+    ("sglang-kt", "0.6.1", "cp311-cp311"),
+    ("transformers-kt", "5.19.0.post1", "py3-none"),
+    ("accelerate-kt", "1.15.0.post1", "py3-none"),
+]
 FILES = {
     "sgl_kernel/sm100/common_ops.abi3.so": ({"sm_80", "sm_89", "sm_90a", "sm_120a"}, set()),
     "kt_kernel/cuda/lib/libkt_cuda.so": ({"sm_80", "sm_86", "sm_89", "sm_90", "sm_120"}, {"compute_120"}),
@@ -32,9 +36,21 @@ def _sha(data: bytes) -> str:
 
 
 def _elf(path: str, needed: tuple[str, ...] = ("libc.so.6",), runpath: tuple[str, ...] = ()) -> ElfFacts:
-    return ElfFacts(member=f"payload!{path}", machine="EM_X86_64", needed=needed, rpath=(), runpath=runpath,
-                    soname="", textrel=False, execstack=False, rwx_segments=(), exports=(), version_needs=(),
-                    exec_sections=(), symbols=())  # fmt: skip
+    return ElfFacts(
+        member=f"payload!{path}",
+        machine="EM_X86_64",
+        needed=needed,
+        rpath=(),
+        runpath=runpath,
+        soname="",
+        textrel=False,
+        execstack=False,
+        rwx_segments=(),
+        exports=(),
+        version_needs=(),
+        exec_sections=(),
+        symbols=(),
+    )
 
 
 def release() -> tuple[list[WheelSummary], ArchiveFacts]:
@@ -44,18 +60,55 @@ def release() -> tuple[list[WheelSummary], ArchiveFacts]:
     for i, ((name, version, pyabi), blob) in enumerate(zip(CARRIERS, chunks, strict=True), 1):
         member = f"{name.split('-')[0]}/_kt_payload/cuda.tar.zst.{i:02d}-of-05"
         parts.append(PartMember(member, len(blob), _sha(blob)))
-        manifest_parts.append({"index": i, "distribution": name, "version": version, "member": member,
-                               "size": len(blob), "sha256": _sha(blob)})  # fmt: skip
-        summaries.append(WheelSummary(Path(f"{name}.whl"), f"{name}-{version}.whl", name, version,
-                                      (f"{pyabi}-{PLATFORM}",), (), (parts[-1],), None, "", ()))  # fmt: skip
-    files = {p: {"size": 10, "sha256": _sha(p.encode()), "sass": sorted(s), "ptx": sorted(x)}
-             for p, (s, x) in FILES.items()}  # fmt: skip
-    manifest: dict[str, Any] = {"schema_version": 1, "release": "0.6.1",
-                                "archive": {"size": len(archive), "sha256": _sha(archive), "window_log": 27},
-                                "parts": manifest_parts, "files": files}  # fmt: skip
-    requires = tuple(f"{n}=={v}" for n, v, _ in CARRIERS) + ("torch==2.14.1",)
-    summaries.append(WheelSummary(Path("p.whl"), "sglang_kernel_kt-0.4.10.post1.whl", "sglang-kernel-kt",
-                                  "0.4.10.post1", (f"cp310-abi3-{PLATFORM}",), requires, (), manifest, "", ()))  # fmt: skip
+        manifest_parts.append(
+            {
+                "index": i,
+                "distribution": name,
+                "version": version,
+                "member": member,
+                "size": len(blob),
+                "sha256": _sha(blob),
+            }
+        )
+        summaries.append(
+            WheelSummary(
+                Path(f"{name}.whl"),
+                f"{name}-{version}.whl",
+                name,
+                version,
+                (f"{pyabi}-{PLATFORM}",),
+                (),
+                (parts[-1],),
+                None,
+                "",
+                (),
+            )
+        )
+    files = {
+        p: {"size": 10, "sha256": _sha(p.encode()), "sass": sorted(s), "ptx": sorted(x)} for p, (s, x) in FILES.items()
+    }
+    manifest: dict[str, Any] = {
+        "schema_version": 1,
+        "release": "0.6.1",
+        "archive": {"size": len(archive), "sha256": _sha(archive), "window_log": 27},
+        "parts": manifest_parts,
+        "files": files,
+    }
+    requires = (*tuple(f"{n}=={v}" for n, v, _ in CARRIERS), "torch==2.14.1")
+    summaries.append(
+        WheelSummary(
+            Path("p.whl"),
+            "sglang_kernel_kt-0.4.10.post1.whl",
+            "sglang-kernel-kt",
+            "0.4.10.post1",
+            (f"cp310-abi3-{PLATFORM}",),
+            requires,
+            (),
+            manifest,
+            "",
+            (),
+        )
+    )
     summaries[2] = dataclasses.replace(summaries[2], requires=("sglang-kernel-kt==0.4.10.post1",))
     archived = tuple(
         ArchivedFile(p, "file", 10, _sha(p.encode()), elf=_elf(p), sass=frozenset(s), ptx=frozenset(x))
@@ -82,7 +135,7 @@ def test_clean_release_has_no_payload_error() -> None:
 
 
 def test_part_missing_from_its_wheel() -> None:
-    s, a = release()
+    s, _a = release()
     s[1] = dataclasses.replace(s[1], parts=())
     assert rules(s, None) == {"payload.part-missing", "payload.archive-mismatch"}
 
@@ -142,8 +195,9 @@ def test_archived_file_missing_extra_or_different() -> None:
     assert "payload.file-mismatch" in found
 
 
-@pytest.mark.parametrize(("name", "kind"), [("../../etc/evil", "file"), ("sgl_kernel/link.so", "link"),
-                                            ("sgl_kernel/fifo", "special")])  # fmt: skip
+@pytest.mark.parametrize(
+    ("name", "kind"), [("../../etc/evil", "file"), ("sgl_kernel/link.so", "link"), ("sgl_kernel/fifo", "special")]
+)
 def test_unsafe_archive_member(name: str, kind: str) -> None:
     s, a = release()
     bad = ArchivedFile(name, kind, 0, "", linkname="/etc/passwd" if kind == "link" else "")
@@ -178,9 +232,13 @@ def test_unresolved_library_inside_the_archive() -> None:
 
 def test_origin_rpath_resolves_inside_the_archive_and_driver_is_external() -> None:
     s, a = release()
-    hopper = ArchivedFile("kt_kernel/cuda/sm90a/libkt_cuda_sm90a.so", "file", 10, "x",
-                          elf=_elf("kt_kernel/cuda/sm90a/libkt_cuda_sm90a.so", ("libkt_cuda.so", "libcuda.so.1"),
-                                   ("$ORIGIN/../lib",)))  # fmt: skip
+    hopper = ArchivedFile(
+        "kt_kernel/cuda/sm90a/libkt_cuda_sm90a.so",
+        "file",
+        10,
+        "x",
+        elf=_elf("kt_kernel/cuda/sm90a/libkt_cuda_sm90a.so", ("libkt_cuda.so", "libcuda.so.1"), ("$ORIGIN/../lib",)),
+    )
     findings, _ = analyze(s, dataclasses.replace(a, files=(*a.files, hopper)), POLICY, frozenset({"libc.so.6"}))
     assert not [f for f in findings if f.rule.startswith("rpath.")]
     # ... but our own library may not link the driver
@@ -208,17 +266,20 @@ def test_missing_sass_is_an_error_only_where_nothing_runs() -> None:
     assert section["coverage"][a.files[0].path]["9.0"] == "sm_90a SASS"
 
 
-@pytest.mark.parametrize(("cc", "sass", "ptx", "expected"), [
-    ("8.6", {"sm_80"}, set(), "sm_80 SASS"),          # same major, lower minor runs
-    ("8.9", {"sm_80", "sm_86"}, set(), "sm_86 SASS"),  # the newest that fits
-    ("8.0", {"sm_86"}, set(), None),                  # a newer minor never runs on an older one
-    ("9.0", {"sm_80"}, set(), None),                  # SASS never crosses a major
-    ("9.0", {"sm_90a"}, set(), "sm_90a SASS"),
-    ("10.0", {"sm_90a"}, set(), None),                # arch-specific: only its own CC
-    ("12.0", {"sm_120a"}, set(), "sm_120a SASS"),
-    ("12.0", {"sm_80"}, {"compute_80"}, "compute_80 PTX (JIT)"),  # PTX JIT-compiles forward
-    ("8.6", set(), {"compute_90"}, None),             # ... never backward
-    ("12.0", set(), {"compute_90a"}, None),           # arch-specific PTX: only its own CC
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("cc", "sass", "ptx", "expected"),
+    [
+        ("8.6", {"sm_80"}, set(), "sm_80 SASS"),  # same major, lower minor runs
+        ("8.9", {"sm_80", "sm_86"}, set(), "sm_86 SASS"),  # the newest that fits
+        ("8.0", {"sm_86"}, set(), None),  # a newer minor never runs on an older one
+        ("9.0", {"sm_80"}, set(), None),  # SASS never crosses a major
+        ("9.0", {"sm_90a"}, set(), "sm_90a SASS"),
+        ("10.0", {"sm_90a"}, set(), None),  # arch-specific: only its own CC
+        ("12.0", {"sm_120a"}, set(), "sm_120a SASS"),
+        ("12.0", {"sm_80"}, {"compute_80"}, "compute_80 PTX (JIT)"),  # PTX JIT-compiles forward
+        ("8.6", set(), {"compute_90"}, None),  # ... never backward
+        ("12.0", set(), {"compute_90a"}, None),  # arch-specific PTX: only its own CC
+    ],
+)
 def test_compatibility_rules(cc: str, sass: set[str], ptx: set[str], expected: str | None) -> None:
     assert runs_on(cc, frozenset(sass), frozenset(ptx)) == expected

@@ -91,29 +91,40 @@ def test_part_truncated_by_one_byte(release: FakeRelease) -> None:
     part = release.parts[4]
     size = part.stat().st_size
     part.write_bytes(part.read_bytes()[:-1])
-    with pytest.raises(payload.PayloadError, match=rf"part 5/5 \(accelerate-kt .* is {size - 1} bytes, the manifest "
-                       rf"says {size}"):  # fmt: skip
+    with pytest.raises(
+        payload.PayloadError,
+        match=rf"part 5/5 \(accelerate-kt .* is {size - 1} bytes, the manifest "
+        rf"says {size}",
+    ):
         payload.materialize(release.manifest)
 
 
-def test_not_enough_disk_space_says_needed_and_free(release: FakeRelease, monkeypatch: pytest.MonkeyPatch,
-                                                   tmp_path: Path) -> None:  # fmt: skip
+def test_not_enough_disk_space_says_needed_and_free(
+    release: FakeRelease, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     class Usage:
         free = 1 << 20
 
     monkeypatch.setattr(payload.shutil, "disk_usage", lambda _: Usage())
-    with pytest.raises(payload.PayloadError, match=rf"not enough disk space in {tmp_path / 'cache'}: .* needs 5 MiB, "
-                       r"1 MiB are free.*KT_KERNEL_CACHE_DIR"):  # fmt: skip
+    with pytest.raises(
+        payload.PayloadError,
+        match=rf"not enough disk space in {tmp_path / 'cache'}: .* needs 5 MiB, "
+        r"1 MiB are free.*KT_KERNEL_CACHE_DIR",
+    ):
         payload.materialize(release.manifest)
 
 
-def test_unwritable_cache_names_path_and_variable(release: FakeRelease, tmp_path: Path,
-                                                  monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+def test_unwritable_cache_names_path_and_variable(
+    release: FakeRelease, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     blocker = tmp_path / "not-a-dir"
     blocker.write_text("")
     monkeypatch.setenv("KT_KERNEL_CACHE_DIR", str(blocker / "sub"))
-    with pytest.raises(payload.PayloadError, match=rf"cannot write the CUDA payload cache {blocker / 'sub'}.*"
-                       "set KT_KERNEL_CACHE_DIR"):  # fmt: skip
+    with pytest.raises(
+        payload.PayloadError,
+        match=rf"cannot write the CUDA payload cache {blocker / 'sub'}.*"
+        "set KT_KERNEL_CACHE_DIR",
+    ):
         payload.materialize(release.manifest)
 
 
@@ -154,8 +165,13 @@ print(m.materialize(m.Path(sys.argv[2])))
 
 def _run(release: FakeRelease, env: dict[str, str]) -> subprocess.Popen[str]:
     full = {**os.environ, "PYTHONPATH": str(release.site), **env}
-    return subprocess.Popen([sys.executable, "-c", _RUNNER, str(KT_SRC / "payload.py"), str(release.manifest)],
-                            env=full, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    return subprocess.Popen(
+        [sys.executable, "-c", _RUNNER, str(KT_SRC / "payload.py"), str(release.manifest)],
+        env=full,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def test_eight_concurrent_first_uses_extract_once(release: FakeRelease, tmp_path: Path) -> None:

@@ -113,7 +113,7 @@ def extract(section: dict[str, Any] | None = None, root: Path | None = None, pac
         # A release's kt-kernel: the libraries travel in the release's lazy CUDA payload.
         from .payload import materialize
 
-        return materialize() / section["root"]
+        return materialize() / str(section["root"])
     root = root or cache_root()
     digest: str = section["sha256"]
     final = root / digest

@@ -125,8 +125,16 @@ def load_manifest(path: Path | None = None) -> Manifest:
             Part(int(p["index"]), p["distribution"], p["version"], p["member"], int(p["size"]), p["sha256"])
             for p in data["parts"]
         )
-        return Manifest(path, data["release"], archive["sha256"], int(archive["size"]), archive["compression"],
-                        int(archive.get("window_log", 27)), parts, dict(data["files"]))  # fmt: skip
+        return Manifest(
+            path,
+            data["release"],
+            archive["sha256"],
+            int(archive["size"]),
+            archive["compression"],
+            int(archive.get("window_log", 27)),
+            parts,
+            dict(data["files"]),
+        )
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise PayloadError(f"{path}: unreadable CUDA payload manifest ({exc}); reinstall sglang-kernel-kt") from None
 
@@ -177,19 +185,25 @@ def locate_parts(m: Manifest) -> list[tuple[Part, Path]]:
             )
         path = Path(str(dist.locate_file(part.member)))
         if not path.is_file():
-            raise PayloadError(f"{part.label(n)} is missing: {path} does not exist although {part.distribution} "
-                               f"{dist.version} is installed; pip install --force-reinstall "
-                               f"{part.distribution}=={part.version}")  # fmt: skip
+            raise PayloadError(
+                f"{part.label(n)} is missing: {path} does not exist although {part.distribution} "
+                f"{dist.version} is installed; pip install --force-reinstall "
+                f"{part.distribution}=={part.version}"
+            )
         size = path.stat().st_size
         if size != part.size:
-            raise PayloadError(f"corrupted {part.label(n)}: {path} is {size} bytes, the manifest says {part.size}; "
-                               f"pip install --force-reinstall {part.distribution}=={part.version}")  # fmt: skip
+            raise PayloadError(
+                f"corrupted {part.label(n)}: {path} is {size} bytes, the manifest says {part.size}; "
+                f"pip install --force-reinstall {part.distribution}=={part.version}"
+            )
         found.append((part, path))
     if missing:
         names = ", ".join(f"{p.distribution}=={p.version} (part {p.index}/{n})" for p in missing)
-        raise PayloadError(f"the CUDA payload is incomplete: {names} not installed. Install "
-                           f"{' '.join(f'{p.distribution}=={p.version}' for p in missing)}, or {_SERVE_HINT}"
-                           f"=={m.release}")  # fmt: skip
+        raise PayloadError(
+            f"the CUDA payload is incomplete: {names} not installed. Install "
+            f"{' '.join(f'{p.distribution}=={p.version}' for p in missing)}, or {_SERVE_HINT}"
+            f"=={m.release}"
+        )
     return found
 
 
@@ -212,9 +226,11 @@ class _PartStream(io.RawIOBase):
             self._fh.close()
             part, path = self._parts[self._i]
             if self._part_hash.hexdigest() != part.sha256:
-                raise PayloadError(f"corrupted {part.label(len(self._parts))}: {path} has sha256 "
-                                   f"{self._part_hash.hexdigest()}, the manifest says {part.sha256}; "
-                                   f"pip install --force-reinstall {part.distribution}=={part.version}")  # fmt: skip
+                raise PayloadError(
+                    f"corrupted {part.label(len(self._parts))}: {path} has sha256 "
+                    f"{self._part_hash.hexdigest()}, the manifest says {part.sha256}; "
+                    f"pip install --force-reinstall {part.distribution}=={part.version}"
+                )
         self._i += 1
         self._fh = self._parts[self._i][1].open("rb") if self._i < len(self._parts) else None
         self._part_hash = hashlib.sha256()
@@ -239,8 +255,9 @@ def _extract_stream(m: Manifest, parts: list[tuple[Part, Path]], tmp: Path) -> N
     try:
         import zstandard
     except ImportError:
-        raise PayloadError("the zstandard module is missing; it comes with sglang-kernel-kt: "
-                           f"pip install {_SERVE_HINT}") from None  # fmt: skip
+        raise PayloadError(
+            f"the zstandard module is missing; it comes with sglang-kernel-kt: pip install {_SERVE_HINT}"
+        ) from None
     if m.compression != "zstd":
         raise PayloadError(f"{m.path}: compression {m.compression!r} is unknown to this kt-kernel; upgrade kt-kernel")
     fix = f"reinstall the release ({m.install_hint()})"
@@ -249,9 +266,10 @@ def _extract_stream(m: Manifest, parts: list[tuple[Part, Path]], tmp: Path) -> N
     dctx = zstandard.ZstdDecompressor(max_window_size=1 << max(m.window_log, 10))
     seen: set[str] = set()
     try:
-        with dctx.stream_reader(stream, read_size=_CHUNK, read_across_frames=True) as raw, tarfile.open(
-            fileobj=raw, mode="r|"
-        ) as tar:
+        with (
+            dctx.stream_reader(stream, read_size=_CHUNK, read_across_frames=True) as raw,
+            tarfile.open(fileobj=raw, mode="r|") as tar,
+        ):
             for info in tar:
                 name = safe_member_name(info.name, "CUDA payload", fix)
                 if info.isdir():
@@ -273,8 +291,10 @@ def _extract_stream(m: Manifest, parts: list[tuple[Part, Path]], tmp: Path) -> N
                         h.update(chunk)
                         fh.write(chunk)
                 if h.hexdigest() != expected["sha256"] or info.size != int(expected["size"]):
-                    raise PayloadError(f"corrupted CUDA payload: {name} has sha256 {h.hexdigest()} ({info.size} "
-                                       f"bytes), the manifest says {expected['sha256']} ({expected['size']}); {fix}")  # fmt: skip
+                    raise PayloadError(
+                        f"corrupted CUDA payload: {name} has sha256 {h.hexdigest()} ({info.size} "
+                        f"bytes), the manifest says {expected['sha256']} ({expected['size']}); {fix}"
+                    )
                 out.chmod(0o755)
                 seen.add(name)
                 if crash_after and len(seen) >= crash_after:
@@ -284,8 +304,10 @@ def _extract_stream(m: Manifest, parts: list[tuple[Part, Path]], tmp: Path) -> N
     except (tarfile.TarError, zstandard.ZstdError, EOFError) as exc:
         raise PayloadError(f"corrupted CUDA payload: the parts do not decompress ({exc}); {fix}") from None
     if stream.total != m.size or stream.archive_hash.hexdigest() != m.sha256:
-        raise PayloadError(f"corrupted CUDA payload: the parts make {stream.total} bytes with sha256 "
-                           f"{stream.archive_hash.hexdigest()}, the manifest says {m.size} bytes, {m.sha256}; {fix}")  # fmt: skip
+        raise PayloadError(
+            f"corrupted CUDA payload: the parts make {stream.total} bytes with sha256 "
+            f"{stream.archive_hash.hexdigest()}, the manifest says {m.size} bytes, {m.sha256}; {fix}"
+        )
     missing = sorted(set(m.files) - seen)
     if missing:
         raise PayloadError(f"corrupted CUDA payload: {', '.join(missing)} missing from the archive; {fix}")
@@ -317,8 +339,9 @@ def materialize(manifest: Path | Manifest | None = None, root: Path | None = Non
         lock = root / f"{m.sha256}.lock"
         lock.touch()
     except OSError as exc:
-        raise PayloadError(f"cannot write the CUDA payload cache {root}: {exc.strerror}; set {CACHE_ENV} to a "
-                           "writable directory") from None  # fmt: skip
+        raise PayloadError(
+            f"cannot write the CUDA payload cache {root}: {exc.strerror}; set {CACHE_ENV} to a writable directory"
+        ) from None
     with locked(lock):
         if _is_complete(final, m):  # another process finished while we waited
             return final
@@ -329,9 +352,11 @@ def materialize(manifest: Path | Manifest | None = None, root: Path | None = Non
             shutil.rmtree(final)
         free = shutil.disk_usage(root).free
         if free < m.extracted_size:
-            raise PayloadError(f"not enough disk space in {root}: the CUDA payload needs "
-                               f"{m.extracted_size / 2**20:.0f} MiB, {free / 2**20:.0f} MiB are free; free space "
-                               f"or set {CACHE_ENV} to a larger disk")  # fmt: skip
+            raise PayloadError(
+                f"not enough disk space in {root}: the CUDA payload needs "
+                f"{m.extracted_size / 2**20:.0f} MiB, {free / 2**20:.0f} MiB are free; free space "
+                f"or set {CACHE_ENV} to a larger disk"
+            )
         tmp = root / f".tmp-{m.sha256}-{os.getpid()}"
         tmp.mkdir()
         try:
