@@ -202,12 +202,20 @@ def lock(session: nox.Session) -> None:
 
 @nox.session(python=PYTHON, default=False)
 def bench(session: nox.Session) -> None:
-    """Kernel throughput per variant vs torch bf16 and the bandwidth roofline; build times."""
+    """Kernel throughput per variant vs torch bf16 and the bandwidth roofline; build times; the CUDA payload
+    (size, cold/warm materialization, disk, audit, assembly) beside the gzip reference, on dist/."""
     p = _parser("bench")
     p.add_argument("--no-build-times", action="store_true", help="skip the cold/incremental build timing")
     p.add_argument("--json", default=str(ROOT / "build" / "bench.json"))
+    p.add_argument("--only", choices=["kernel", "payload"], help="run one half only")
+    p.add_argument("--assembly", action="store_true", help="payload: also time a cold and a warm assembly")
     args = p.parse_args(session.posargs)
     _install_lock(session, "test")
+    if args.only != "kernel":
+        session.run("python", "-m", "tools.bench_payload", "--dist", str(DIST), "--kernel", str(KERNEL_OUT),
+                    *(["--assembly"] if args.assembly else []))  # fmt: skip
+    if args.only == "payload":
+        return
     session.run("python", "kernel/tools/build_wheel.py", "--dist", str(KERNEL_OUT))
     (wheel,) = KERNEL_OUT.glob("kt_kernel-*.whl")
     session.install("--no-deps", "--force-reinstall", str(wheel))

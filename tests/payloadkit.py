@@ -15,6 +15,15 @@ from typing import Any
 
 from carriers import payload as packer
 
+SCHEMA = Path(__file__).resolve().parent.parent / "carriers" / "schemas" / "payload-manifest.schema.json"
+
+
+def validate_manifest(manifest: dict[str, Any]) -> None:
+    """The manifest against its JSON Schema (carriers/schemas/payload-manifest.schema.json)."""
+    import jsonschema
+
+    jsonschema.validate(manifest, json.loads(SCHEMA.read_text()))
+
 CARRIERS = (
     ("kt-kernel", "0.6.1", "kt_kernel"),
     ("ktransformers", "0.6.1", "ktransformers"),
@@ -102,6 +111,7 @@ def make_release(site: Path, files: dict[str, bytes], cache: Path, *, level: int
         "parts": parts,
         "files": archive.files,
     }
+    validate_manifest(manifest)
     path = site / "sgl_kernel" / "_kt_payload.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     (site / "sgl_kernel" / "__init__.py").write_text("")

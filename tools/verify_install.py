@@ -5,7 +5,10 @@ third-party closure plus the carriers from dist/ (each by its SHA256SUMS hash,
 as a direct file reference, so no same-named PyPI project can stand in); pip
 check; imports; the forks, not upstream, provide transformers/accelerate/peft/
 trl; adding peft-kt/trl-kt leaves the core carriers' files unchanged; and the
-training/resume control. serve: resolution only (pip --dry-run --report).
+training/resume control. serve: a real install of ktransformers[serve] (CUDA torch
+included), pip check, the CUDA payload materialized from the installed carriers and
+verified, every extracted library's DT_NEEDED resolved in the environment (the driver
+aside), and how far `import sglang` / `import sgl_kernel` get on this host.
 """
 
 from __future__ import annotations
@@ -173,7 +176,72 @@ def verify_sft_cpu(dist: Path, work: Path, find_links: str | None) -> dict[str, 
     return result
 
 
+SGLANG_PROBE = """
+import json, traceback
+out = {}
+for mod in ("sglang", "sglang.srt.server_args", "sgl_kernel"):
+    try:
+        __import__(mod)
+        out[mod] = "ok"
+    except BaseException as exc:  # report exactly how far a CPU-only host gets
+        out[mod] = f"{type(exc).__name__}: {str(exc).strip().splitlines()[-1][:300] if str(exc).strip() else ''}"
+print(json.dumps(out))
+"""
+
+
+def _env_libraries(venv: Path) -> dict[str, Path]:
+    """soname/basename -> path of every shared library installed in the venv (torch/lib, nvidia/*/lib, ...)."""
+    libs: dict[str, Path] = {}
+    for site in (venv / "lib").glob("python3*/site-packages"):
+        for so in sorted(site.rglob("*.so*")):
+            if so.is_file():
+                libs.setdefault(so.name, so)
+    return libs
+
+
+def _system_libraries() -> set[str]:
+    proc = subprocess.run(["ldconfig", "-p"], capture_output=True, text=True, check=False)
+    return {line.split()[0] for line in proc.stdout.splitlines()[1:] if line.strip()}
+
+
+def unresolved_needed(root: Path, venv: Path, always_external: set[str]) -> dict[str, list[str]]:
+    """Every extracted ELF's DT_NEEDED that resolves nowhere: not beside it through its
+    RUNPATH/RPATH ($ORIGIN), not in the environment, not a system library, not the driver."""
+    from elftools.elf.dynamic import DynamicSection
+    from elftools.elf.elffile import ELFFile
+
+    env = _env_libraries(venv)
+    system = _system_libraries()
+    missing: dict[str, list[str]] = {}
+    for path in sorted(p for p in root.rglob("*") if p.is_file()):
+        with path.open("rb") as fh:
+            if fh.read(4) != b"\x7fELF":
+                continue
+            fh.seek(0)
+            elf = ELFFile(fh)
+            needed, paths = [], []
+            for sec in elf.iter_sections():
+                if isinstance(sec, DynamicSection):
+                    for tag in sec.iter_tags():
+                        if tag.entry.d_tag == "DT_NEEDED":
+                            needed.append(tag.needed)
+                        elif tag.entry.d_tag in ("DT_RUNPATH", "DT_RPATH"):
+                            paths += [
+                                d.replace("$ORIGIN", str(path.parent))
+                                for d in getattr(tag, "runpath", getattr(tag, "rpath", "")).split(":")
+                            ]
+        for lib in needed:
+            if lib in always_external or lib in system or lib in env or any((Path(d) / lib).exists() for d in paths):
+                continue
+            missing.setdefault(str(path.relative_to(root)), []).append(lib)
+    return missing
+
+
 def verify_serve(dist: Path, work: Path) -> dict[str, Any]:
+    """A real install of ktransformers[serve] (the CUDA torch and NVIDIA runtime wheels included):
+    pip check, the payload materialized from the installed carriers and re-verified, every
+    DT_NEEDED of every extracted library resolved inside the environment, and how far
+    `import sglang` gets on this host."""
     lock = ROOT / "lockfiles" / "serve.txt"
     venv = work / "serve"
     shutil.rmtree(venv, ignore_errors=True)
@@ -181,16 +249,18 @@ def verify_serve(dist: Path, work: Path) -> dict[str, Any]:
     reached, _ = closure(dist, PROFILES["serve"])
     req = work / "serve.txt"
     req.write_text(lock.read_text() + "\n".join(carrier_lines(dist, reached, {"ktransformers": "serve"})) + "\n")
-    # uv's resolver reads index metadata only: the GPU closure (several GB) is never downloaded.
     uv = shutil.which("uv")
     if uv is None:
         raise VerifyError("uv is not on PATH; install lockfiles/verify.txt (nox -s verify_install does)")
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PIP_", "UV_"))}
-    proc = subprocess.run([uv, "pip", "install", "--dry-run", "--python", str(venv / "bin" / "python"),
+    t0 = time.perf_counter()
+    print(f"serve: installing {len(reached)} carriers and the locked closure into {venv} (several GB) ...", flush=True)
+    proc = subprocess.run([uv, "pip", "install", "--python", str(venv / "bin" / "python"),
                            "--require-hashes", "--only-binary", ":all:", "--index-url", "https://pypi.org/simple",
                            "-r", str(req)], capture_output=True, text=True, check=False, env=env)  # fmt: skip
     if proc.returncode != 0:
-        raise VerifyError(f"the serve closure does not resolve:\n{proc.stderr[-3000:]}")
+        raise VerifyError(f"installing the serve closure failed:\n{proc.stderr[-3000:]}")
+    install_s = time.perf_counter() - t0
     names = sorted(
         re.split(r"[=@ ]", line[3:], maxsplit=1)[0].lower().replace("_", "-")
         for line in (proc.stdout + proc.stderr).splitlines() if line.startswith(" + ")
@@ -201,8 +271,34 @@ def verify_serve(dist: Path, work: Path) -> dict[str, Any]:
     missing = sorted(set(reached) - set(names))
     if missing:
         raise VerifyError(f"the serve closure lacks the carriers {missing}")
-    result: dict[str, Any] = {"resolved": len(names), "carriers": sorted(set(reached)), "upstream": upstream}
-    return result
+    check = pip(venv, "check")
+    if check.returncode != 0:
+        raise VerifyError(f"pip check failed in {venv}:\n{check.stdout}{check.stderr}")
+    cache = work / "serve-payload-cache"
+    shutil.rmtree(cache, ignore_errors=True)
+    run_env = {**env, "KT_KERNEL_CACHE_DIR": str(cache)}
+    py = str(venv / "bin" / "python")
+    t1 = time.perf_counter()
+    mat = subprocess.run([py, "-m", "kt_kernel.payload", "materialize"], capture_output=True, text=True, check=False,
+                         env=run_env)  # fmt: skip
+    if mat.returncode != 0:
+        raise VerifyError(f"the payload does not materialize from the installed carriers:\n{mat.stderr[-3000:]}")
+    materialize_s = time.perf_counter() - t1
+    root = Path(mat.stdout.strip())
+    ver = subprocess.run([py, "-m", "kt_kernel.payload", "verify"], capture_output=True, text=True, check=False,
+                         env=run_env)  # fmt: skip
+    if ver.returncode != 0:
+        raise VerifyError(f"the extracted payload differs from its manifest:\n{ver.stderr[-3000:]}")
+    unresolved = unresolved_needed(root, venv, {"libcuda.so.1"})
+    if unresolved:
+        raise VerifyError(f"extracted libraries need what the serve environment does not provide: {unresolved}")
+    probe: dict[str, str] = venv_json(venv, "sglang import probe", "-c", SGLANG_PROBE)
+    if probe.get("sglang") != "ok":
+        raise VerifyError(f"import sglang fails in the serve environment: {probe['sglang']}")
+    return {"resolved": len(names), "carriers": sorted(set(reached)), "upstream": upstream,
+            "install_s": round(install_s, 1), "materialize_s": round(materialize_s, 1),
+            "payload_files": sum(1 for p in root.rglob("*") if p.is_file() and p.name != ".complete"),
+            "needed_unresolved": unresolved, "imports": probe}  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -22,7 +22,7 @@ from carriers import load, wheelio
 from carriers.assemble import assemble
 from tests.conftest import KT_SRC, ROOT, load_source_module
 from tests.integration.conftest import make_venv
-from tests.payloadkit import compressible, make_release
+from tests.payloadkit import compressible, make_release, validate_manifest
 from tests.wheelkit import compile_so
 from tools.lock import parse_lock
 
@@ -99,6 +99,7 @@ def _manifest(dist: Path) -> dict[str, Any]:
 def test_every_carrier_holds_one_part_and_stays_under_the_budget(release: tuple[Path, dict[str, Any]]) -> None:
     dist, summary = release
     m = _manifest(dist)
+    validate_manifest(m)
     assert [p["distribution"] for p in m["parts"]] == [
         "kt-kernel",
         "ktransformers",

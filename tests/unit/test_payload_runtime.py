@@ -205,3 +205,12 @@ def test_cli_where_before_and_after(release: FakeRelease, tmp_path: Path, capsys
     assert capsys.readouterr().out.strip() == where
     assert payload.main(["verify", "--manifest", str(release.manifest)]) == 0
     assert "4 files match the manifest" in capsys.readouterr().out
+
+
+def test_a_manifest_the_schema_refuses() -> None:
+    import jsonschema
+
+    from tests.payloadkit import validate_manifest
+
+    with pytest.raises(jsonschema.ValidationError, match="'parts' is a required property"):
+        validate_manifest({"schema_version": 1, "release": "0.6.1", "provider": {}, "archive": {}, "files": {}})

@@ -1,0 +1,285 @@
+"""The multi-carrier CUDA payload, measured side by side with the reference approach.
+
+The reference is the shape KTransformers 0.7.2 ships: a gzip tar cut into parts; at
+first use the parts are concatenated into one temporary payload.tar.gz, the whole
+archive is hashed, extracted, every file hashed, renamed into the cache; and every
+later call re-hashes every file. Both run here on the same files (the release's real
+sgl_kernel and kt-kernel CUDA binaries, read back out of dist/), in one run:
+
+    python -m tools.bench_payload --dist dist [--assembly] [--json build/bench-payload.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import resource
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+import threading
+import time
+import zipfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+RUNTIME = ROOT / "kernel" / "python" / "kt_kernel" / "payload.py"
+MANIFEST_MEMBER = "sgl_kernel/_kt_payload.json"
+_CHUNK = 1 << 20
+
+
+def _say(msg: str) -> None:
+    print(f"[bench-payload] {msg}", flush=True)
+
+
+def _du(path: Path) -> int:
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file()) if path.exists() else 0
+
+
+class DiskPeak:
+    """Polls the bytes under some directories while a step runs; keeps the maximum."""
+
+    def __init__(self, *dirs: Path) -> None:
+        self.dirs, self.peak, self._stop = dirs, 0, threading.Event()
+        self._t = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.peak = max(self.peak, sum(_du(d) for d in self.dirs))
+            except OSError:
+                pass
+            time.sleep(0.05)
+
+    def __enter__(self) -> DiskPeak:
+        self._t.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._t.join()
+        self.peak = max(self.peak, sum(_du(d) for d in self.dirs))
+
+
+def installed_site(dist: Path, site: Path) -> tuple[Path, dict[str, Any]]:
+    """A site directory as pip would leave it: each part carrier's part member and .dist-info."""
+    (provider,) = dist.glob("sglang_kernel_kt-*.whl")
+    with zipfile.ZipFile(provider) as zf:
+        manifest: dict[str, Any] = json.loads(zf.read(MANIFEST_MEMBER))
+    for part in manifest["parts"]:
+        norm = part["distribution"].replace("-", "_")
+        (wheel,) = dist.glob(f"{norm}-{part['version']}-*.whl")
+        with zipfile.ZipFile(wheel) as zf, zf.open(part["member"]) as src:
+            target = site / part["member"]
+            target.parent.mkdir(parents=True, exist_ok=True)
+            with target.open("wb") as out:
+                shutil.copyfileobj(src, out, _CHUNK)
+        di = site / f"{norm}-{part['version']}.dist-info"
+        di.mkdir(parents=True, exist_ok=True)
+        (di / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {part['distribution']}\nVersion: {part['version']}\n")
+        (di / "RECORD").write_text(f"{part['member']},,\n")
+    path = site / MANIFEST_MEMBER
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(manifest))
+    return path, manifest
+
+
+_OURS = """
+import importlib.util, json, sys, time
+t0 = time.perf_counter()
+spec = importlib.util.spec_from_file_location("kt_payload", sys.argv[1])
+m = importlib.util.module_from_spec(spec); sys.modules["kt_payload"] = m; spec.loader.exec_module(m)
+t1 = time.perf_counter()
+out = m.materialize(m.Path(sys.argv[2]), m.Path(sys.argv[3]))
+t2 = time.perf_counter()
+print(json.dumps({"import_s": t1 - t0, "call_s": t2 - t1, "dir": str(out)}))
+"""
+
+
+def ours(site: Path, manifest: Path, cache: Path) -> dict[str, Any]:
+    env = {**os.environ, "PYTHONPATH": str(site)}
+    t0 = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-c", _OURS, str(RUNTIME), str(manifest), str(cache)], env=env,
+                          capture_output=True, text=True, check=True)  # fmt: skip
+    result: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
+    result["process_s"] = time.perf_counter() - t0
+    return result
+
+
+def _sha_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as fh:
+        while chunk := fh.read(_CHUNK):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def reference_pack(files: Path, names: list[str], out: Path, parts: int) -> tuple[list[Path], str, dict[str, str]]:
+    """The reference archive: gzip tar (level 6), cut into `parts` equal slices."""
+    tgz = out / "payload.tar.gz"
+    with tarfile.open(tgz, "w:gz", compresslevel=6) as tar:
+        for n in names:
+            tar.add(files / n, arcname=n)
+    size = tgz.stat().st_size
+    step = -(-size // parts)
+    paths = []
+    with tgz.open("rb") as fh:
+        for i in range(parts):
+            p = out / f"payload.part{i}"
+            p.write_bytes(fh.read(step))
+            paths.append(p)
+    digest = _sha_file(tgz)
+    tgz.unlink()
+    return paths, digest, {n: _sha_file(files / n) for n in names}
+
+
+def reference_materialize(parts: list[Path], digest: str, hashes: dict[str, str], cache: Path) -> None:
+    """Concatenate into a temp archive, hash it, extract, hash every file, rename into the cache."""
+    final = cache / digest
+    if final.exists():
+        reference_warm(final, hashes)
+        return
+    cache.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=cache) as tmp:
+        tgz = Path(tmp) / "payload.tar.gz"
+        with tgz.open("wb") as out:
+            for p in parts:
+                with p.open("rb") as src:
+                    shutil.copyfileobj(src, out, _CHUNK)
+        if _sha_file(tgz) != digest:
+            raise RuntimeError("reference archive hash mismatch")
+        dest = Path(tmp) / "x"
+        with tarfile.open(tgz, "r:gz") as tar:
+            tar.extractall(dest, filter="data")
+        for n, h in hashes.items():
+            if _sha_file(dest / n) != h:
+                raise RuntimeError(f"reference: {n} hash mismatch")
+        dest.rename(final)
+
+
+def reference_warm(final: Path, hashes: dict[str, str]) -> None:
+    for n, h in hashes.items():
+        if _sha_file(final / n) != h:
+            raise RuntimeError(f"reference: {n} hash mismatch")
+
+
+def timed(fn: Callable[[], Any]) -> tuple[float, Any]:
+    t0 = time.perf_counter()
+    value = fn()
+    return time.perf_counter() - t0, value
+
+
+def audit_numbers(dist: Path) -> dict[str, Any]:
+    code = ("import json, resource, time, sys; from pathlib import Path; from audits import core, load_policy; "
+            "t=time.perf_counter(); r=core.run([Path(sys.argv[1])], load_policy()); "
+            "print(json.dumps({'passed': r['passed'], 'seconds': time.perf_counter()-t, "
+            "'self_peak_rss_mib': resource.getrusage(resource.RUSAGE_SELF).ru_maxrss/1024, "
+            "'children_peak_rss_mib': resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss/1024}))")  # fmt: skip
+    proc = subprocess.run([sys.executable, "-c", code, str(dist)], capture_output=True, text=True, check=True, cwd=ROOT)
+    result: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
+    return result
+
+
+def assembly_numbers(kernel: Path) -> dict[str, Any]:
+    cache = ROOT / "build" / "cache" / "payload"
+    out: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for label in ("cold", "warm"):
+            if label == "cold":
+                shutil.rmtree(cache, ignore_errors=True)
+            t, _ = timed(lambda: subprocess.run([sys.executable, "-m", "carriers", "assemble", "--kernel", str(kernel),
+                                                 "--dist", str(Path(tmp) / "dist")], check=True, cwd=ROOT,
+                                                stdout=subprocess.DEVNULL))  # fmt: skip
+            out[f"{label}_s"] = round(t, 1)
+            _say(f"assembly {label}: {t:.1f}s")
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m tools.bench_payload", description=__doc__.splitlines()[0])
+    p.add_argument("--dist", type=Path, default=ROOT / "dist")
+    p.add_argument("--kernel", type=Path, default=ROOT / "build" / "kt-kernel" / "out")
+    p.add_argument("--assembly", action="store_true", help="also time a cold and a warm assembly (minutes)")
+    p.add_argument("--json", type=Path, default=ROOT / "build" / "bench-payload.json")
+    args = p.parse_args(argv)
+    if not list(args.dist.glob("sglang_kernel_kt-*.whl")):
+        print(f"error: {args.dist} holds no release with a CUDA payload; run nox -s build_all first", file=sys.stderr)
+        return 2
+    res: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory(prefix="kt-bench-") as tmp_s:
+        tmp = Path(tmp_s)
+        manifest_path, m = installed_site(args.dist, tmp / "site")
+        names = sorted(m["files"])
+        extracted = sum(f["size"] for f in m["files"].values())
+        biggest_part = max(p["size"] for p in m["parts"])
+        _say(f"ours: cold materialization of {extracted / 2**20:.0f} MiB from {len(m['parts'])} parts")
+        with DiskPeak(tmp / "cache-ours") as disk:
+            cold = ours(tmp / "site", manifest_path, tmp / "cache-ours")
+        warm = ours(tmp / "site", manifest_path, tmp / "cache-ours")
+        files = Path(cold["dir"])
+        _say("reference: gzip-6 tar of the same files (single thread, as tarfile does)")
+        ref_dir = tmp / "ref"
+        ref_dir.mkdir()
+        pack_s, (ref_parts, ref_digest, ref_hashes) = timed(lambda: reference_pack(files, names, ref_dir, 5))
+        ref_bytes = sum(p.stat().st_size for p in ref_parts)
+        _say("reference: cold materialization")
+        with DiskPeak(tmp / "cache-ref") as ref_disk:
+            ref_cold, _ = timed(lambda: reference_materialize(ref_parts, ref_digest, ref_hashes, tmp / "cache-ref"))
+        ref_warm, _ = timed(lambda: reference_materialize(ref_parts, ref_digest, ref_hashes, tmp / "cache-ref"))
+        res["payload"] = {
+            "files": len(names),
+            "extracted_bytes": extracted,
+            "ours_bytes": m["archive"]["size"],
+            "reference_gzip_bytes": ref_bytes,
+            "bytes_ratio": round(m["archive"]["size"] / ref_bytes, 3),
+            "reference_pack_s": round(pack_s, 1),
+            "ours_cold_s": round(cold["process_s"], 2),
+            "reference_cold_s": round(ref_cold, 2),
+            "cold_ratio": round(cold["process_s"] / ref_cold, 3),
+            "ours_warm_call_ms": round(1000 * warm["call_s"], 2),
+            "ours_warm_process_ms": round(1000 * warm["process_s"], 1),
+            "reference_warm_ms": round(1000 * ref_warm, 1),
+            "ours_peak_disk_bytes": disk.peak,
+            "reference_peak_disk_bytes": ref_disk.peak,
+            "disk_limit_bytes": extracted + biggest_part,
+        }
+    dist_manifest = json.loads((args.dist / "manifest.json").read_text())
+    from audits import load_policy
+
+    budget = load_policy().wheel_budget_bytes
+    res["wheels"] = [{"filename": w["filename"], "bytes": w["size"], "budget_pct": round(100 * w["size"] / budget, 1)}
+                     for w in dist_manifest["wheels"]]  # fmt: skip
+    _say("auditing dist/ (payload streamed, every archived ELF inspected)")
+    res["audit"] = audit_numbers(args.dist)
+    if args.assembly:
+        res["assembly"] = assembly_numbers(args.kernel)
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps(res, indent=2) + "\n")
+    pl = res["payload"]
+    print(f"payload bytes: ours {pl['ours_bytes'] / 1e6:.1f} MB vs gzip {pl['reference_gzip_bytes'] / 1e6:.1f} MB "
+          f"({pl['bytes_ratio']:.2f}x, goal <= 0.55x)")  # fmt: skip
+    print(f"cold materialization: ours {pl['ours_cold_s']:.1f} s vs reference {pl['reference_cold_s']:.1f} s "
+          f"({pl['cold_ratio']:.2f}x, goal <= 0.33x)")  # fmt: skip
+    print(f"warm check: ours {pl['ours_warm_call_ms']:.1f} ms in-process ({pl['ours_warm_process_ms']:.0f} ms for a new "
+          f"process, interpreter included) vs reference {pl['reference_warm_ms']:.0f} ms (goal <= 50 ms)")  # fmt: skip
+    print(f"peak extra disk: ours {pl['ours_peak_disk_bytes'] / 2**20:.0f} MiB, reference "
+          f"{pl['reference_peak_disk_bytes'] / 2**20:.0f} MiB (goal <= {pl['disk_limit_bytes'] / 2**20:.0f} MiB)")  # fmt: skip
+    for w in res["wheels"]:
+        print(f"  {w['filename']:<72} {w['bytes'] / 2**20:7.2f} MiB  {w['budget_pct']:5.1f}% of budget")
+    a = res["audit"]
+    print(f"audit of dist/: {a['seconds']:.1f} s, peak RSS {a['self_peak_rss_mib']:.0f} MiB (cuobjdump child "
+          f"{a['children_peak_rss_mib']:.0f} MiB), passed={a['passed']} (goal <= 60 s, <= 512 MiB)")  # fmt: skip
+    if "assembly" in res:
+        print(f"assembly: cold {res['assembly']['cold_s']} s, warm {res['assembly']['warm_s']} s")
+    print(f"wrote {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
