@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 from . import assemble, model
-from .errors import CarrierError
+from .errors import CarrierError, InputError
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -16,13 +16,14 @@ def main(argv: list[str] | None = None) -> int:
     a = sub.add_parser("assemble", help="build every carrier into --dist (atomically)")
     a.add_argument("--kernel", type=Path, required=True, help="the repaired kt_kernel wheel, or its directory")
     a.add_argument("--dist", type=Path, default=Path("dist"))
-    sub.add_parser("check", help="validate carriers.toml")
+    c = sub.add_parser("check", help="validate carriers.toml; with --dist, the built set's metadata too")
+    c.add_argument("--dist", type=Path, help="a built release: pins, bounds, torch and the payload closure")
     args = p.parse_args(argv)
     try:
         cs = model.load()
         if args.cmd == "check":
             print(f"{len(cs.carriers)} carriers, KT version {cs.kt_version}: ok")
-            return 0
+            return 0 if args.dist is None else _check_dist(cs, args.dist)
         manifest = assemble.assemble(cs, assemble.kernel_from(args.kernel), args.dist)
     except CarrierError as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -33,6 +34,26 @@ def main(argv: list[str] | None = None) -> int:
     print(f"torch: {manifest['torch']} (e.g. {', '.join(manifest['torch_candidates'])})")
     print(f"assembled {len(manifest['wheels'])} wheels into {args.dist} in {manifest['elapsed_s']:.1f}s")
     return 0
+
+
+def _check_dist(cs: model.CarrierSet, dist: Path) -> int:
+    """The consistency check over the wheels in `dist`, from their own metadata."""
+    from packaging.utils import canonicalize_name, parse_wheel_filename
+
+    from . import consistency
+    from .assemble import read_metadata
+
+    wheels = sorted(dist.glob("*.whl"))
+    if not wheels:
+        raise InputError(f"{dist}: no wheels; build the release first (nox -s build_all)")
+    meta = {canonicalize_name(parse_wheel_filename(w.name)[0]): read_metadata(w) for w in wheels}
+    report = consistency.check(cs, meta)
+    for problem in report.problems:
+        print(f"error: {problem}", file=sys.stderr)
+    print(f"{dist}: torch {report.torch}; installs that can import the CUDA payload: "
+          f"{', '.join(report.payload_roots) or 'none'}")  # fmt: skip
+    print("every one of them pulls all part carriers" if not report.problems else f"{len(report.problems)} problems")
+    return 1 if report.problems else 0
 
 
 if __name__ == "__main__":

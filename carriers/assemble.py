@@ -31,7 +31,8 @@ class Built:
     payload: dict[str, Any] | None = None  # the lazy CUDA archive's summary (on one entry)
 
 
-def _metadata(path: Path) -> tuple[str, list[str]]:
+def read_metadata(path: Path) -> tuple[str, list[str]]:
+    """(Version, Requires-Dist lines) of a wheel."""
     members = wheelio.read(path)
     text = members[f"{wheelio.dist_info(members)}/METADATA"].decode("utf-8")
     return wheelio.metadata_field(text, "Version")[0], wheelio.metadata_field(text, "Requires-Dist")
@@ -113,7 +114,7 @@ def assemble(cs: CarrierSet, kernel_wheel: Path, dist: Path, **kwargs: Any) -> d
     staging.mkdir()
     try:
         built = build_set(cs, kernel_wheel, staging, **kwargs)
-        report = consistency.check(cs, {b.name: _metadata(b.path) for b in built})
+        report = consistency.check(cs, {b.name: read_metadata(b.path) for b in built})
         if report.problems:
             raise ConsistencyError("the carrier set is inconsistent:\n  " + "\n  ".join(report.problems))
         wheels = []

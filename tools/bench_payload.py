@@ -12,10 +12,10 @@ sgl_kernel and kt-kernel CUDA binaries, read back out of dist/), in one run:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import json
 import os
-import resource
 import shutil
 import subprocess
 import sys
@@ -51,10 +51,8 @@ class DiskPeak:
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            try:
+            with contextlib.suppress(OSError):
                 self.peak = max(self.peak, sum(_du(d) for d in self.dirs))
-            except OSError:
-                pass
             time.sleep(0.05)
 
     def __enter__(self) -> DiskPeak:
