@@ -80,7 +80,9 @@ def installed_site(dist: Path, site: Path) -> tuple[Path, dict[str, Any]]:
                 shutil.copyfileobj(src, out, _CHUNK)
         di = site / f"{norm}-{part['version']}.dist-info"
         di.mkdir(parents=True, exist_ok=True)
-        (di / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {part['distribution']}\nVersion: {part['version']}\n")
+        (di / "METADATA").write_text(
+            f"Metadata-Version: 2.1\nName: {part['distribution']}\nVersion: {part['version']}\n"
+        )
         (di / "RECORD").write_text(f"{part['member']},,\n")
     path = site / MANIFEST_MEMBER
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -103,8 +105,13 @@ print(json.dumps({"import_s": t1 - t0, "call_s": t2 - t1, "dir": str(out)}))
 def ours(site: Path, manifest: Path, cache: Path) -> dict[str, Any]:
     env = {**os.environ, "PYTHONPATH": str(site)}
     t0 = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-c", _OURS, str(RUNTIME), str(manifest), str(cache)], env=env,
-                          capture_output=True, text=True, check=True)  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "-c", _OURS, str(RUNTIME), str(manifest), str(cache)],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     result: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
     result["process_s"] = time.perf_counter() - t0
     return result
@@ -174,11 +181,13 @@ def timed(fn: Callable[[], Any]) -> tuple[float, Any]:
 
 
 def audit_numbers(dist: Path) -> dict[str, Any]:
-    code = ("import json, resource, time, sys; from pathlib import Path; from audits import core, load_policy; "
-            "t=time.perf_counter(); r=core.run([Path(sys.argv[1])], load_policy()); "
-            "print(json.dumps({'passed': r['passed'], 'seconds': time.perf_counter()-t, "
-            "'self_peak_rss_mib': resource.getrusage(resource.RUSAGE_SELF).ru_maxrss/1024, "
-            "'children_peak_rss_mib': resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss/1024}))")  # fmt: skip
+    code = (
+        "import json, resource, time, sys; from pathlib import Path; from audits import core, load_policy; "
+        "t=time.perf_counter(); r=core.run([Path(sys.argv[1])], load_policy()); "
+        "print(json.dumps({'passed': r['passed'], 'seconds': time.perf_counter()-t, "
+        "'self_peak_rss_mib': resource.getrusage(resource.RUSAGE_SELF).ru_maxrss/1024, "
+        "'children_peak_rss_mib': resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss/1024}))"
+    )
     proc = subprocess.run([sys.executable, "-c", code, str(dist)], capture_output=True, text=True, check=True, cwd=ROOT)
     result: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
     return result
@@ -191,9 +200,23 @@ def assembly_numbers(kernel: Path) -> dict[str, Any]:
         for label in ("cold", "warm"):
             if label == "cold":
                 shutil.rmtree(cache, ignore_errors=True)
-            t, _ = timed(lambda: subprocess.run([sys.executable, "-m", "carriers", "assemble", "--kernel", str(kernel),
-                                                 "--dist", str(Path(tmp) / "dist")], check=True, cwd=ROOT,
-                                                stdout=subprocess.DEVNULL))  # fmt: skip
+            t, _ = timed(
+                lambda: subprocess.run(
+                    [
+                        sys.executable,
+                        "-m",
+                        "carriers",
+                        "assemble",
+                        "--kernel",
+                        str(kernel),
+                        "--dist",
+                        str(Path(tmp) / "dist"),
+                    ],
+                    check=True,
+                    cwd=ROOT,
+                    stdout=subprocess.DEVNULL,
+                )
+            )
             out[f"{label}_s"] = round(t, 1)
             _say(f"assembly {label}: {t:.1f}s")
     return out
@@ -251,8 +274,10 @@ def main(argv: list[str] | None = None) -> int:
     from audits import load_policy
 
     budget = load_policy().wheel_budget_bytes
-    res["wheels"] = [{"filename": w["filename"], "bytes": w["size"], "budget_pct": round(100 * w["size"] / budget, 1)}
-                     for w in dist_manifest["wheels"]]  # fmt: skip
+    res["wheels"] = [
+        {"filename": w["filename"], "bytes": w["size"], "budget_pct": round(100 * w["size"] / budget, 1)}
+        for w in dist_manifest["wheels"]
+    ]
     _say("auditing dist/ (payload streamed, every archived ELF inspected)")
     res["audit"] = audit_numbers(args.dist)
     if args.assembly:
@@ -260,19 +285,29 @@ def main(argv: list[str] | None = None) -> int:
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(res, indent=2) + "\n")
     pl = res["payload"]
-    print(f"payload bytes: ours {pl['ours_bytes'] / 1e6:.1f} MB vs gzip {pl['reference_gzip_bytes'] / 1e6:.1f} MB "
-          f"({pl['bytes_ratio']:.2f}x, goal <= 0.55x)")  # fmt: skip
-    print(f"cold materialization: ours {pl['ours_cold_s']:.1f} s vs reference {pl['reference_cold_s']:.1f} s "
-          f"({pl['cold_ratio']:.2f}x, goal <= 0.33x)")  # fmt: skip
-    print(f"warm check: ours {pl['ours_warm_call_ms']:.1f} ms in-process ({pl['ours_warm_process_ms']:.0f} ms for a new "
-          f"process, interpreter included) vs reference {pl['reference_warm_ms']:.0f} ms (goal <= 50 ms)")  # fmt: skip
-    print(f"peak extra disk: ours {pl['ours_peak_disk_bytes'] / 2**20:.0f} MiB, reference "
-          f"{pl['reference_peak_disk_bytes'] / 2**20:.0f} MiB (goal <= {pl['disk_limit_bytes'] / 2**20:.0f} MiB)")  # fmt: skip
+    print(
+        f"payload bytes: ours {pl['ours_bytes'] / 1e6:.1f} MB vs gzip {pl['reference_gzip_bytes'] / 1e6:.1f} MB "
+        f"({pl['bytes_ratio']:.2f}x, goal <= 0.55x)"
+    )
+    print(
+        f"cold materialization: ours {pl['ours_cold_s']:.1f} s vs reference {pl['reference_cold_s']:.1f} s "
+        f"({pl['cold_ratio']:.2f}x, goal <= 0.33x)"
+    )
+    print(
+        f"warm check: ours {pl['ours_warm_call_ms']:.1f} ms in-process ({pl['ours_warm_process_ms']:.0f} ms for a new "
+        f"process, interpreter included) vs reference {pl['reference_warm_ms']:.0f} ms (goal <= 50 ms)"
+    )
+    print(
+        f"peak extra disk: ours {pl['ours_peak_disk_bytes'] / 2**20:.0f} MiB, reference "
+        f"{pl['reference_peak_disk_bytes'] / 2**20:.0f} MiB (goal <= {pl['disk_limit_bytes'] / 2**20:.0f} MiB)"
+    )
     for w in res["wheels"]:
         print(f"  {w['filename']:<72} {w['bytes'] / 2**20:7.2f} MiB  {w['budget_pct']:5.1f}% of budget")
     a = res["audit"]
-    print(f"audit of dist/: {a['seconds']:.1f} s, peak RSS {a['self_peak_rss_mib']:.0f} MiB (cuobjdump child "
-          f"{a['children_peak_rss_mib']:.0f} MiB), passed={a['passed']} (goal <= 60 s, <= 512 MiB)")  # fmt: skip
+    print(
+        f"audit of dist/: {a['seconds']:.1f} s, peak RSS {a['self_peak_rss_mib']:.0f} MiB (cuobjdump child "
+        f"{a['children_peak_rss_mib']:.0f} MiB), passed={a['passed']} (goal <= 60 s, <= 512 MiB)"
+    )
     if "assembly" in res:
         print(f"assembly: cold {res['assembly']['cold_s']} s, warm {res['assembly']['warm_s']} s")
     print(f"wrote {args.json}")
