@@ -46,7 +46,9 @@ def _check_dist(cs: model.CarrierSet, dist: Path) -> int:
     wheels = sorted(dist.glob("*.whl"))
     if not wheels:
         raise InputError(f"{dist}: no wheels; build the release first (nox -s build_all)")
-    meta = {canonicalize_name(parse_wheel_filename(w.name)[0]): read_metadata(w) for w in wheels}
+    meta: dict[str, tuple[str, list[str]]] = {
+        canonicalize_name(parse_wheel_filename(w.name)[0]): read_metadata(w) for w in wheels
+    }
     report = consistency.check(cs, meta)
     for problem in report.problems:
         print(f"error: {problem}", file=sys.stderr)

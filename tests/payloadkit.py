@@ -24,6 +24,7 @@ def validate_manifest(manifest: dict[str, Any]) -> None:
 
     jsonschema.validate(manifest, json.loads(SCHEMA.read_text()))
 
+
 CARRIERS = (
     ("kt-kernel", "0.6.1", "kt_kernel"),
     ("ktransformers", "0.6.1", "ktransformers"),

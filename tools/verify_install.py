@@ -224,7 +224,7 @@ def unresolved_needed(root: Path, venv: Path, always_external: set[str]) -> dict
                 if isinstance(sec, DynamicSection):
                     for tag in sec.iter_tags():
                         if tag.entry.d_tag == "DT_NEEDED":
-                            needed.append(tag.needed)
+                            needed.append(tag.needed)  # type: ignore[attr-defined]
                         elif tag.entry.d_tag in ("DT_RUNPATH", "DT_RPATH"):
                             paths += [
                                 d.replace("$ORIGIN", str(path.parent))
