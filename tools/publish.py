@@ -45,14 +45,56 @@ def upload_order(dist: Path, files: list[str]) -> list[str]:
             reqs = HeaderParser().parsestr(zf.read(meta).decode()).get_all("Requires-Dist", [])
         deps = {str(canonicalize_name(Requirement(r).name)) for r in reqs} & set(by_name)
         graph[name] = deps - {name}
-    sorter = graphlib.TopologicalSorter(graph)
+    # A cycle (sglang-kt requires sglang-kernel-kt, which requires every payload part carrier,
+    # sglang-kt among them) is uploaded as one group, after everything the group requires.
+    group = _cycles(graph)
+    condensed: dict[str, set[str]] = {}
+    for name, deps in graph.items():
+        condensed.setdefault(group[name], set()).update(group[d] for d in deps if group[d] != group[name])
+    sorter = graphlib.TopologicalSorter(condensed)
     order: list[str] = []
     sorter.prepare()
     while sorter.is_active():
         ready = sorted(sorter.get_ready())  # deterministic among equals
-        order += ready
+        for g in ready:
+            order += sorted(n for n in graph if group[n] == g)
         sorter.done(*ready)
     return [by_name[n] for n in order]
+
+
+def _cycles(graph: dict[str, set[str]]) -> dict[str, str]:
+    """name -> its strongly connected component (named by its smallest member); Tarjan's algorithm."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    group: dict[str, str] = {}
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            members = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                members.append(w)
+                if w == v:
+                    break
+            for w in members:
+                group[w] = min(members)
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return group
 
 
 class _Links(html.parser.HTMLParser):

@@ -52,11 +52,13 @@ def index(tmp_path: Path) -> Iterator[tuple[str, Path]]:
     proc.wait(timeout=10)
 
 
-def _dist(tmp_path: Path, marker: str = "1") -> Path:
-    """A three-wheel release: top -> mid -> base (and top -> base)."""
+def _dist(tmp_path: Path, marker: str = "1", specs: dict[str, tuple[str, ...]] | None = None) -> Path:
+    """A three-wheel release: top -> mid -> base (and top -> base), unless `specs` says otherwise."""
     dist = tmp_path / f"dist{marker}"
     dist.mkdir()
-    specs = {"base_kt": (), "mid_kt": ("base-kt==1.0",), "top_kt": ('mid-kt==1.0; extra == "x"', "base-kt==1.0")}
+    specs = specs or {
+        "base_kt": (), "mid_kt": ("base-kt==1.0",), "top_kt": ('mid-kt==1.0; extra == "x"', "base-kt==1.0")
+    }  # fmt: skip
     wheels = []
     for name, reqs in specs.items():
         m = pure_wheel_members(name, "1.0", requires=reqs)
@@ -101,3 +103,13 @@ def test_cli_reports_unreachable_index(tmp_path: Path) -> None:
                           check=False, cwd=Path(__file__).resolve().parents[2])  # fmt: skip
     assert proc.returncode == 1
     assert "cannot reach the index" in proc.stderr
+
+
+def test_a_requirement_cycle_is_uploaded_as_one_group_after_its_dependencies(tmp_path: Path) -> None:
+    """sglang-kt -> sglang-kernel-kt -> (every part carrier, sglang-kt among them): no CycleError;
+    the cycle's members go together, after what they require and before what requires them."""
+    dist = _dist(tmp_path, "c", {"a_part": (), "loop_b": ("loop-a==1.0", "a-part==1.0"), "loop_a": ("loop-b==1.0",),
+                                 "z_user": ("loop-a==1.0",)})  # fmt: skip
+    order = upload_order(dist, sorted(p.name for p in dist.glob("*.whl"))[::-1])
+    names = [f.split("-")[0] for f in order]
+    assert names == ["a_part", "loop_a", "loop_b", "z_user"]
