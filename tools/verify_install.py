@@ -184,7 +184,11 @@ for mod in ("sglang", "sglang.srt.server_args", "sgl_kernel"):
         __import__(mod)
         out[mod] = "ok"
     except BaseException as exc:  # report exactly how far a CPU-only host gets
-        out[mod] = f"{type(exc).__name__}: {str(exc).strip().splitlines()[-1][:300] if str(exc).strip() else ''}"
+        lines = [ln for ln in str(exc).splitlines() if ln.strip()]
+        # sgl_kernel lists each load attempt's error after this line; the first is the cause
+        after = lines[lines.index("Error details from previous import attempts:") + 1:] if (
+            "Error details from previous import attempts:" in lines) else []
+        out[mod] = f"{type(exc).__name__}: " + (after[0].lstrip("- ") if after else (lines[-1] if lines else ""))[:300]
 print(json.dumps(out))
 """
 

@@ -140,6 +140,14 @@ def test_installed_carriers_materialize_without_torch(release: tuple[Path, dict[
     assert uv is not None
     subprocess.run([uv, "pip", "install", "--quiet", "--python", str(venv.python), "--no-deps", *wheels], check=True)
     env = {"KT_KERNEL_CACHE_DIR": str(tmp_path / "cache")}
+    cpu_only = venv.json(
+        "-c",
+        "import json, sys, numpy as np, kt_kernel; print(json.dumps(sorted(m for m in "
+        "sys.modules if m.startswith(('kt_kernel.payload', 'kt_kernel.cuda', 'zstandard')))))",
+        env=env,
+    )
+    assert cpu_only == [], "CPU-only use of kt-kernel never touches the payload"
+    assert not (tmp_path / "cache").exists()
     where = venv.run("-m", "kt_kernel.payload", "where", env=env, check=False)
     assert where.returncode == 1
     out = Path(venv.run("-m", "kt_kernel.payload", "materialize", env=env).stdout.strip())
