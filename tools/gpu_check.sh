@@ -1,13 +1,37 @@
 #!/usr/bin/env bash
-# Every GPU check in one run (< 5 minutes), for a machine with an NVIDIA GPU:
-#   tools/gpu_check.sh [WHEEL]
-# Installs the kt-kernel wheel (default: dist/kt_kernel-*.whl) into a venv that
-# sees the machine's CUDA torch, then runs tests/gpu.
+# Every GPU check in one run (< 5 minutes), for a machine with an NVIDIA GPU and no network:
+#   tools/gpu_check.sh [DIST]
+# Installs kt-kernel (DIST's release wheel, else build/kt-kernel/out's) and, when DIST holds a
+# release, the five payload carriers and sglang-kernel-kt, offline with --no-deps, into a venv that
+# sees the machine's CUDA torch; runs tests/gpu; then materializes the release's CUDA payload from
+# the installed carriers and imports sgl_kernel on the GPU. Exits non-zero when there is no GPU,
+# when any GPU test is skipped, or when any check fails - never 0 on a run that checked nothing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-wheel="${1:-$(ls dist/kt_kernel-*.whl | head -1)}"
-python3 -m venv --system-site-packages /tmp/kt-gpu-venv
-/tmp/kt-gpu-venv/bin/python -m pip install -q --no-deps --force-reinstall "$wheel"
-/tmp/kt-gpu-venv/bin/python -m pip install -q pytest numpy 2>/dev/null || true
-nvidia-smi --query-gpu=name,compute_cap,driver_version --format=csv || true
-cd /tmp && timeout 280 /tmp/kt-gpu-venv/bin/python -m pytest -p no:cacheprovider -m gpu -v "$OLDPWD/tests/gpu"
+dist="${1:-dist}"
+command -v nvidia-smi >/dev/null || { echo "gpu_check: no nvidia-smi: not a GPU machine" >&2; exit 2; }
+nvidia-smi --query-gpu=name,compute_cap,driver_version --format=csv
+venv=/tmp/kt-gpu-venv
+python3 -m venv --system-site-packages "$venv"
+kernel=$(ls "$dist"/kt_kernel-*.whl build/kt-kernel/out/kt_kernel-*.whl 2>/dev/null | head -1)
+[ -n "$kernel" ] || { echo "gpu_check: no kt_kernel wheel in $dist or build/kt-kernel/out" >&2; exit 2; }
+carriers=()
+for name in ktransformers sglang_kt transformers_kt accelerate_kt sglang_kernel_kt; do
+  for w in "$dist"/"$name"-*.whl; do [ -e "$w" ] && carriers+=("$w"); done
+done
+"$venv/bin/python" -m pip install -q --no-deps --no-index --force-reinstall "$kernel" "${carriers[@]}"
+"$venv/bin/python" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 'torch sees no CUDA device')"
+log=$(mktemp)
+(cd /tmp && timeout 240 "$venv/bin/python" -m pytest -p no:cacheprovider -m gpu -rs -v "$OLDPWD/tests/gpu") | tee "$log"
+if grep -qE "[0-9]+ skipped" "$log"; then
+  echo "gpu_check: GPU tests were skipped on a machine with a GPU; that is a failure" >&2
+  exit 1
+fi
+if [ ${#carriers[@]} -eq 5 ]; then
+  export KT_KERNEL_CACHE_DIR=/tmp/kt-gpu-payload
+  "$venv/bin/python" -m kt_kernel.payload materialize
+  "$venv/bin/python" -m kt_kernel.payload verify
+  "$venv/bin/python" -c "import torch, sgl_kernel; print('sgl_kernel loaded', sgl_kernel.common_ops.__file__)"
+  "$venv/bin/python" -c "import kt_kernel.cuda as c; lib = c.load(); print('kt-kernel CUDA from the payload:', lib.arch)"
+fi
+echo "gpu_check: all GPU checks ran and passed"
