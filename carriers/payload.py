@@ -16,6 +16,7 @@ import io
 import json
 import os
 import re
+import shutil
 import tarfile
 import tempfile
 import time
@@ -34,7 +35,7 @@ from .model import Carrier, CarrierSet
 
 SCHEMA_VERSION = 1
 # Bump when the archive's layout changes: it is part of the cache key.
-FORMAT = 2
+FORMAT = 3
 COMPRESSION = "zstd"
 BUILD_MANIFEST = "kt_kernel/_build.json"
 # What the manifest's provider needs at run time to read the archive.
@@ -121,73 +122,107 @@ class Archive:
     files: dict[str, dict[str, Any]]
 
 
-def _key(entries: Mapping[str, bytes], level: int, window: int) -> tuple[str, dict[str, dict[str, Any]]]:
-    files = {n: {"size": len(d), "sha256": hashlib.sha256(d).hexdigest()} for n, d in sorted(entries.items())}
-    ident = json.dumps({"format": FORMAT, "level": level, "window": window, "files": files}, sort_keys=True)
-    return hashlib.sha256(ident.encode()).hexdigest(), files
-
-
-def build_archive(entries: Mapping[str, bytes], level: int, window: int, cache: Path) -> Archive:
-    """The deterministic tar.zst of `entries` (sorted, fixed metadata), built once per input hash."""
-    key, files = _key(entries, level, window)
-    target, desc = cache / f"{key}.tar.zst", cache / f"{key}.json"
-    if target.is_file() and desc.is_file():
-        d = json.loads(desc.read_text())
-        say(f"archive {key[:16]} reused from {cache} ({d['size'] / 2**20:.1f} MiB)")
-        return Archive(target, d["sha256"], d["size"], window, d["files"])
-    import zstandard
-
-    total = sum(len(d) for d in entries.values())
+def _describe(entries: Mapping[str, bytes]) -> dict[str, dict[str, Any]]:
+    """size, sha256 and (for ELF files, by cuobjdump) SASS/PTX of every entry."""
+    files: dict[str, dict[str, Any]] = {
+        n: {"size": len(d), "sha256": hashlib.sha256(d).hexdigest()} for n, d in sorted(entries.items())
+    }
     elfs = sorted(n for n, d in entries.items() if d[:4] == b"\x7fELF")
     tool = _cuobjdump() if elfs else ""
-    say(f"describing {len(elfs)} binaries ({total / 2**20:.0f} MiB) with cuobjdump")
     with tempfile.TemporaryDirectory() as tmp:
         for name in elfs:
-            data = entries[name]
             p = Path(tmp) / "lib.so"
-            p.write_bytes(data)
+            p.write_bytes(entries[name])
             try:
                 sass, ptx = list_archs(tool, p)
             except ValueError as exc:
                 raise InputError(f"{name}: {exc}") from None
             files[name]["sass"], files[name]["ptx"] = sorted(sass), sorted(ptx)
-    cache.mkdir(parents=True, exist_ok=True)
-    # The frame checksum lets the decompressor itself notice corrupted bytes.
+    return files
+
+
+def _compressor(level: int, window: int) -> Any:
+    import zstandard
+
+    # Long-distance matching over a 2**window window; frame checksums let the decompressor
+    # itself notice corrupted bytes.
     params = zstandard.ZstdCompressionParameters.from_level(
         level, window_log=window, enable_ldm=True, write_checksum=True, threads=os.cpu_count() or 1
     )
-    part_file = target.with_name(f".{target.name}.{os.getpid()}")
+    return zstandard.ZstdCompressor(compression_params=params)
+
+
+def _tar_header(name: str, size: int) -> bytes:
+    info = tarfile.TarInfo(name)
+    info.size, info.mtime, info.mode = size, 0, 0o755
+    info.uid = info.gid = 0
+    info.uname = info.gname = ""
+    return info.tobuf(tarfile.PAX_FORMAT, "utf-8", "surrogateescape")
+
+
+def _frame(
+    group: str, entries: Mapping[str, bytes], level: int, window: int, cache: Path
+) -> tuple[Path, dict[str, Any]]:
+    """One zstd frame holding the tar blocks of one top-level directory's files (no end marker),
+    cached by their content: a change elsewhere in the archive never recompresses this one."""
+    files = {n: hashlib.sha256(d).hexdigest() for n, d in sorted(entries.items())}
+    ident = json.dumps({"format": FORMAT, "level": level, "window": window, "files": files}, sort_keys=True)
+    key = hashlib.sha256(ident.encode()).hexdigest()
+    target, desc = cache / f"frame-{key}.zst", cache / f"frame-{key}.json"
+    if target.is_file() and desc.is_file():
+        say(f"{group}/: {len(entries)} files, frame {key[:16]} reused from {cache}")
+        described: dict[str, Any] = json.loads(desc.read_text())
+        return target, described
+    total = sum(len(d) for d in entries.values())
+    say(f"{group}/: describing {len(entries)} files ({total / 2**20:.0f} MiB) with cuobjdump")
+    described = _describe(entries)
+    cache.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_name(f".{target.name}.{os.getpid()}")
     t0 = time.perf_counter()
-    say(
-        f"compressing {total / 2**20:.0f} MiB with zstd-{level} (window 2**{window}, long-distance matching, "
-        f"{os.cpu_count()} threads); cached under {cache}"
-    )
+    say(f"{group}/: compressing {total / 2**20:.0f} MiB with zstd-{level} (window 2**{window}, long-distance "
+        f"matching, {os.cpu_count()} threads)")  # fmt: skip
     done = 0
-    with (
-        part_file.open("wb") as raw,
-        zstandard.ZstdCompressor(compression_params=params).stream_writer(raw, closefd=False) as zw,
-        tarfile.open(fileobj=zw, mode="w|", format=tarfile.PAX_FORMAT) as tar,
-    ):
+    with tmp.open("wb") as raw, _compressor(level, window).stream_writer(raw, closefd=False) as zw:
         for name, data in sorted(entries.items()):
-            info = tarfile.TarInfo(name)
-            info.size, info.mtime, info.mode = len(data), 0, 0o755
-            info.uid = info.gid = 0
-            info.uname = info.gname = ""
-            tar.addfile(info, io.BytesIO(data))
+            zw.write(_tar_header(name, len(data)))
+            zw.write(data)
+            zw.write(b"\0" * (-len(data) % tarfile.BLOCKSIZE))
             done += len(data)
-            say(
-                f"  {name} ({len(data) / 2**20:.1f} MiB) - {100 * done / max(total, 1):.0f}% after "
-                f"{time.perf_counter() - t0:.0f}s"
-            )
+            say(f"  {name} ({len(data) / 2**20:.1f} MiB): {100 * done / max(total, 1):.0f}% after "
+                f"{time.perf_counter() - t0:.0f}s")  # fmt: skip
+    desc.write_text(json.dumps(described, indent=1) + "\n")
+    tmp.replace(target)
+    say(f"{group}/: {target.stat().st_size / 2**20:.1f} MiB in {time.perf_counter() - t0:.1f}s")
+    return target, described
+
+
+def build_archive(entries: Mapping[str, bytes], level: int, window: int, cache: Path) -> Archive:
+    """The deterministic tar.zst of `entries`: one zstd frame per top-level directory (sorted
+    members, fixed metadata), then a frame with the tar end marker. Frames are built once per
+    content hash, so a kernel-only change never recompresses sglang's 1.1 GB."""
+    groups: dict[str, dict[str, bytes]] = {}
+    for name, data in entries.items():
+        groups.setdefault(name.split("/", 1)[0], {})[name] = data
+    frames = [_frame(g, groups[g], level, window, cache) for g in sorted(groups)]
+    end = _compressor(level, window).compress(b"\0" * (2 * tarfile.BLOCKSIZE))
     digest = hashlib.sha256()
-    with part_file.open("rb") as fh:
+    for path, _ in frames:
+        digest.update(path.name.encode())
+    target = cache / f"archive-{digest.hexdigest()}.tar.zst"
+    if not target.is_file():
+        tmp = target.with_name(f".{target.name}.{os.getpid()}")
+        with tmp.open("wb") as out:
+            for path, _ in frames:
+                with path.open("rb") as src:
+                    shutil.copyfileobj(src, out, 1 << 20)
+            out.write(end)
+        tmp.replace(target)
+    sha = hashlib.sha256()
+    with target.open("rb") as fh:
         while chunk := fh.read(1 << 20):
-            digest.update(chunk)
-    size = part_file.stat().st_size
-    desc.write_text(json.dumps({"sha256": digest.hexdigest(), "size": size, "files": files}, indent=1) + "\n")
-    part_file.replace(target)
-    say(f"archive {size / 2**20:.1f} MiB ({100 * size / max(total, 1):.1f}%) in {time.perf_counter() - t0:.1f}s")
-    return Archive(target, digest.hexdigest(), size, window, files)
+            sha.update(chunk)
+    files = {n: f for _, described in frames for n, f in described.items()}
+    return Archive(target, sha.hexdigest(), target.stat().st_size, window, dict(sorted(files.items())))
 
 
 def plan_parts(archive_size: int, bases: list[tuple[str, int]], budget: int, headroom: int) -> list[int]:

@@ -163,7 +163,7 @@ def read_archive(
     error = ""
     try:
         dctx = zstandard.ZstdDecompressor(max_window_size=1 << max(window_log, 10))
-        with dctx.stream_reader(chain, read_size=_CHUNK, read_across_frames=True) as raw:
+        with dctx.stream_reader(chain, read_size=_CHUNK, read_across_frames=True, closefd=False) as raw:
             for info, src in _entries(raw):
                 if src is None:
                     kind = "dir" if info.isdir() else "link" if info.issym() or info.islnk() else "special"

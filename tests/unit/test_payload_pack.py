@@ -98,3 +98,25 @@ def test_the_carrier_set_pulls_every_part_wherever_sgl_kernel_can_be_imported() 
     problems, _ = payload_closure(cs, requires)
     assert problems
     assert all("accelerate-kt" in p for p in problems)
+
+
+def test_a_kernel_only_change_recompresses_only_its_own_frame(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    sgl = {"sgl_kernel/flash_ops.abi3.so": bytes(range(256)) * 4000}
+    first = payload.build_archive({**sgl, "kt_kernel/cuda/lib/libkt_cuda.so": b"v1" * 1000}, 3, 20, tmp_path)
+    capsys.readouterr()
+    compressed: list[str] = []
+    real = payload._compressor
+
+    def spy(level: int, window: int) -> object:
+        compressed.append("frame")
+        return real(level, window)
+
+    monkeypatch.setattr(payload, "_compressor", spy)
+    second = payload.build_archive({**sgl, "kt_kernel/cuda/lib/libkt_cuda.so": b"v2" * 1000}, 3, 20, tmp_path)
+    out = capsys.readouterr().out
+    assert "sgl_kernel/: 1 files, frame" in out and "reused" in out
+    assert "sgl_kernel/: compressing" not in out
+    assert len(compressed) == 2, "the kt_kernel frame and the end marker, never sgl_kernel's"
+    assert first.sha256 != second.sha256
+    assert second.files["sgl_kernel/flash_ops.abi3.so"] == first.files["sgl_kernel/flash_ops.abi3.so"]

@@ -221,9 +221,16 @@ class _PartStream(io.RawIOBase):
         self.total = 0
         self._next()
 
+    def close(self) -> None:
+        if self._fh is not None:
+            self._fh.close()
+            self._fh = None
+        super().close()
+
     def _next(self) -> None:
         if self._fh is not None:
             self._fh.close()
+            self._fh = None
             part, path = self._parts[self._i]
             if self._part_hash.hexdigest() != part.sha256:
                 raise PayloadError(
@@ -237,6 +244,12 @@ class _PartStream(io.RawIOBase):
 
     def readable(self) -> bool:
         return True
+
+    def drain(self) -> None:
+        """Read (and so verify) the rest of the parts: a corrupted part is named by its own error."""
+        buf = bytearray(_CHUNK)
+        while self.readinto(buf):
+            pass
 
     def readinto(self, buf: Any) -> int:
         while self._fh is not None:
@@ -261,13 +274,22 @@ def _extract_stream(m: Manifest, parts: list[tuple[Part, Path]], tmp: Path) -> N
     if m.compression != "zstd":
         raise PayloadError(f"{m.path}: compression {m.compression!r} is unknown to this kt-kernel; upgrade kt-kernel")
     fix = f"reinstall the release ({m.install_hint()})"
-    crash_after = int(os.environ.get(_CRASH_ENV, "0") or 0)
     stream = _PartStream(m, parts)
+    try:
+        _untar(m, stream, tmp, fix)
+    finally:
+        stream.close()
+
+
+def _untar(m: Manifest, stream: _PartStream, tmp: Path, fix: str) -> None:
+    import zstandard
+
+    crash_after = int(os.environ.get(_CRASH_ENV, "0") or 0)
     dctx = zstandard.ZstdDecompressor(max_window_size=1 << max(m.window_log, 10))
     seen: set[str] = set()
     try:
         with (
-            dctx.stream_reader(stream, read_size=_CHUNK, read_across_frames=True) as raw,
+            dctx.stream_reader(stream, read_size=_CHUNK, read_across_frames=True, closefd=False) as raw,
             tarfile.open(fileobj=raw, mode="r|") as tar,
         ):
             for info in tar:
@@ -301,7 +323,10 @@ def _extract_stream(m: Manifest, parts: list[tuple[Part, Path]], tmp: Path) -> N
                     os._exit(70)
             while raw.read(_CHUNK):  # the rest of the stream still has to be hashed
                 pass
-    except (tarfile.TarError, zstandard.ZstdError, EOFError) as exc:
+    except (tarfile.TarError, zstandard.ZstdError, EOFError, PayloadError) as exc:
+        stream.drain()  # raises the precise error when a part's bytes are what is wrong
+        if isinstance(exc, PayloadError):
+            raise
         raise PayloadError(f"corrupted CUDA payload: the parts do not decompress ({exc}); {fix}") from None
     if stream.total != m.size or stream.archive_hash.hexdigest() != m.sha256:
         raise PayloadError(
