@@ -266,7 +266,7 @@ class _PartStream(io.RawIOBase):
 
 def _extract_stream(m: Manifest, parts: list[tuple[Part, Path]], tmp: Path) -> None:
     try:
-        import zstandard
+        import zstandard  # noqa: F401 - checked here, used by _untar
     except ImportError:
         raise PayloadError(
             f"the zstandard module is missing; it comes with sglang-kernel-kt: pip install {_SERVE_HINT}"
