@@ -65,7 +65,10 @@ def cache_root() -> Path:
 
 
 def _safe_name(name: str, payload: Path) -> str:
-    return safe_member_name(name, payload, "reinstall kt-kernel")
+    try:
+        return safe_member_name(name, f"CUDA archive {payload}", "reinstall kt-kernel")
+    except KTKernelError as exc:  # the same check as the release payload's, reported as this module's error
+        raise CudaError(str(exc)) from None
 
 
 def _extract_into(tmp: Path, payload: Path, data: bytes, files: dict[str, Any]) -> None:

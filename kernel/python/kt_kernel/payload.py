@@ -162,7 +162,7 @@ def safe_member_name(name: str, where: object, fix: str) -> str:
     """`name` normalised; an absolute path or one that climbs out of the root is an error."""
     norm = posixpath.normpath(name)
     if name.startswith("/") or norm == ".." or norm.startswith("../") or "/../" in f"/{name}/":
-        raise PayloadError(f"corrupted archive {where}: member {name!r} points outside the archive root; {fix}")
+        raise PayloadError(f"corrupted {where}: member {name!r} points outside the archive root; {fix}")
     return norm
 
 
