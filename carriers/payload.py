@@ -15,7 +15,6 @@ import hashlib
 import io
 import json
 import os
-import re
 import shutil
 import tarfile
 import tempfile
@@ -27,6 +26,7 @@ from typing import Any
 
 from packaging.utils import parse_wheel_filename
 
+from audits.analyzers.wheel_rules import glibc_of
 from audits.readers._cuda import find_cuobjdump, list_archs
 
 from . import wheelio
@@ -42,7 +42,6 @@ BUILD_MANIFEST = "kt_kernel/_build.json"
 RUNTIME_REQUIRES = ("zstandard>=0.22",)
 # Zip local header + central directory entry + RECORD line for one part, generously.
 PART_OVERHEAD = 4096
-_LEGACY_GLIBC = {"manylinux1": (2, 5), "manylinux2010": (2, 12), "manylinux2014": (2, 17)}
 
 
 def _policy() -> Any:
@@ -265,14 +264,6 @@ def plan_parts(archive_size: int, bases: list[tuple[str, int]], budget: int, hea
         sizes[i] -= cut
         excess -= cut
     return sizes
-
-
-def glibc_of(platform: str) -> tuple[int, int] | None:
-    for legacy, ver in _LEGACY_GLIBC.items():
-        if platform.startswith(legacy + "_"):
-            return ver
-    m = re.match(r"manylinux_(\d+)_(\d+)_", platform)
-    return (int(m.group(1)), int(m.group(2))) if m else None
 
 
 def archive_platform(sources: list[Path]) -> str:

@@ -157,7 +157,7 @@ def _manylinux_policies() -> list[dict[str, Any]]:
     return data
 
 
-def _glibc_of(platform: str) -> tuple[int, int] | None:
+def glibc_of(platform: str) -> tuple[int, int] | None:
     for legacy, ver in _LEGACY.items():
         if platform.startswith(legacy + "_"):
             return ver
@@ -169,8 +169,8 @@ def policy_for(glibc: tuple[int, int]) -> dict[str, Any] | None:
     """The auditwheel policy for the newest manylinux_X_Y not above `glibc`."""
     best = None
     for p in _manylinux_policies():
-        ver = _glibc_of(p["name"] + "_")
-        if ver and ver <= glibc and (best is None or ver > _glibc_of(best["name"] + "_")):  # type: ignore[operator]
+        ver = glibc_of(p["name"] + "_")
+        if ver and ver <= glibc and (best is None or ver > glibc_of(best["name"] + "_")):  # type: ignore[operator]
             best = p
     return best
 
@@ -181,7 +181,7 @@ def system_libraries(w: WheelFacts) -> frozenset[str]:
 
 def system_libraries_for(platforms: list[str]) -> frozenset[str]:
     """The manylinux policy's system libraries for the most portable of `platforms`."""
-    claimed = [g for p in platforms if (g := _glibc_of(p))]
+    claimed = [g for p in platforms if (g := glibc_of(p))]
     pol = policy_for(min(claimed)) if claimed else None
     libs = set(pol["lib_whitelist"]) if pol else set(_manylinux_policies()[-1]["lib_whitelist"])
     return frozenset(libs | {"ld-linux-x86-64.so.2"})
@@ -234,7 +234,7 @@ def tags(w: WheelFacts, elfs: list[ElfFacts]) -> list[Finding]:
                 f"extension built for CPython {m.group(2)} in a wheel tagged {sorted(interp)}/{sorted(abis)}",
                 "build the wheel with the interpreter its tag names",
             ))  # fmt: skip
-    if elfs and not any(_glibc_of(t.platform) for t in w.tags) and any(t.platform.startswith("linux_") for t in w.tags):
+    if elfs and not any(glibc_of(t.platform) for t in w.tags) and any(t.platform.startswith("linux_") for t in w.tags):
         msg = "native wheel tagged linux_*: no installer will take it from an index"
         out.append(finding("tag.not-portable", fn, "", msg, "run `auditwheel repair` (nox -s build_cpu does)",
                            "warning"))  # fmt: skip
@@ -244,7 +244,7 @@ def tags(w: WheelFacts, elfs: list[ElfFacts]) -> list[Finding]:
 def platform_overclaims(w: WheelFacts, elfs: list[ElfFacts]) -> list[Finding]:
     """Symbol versions the wheel's most portable manylinux tag does not allow (any ELF it
     ships, the CUDA payload's included)."""
-    claimed = [(g, t.platform) for t in w.tags if (g := _glibc_of(t.platform))]
+    claimed = [(g, t.platform) for t in w.tags if (g := glibc_of(t.platform))]
     pol = policy_for(min(claimed)[0]) if claimed else None
     if pol is None:
         return []

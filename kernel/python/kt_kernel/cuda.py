@@ -26,14 +26,14 @@ from pathlib import Path
 from typing import Any
 
 from ._cpu import KTKernelError
-from .payload import locked as _locked
-from .payload import safe_member_name
 
-CACHE_ENV = "KT_KERNEL_CACHE_DIR"
-# Test hook: exit abruptly after extracting this many members (crash recovery tests).
-_CRASH_ENV = "KT_KERNEL_TEST_CRASH_AFTER_MEMBERS"
+# One owner for the cache variable, the crash-test hook, the atomic install and the path check.
+from .payload import _CRASH_ENV, CACHE_ENV, install_atomically, safe_member_name
+from .payload import COMPLETE as _COMPLETE
+from .payload import cache_root as _cache_root
+from .payload import locked as _locked
+
 _PKG = Path(__file__).resolve().parent
-_COMPLETE = ".complete"
 
 CUDA_ERROR_INSUFFICIENT_DRIVER = 35
 CUDA_ERROR_NO_DEVICE = 100
@@ -57,11 +57,7 @@ def _manifest_section() -> dict[str, Any]:
 
 
 def cache_root() -> Path:
-    env = os.environ.get(CACHE_ENV)
-    if env:
-        return Path(env)
-    xdg = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(xdg) / "kt-kernel" / "cuda"
+    return _cache_root("cuda")
 
 
 def _safe_name(name: str, payload: Path) -> str:
@@ -145,18 +141,7 @@ def extract(section: dict[str, Any] | None = None, root: Path | None = None, pac
         if actual != digest:
             raise CudaError(f"corrupted CUDA archive {payload}: sha256 {actual}, the manifest says {digest}; "
                             "reinstall kt-kernel")  # fmt: skip
-        tmp = root / f".tmp-{digest}-{os.getpid()}"
-        tmp.mkdir()
-        try:
-            _extract_into(tmp, payload, data, section["files"])
-            (tmp / _COMPLETE).write_text(digest + "\n")
-            tmp.rename(final)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
-        with (root / "extractions.log").open("a") as log:
-            log.write(f"{digest} {os.getpid()}\n")
-    return final
+        return install_atomically(root, digest, lambda tmp: _extract_into(tmp, payload, data, section["files"]))
 
 
 def is_legacy(section: dict[str, Any]) -> bool:

@@ -32,7 +32,7 @@ import posixpath
 import shutil
 import sys
 import tarfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from importlib import metadata, util
@@ -139,12 +139,13 @@ def load_manifest(path: Path | None = None) -> Manifest:
         raise PayloadError(f"{path}: unreadable CUDA payload manifest ({exc}); reinstall sglang-kernel-kt") from None
 
 
-def cache_root() -> Path:
+def cache_root(kind: str = "payload") -> Path:
+    """$KT_KERNEL_CACHE_DIR, else $XDG_CACHE_HOME/kt-kernel/KIND (~/.cache when XDG_CACHE_HOME is unset)."""
     env = os.environ.get(CACHE_ENV)
     if env:
         return Path(env)
     xdg = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(xdg) / "kt-kernel" / "payload"
+    return Path(xdg) / "kt-kernel" / kind
 
 
 @contextmanager
@@ -382,18 +383,24 @@ def materialize(manifest: Path | Manifest | None = None, root: Path | None = Non
                 f"{m.extracted_size / 2**20:.0f} MiB, {free / 2**20:.0f} MiB are free; free space "
                 f"or set {CACHE_ENV} to a larger disk"
             )
-        tmp = root / f".tmp-{m.sha256}-{os.getpid()}"
-        tmp.mkdir()
-        try:
-            _extract_stream(m, parts, tmp)
-            (tmp / COMPLETE).write_text(json.dumps({"release": m.release, "sha256": m.sha256}) + "\n")
-            tmp.rename(final)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
-        with (root / "extractions.log").open("a") as log:
-            log.write(f"{m.sha256} {os.getpid()}\n")
-    return final
+        return install_atomically(root, m.sha256, lambda tmp: _extract_stream(m, parts, tmp))
+
+
+def install_atomically(root: Path, digest: str, fill: Callable[[Path], None]) -> Path:
+    """`fill` a temporary directory under `root`, mark it complete and rename it to `root/digest`:
+    readers see nothing or everything. Call with the digest's lock held; the extraction is logged."""
+    tmp = root / f".tmp-{digest}-{os.getpid()}"
+    tmp.mkdir()
+    try:
+        fill(tmp)
+        (tmp / COMPLETE).write_text(digest + "\n")
+        tmp.rename(root / digest)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    with (root / "extractions.log").open("a") as log:
+        log.write(f"{digest} {os.getpid()}\n")
+    return root / digest
 
 
 def verify(manifest: Path | Manifest | None = None, root: Path | None = None) -> list[str]:
