@@ -19,7 +19,14 @@ import pytest
 from tests.wheelkit import pure_wheel_members, write_wheel
 from tools.publish import PublishError, publish, upload_order
 
-pytestmark = pytest.mark.skipif(shutil.which("pypi-server") is None, reason="pypiserver is not installed")
+
+def _pypi_server() -> str:
+    """The session venv's pypi-server (lockfiles/test.txt pins pypiserver): missing is an error, not a skip."""
+    beside = Path(sys.executable).with_name("pypi-server")
+    found = str(beside) if beside.is_file() else shutil.which("pypi-server")
+    if found is None:
+        pytest.fail("pypi-server is missing; lockfiles/test.txt pins pypiserver: run the tests through nox -s tests")
+    return found
 
 
 def _free_port() -> int:
@@ -33,8 +40,7 @@ def index(tmp_path: Path) -> Iterator[tuple[str, Path]]:
     packages = tmp_path / "packages"
     packages.mkdir()
     port = _free_port()
-    server = shutil.which("pypi-server")
-    assert server is not None
+    server = _pypi_server()
     proc = subprocess.Popen([server, "run", "-i", "127.0.0.1", "-p", str(port), "-a", ".", "-P", ".",
                              str(packages)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
     url = f"http://127.0.0.1:{port}/"
