@@ -252,6 +252,7 @@ def _archive(provider: WheelSummary, m: dict[str, Any], a: ArchiveFacts) -> list
                 )
             )
             continue
+        # One finding per defective file: bytes that differ from the manifest make its other claims moot.
         if c.get("size") != f.size or c.get("sha256") != f.sha256:
             out.append(
                 finding(
@@ -262,7 +263,11 @@ def _archive(provider: WheelSummary, m: dict[str, Any], a: ArchiveFacts) -> list
                     _FIX_REBUILD,
                 )
             )
-        if (
+            continue
+        if f.cuda_error:
+            out.append(finding("cuda.payload", pf, f"payload!{norm}", f"cuobjdump cannot read it: {f.cuda_error}",
+                               "rebuild the library; check it with cuobjdump --list-elf"))  # fmt: skip
+        elif (
             a.cuda_inspected
             and f.elf is not None
             and (set(c.get("sass", [])) != f.sass or set(c.get("ptx", [])) != f.ptx)

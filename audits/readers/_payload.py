@@ -91,6 +91,7 @@ class ArchivedFile:
     sass: frozenset[str] = frozenset()
     ptx: frozenset[str] = frozenset()
     cuda: CudaFacts | None = None  # full cuobjdump facts, for the libraries the policy details
+    cuda_error: str = ""  # what cuobjdump said when it could not read the file
 
 
 @dataclass(frozen=True)
@@ -192,16 +193,20 @@ def _spool(name: str, src: Any, tool: str | None, detailed: bool) -> ArchivedFil
         sass: frozenset[str] = frozenset()
         ptx: frozenset[str] = frozenset()
         cuda = None
+        cuda_error = ""
         if is_elf(tmp.read(4)):
             tmp.seek(0)
             try:
                 elf = read_elf_stream(f"payload!{name}", tmp, code=False)  # type: ignore[arg-type]
             except ValueError as exc:
                 elf_error = str(exc)
-            if tool is not None:
-                if detailed:
+            try:
+                if tool is not None and detailed:
                     cuda = read_cuda(tool, Path(tmp.name).read_bytes())
                     sass, ptx = cuda.sass, cuda.ptx
-                else:
+                elif tool is not None:
                     sass, ptx = list_archs(tool, Path(tmp.name))
-    return ArchivedFile(name, "file", size, h.hexdigest(), elf=elf, elf_error=elf_error, sass=sass, ptx=ptx, cuda=cuda)
+            except ValueError as exc:
+                cuda_error = str(exc)
+    return ArchivedFile(name, "file", size, h.hexdigest(), elf=elf, elf_error=elf_error, sass=sass, ptx=ptx,
+                        cuda=cuda, cuda_error=cuda_error)  # fmt: skip
