@@ -214,3 +214,21 @@ def test_a_manifest_the_schema_refuses() -> None:
 
     with pytest.raises(jsonschema.ValidationError, match="'parts' is a required property"):
         validate_manifest({"schema_version": 1, "release": "0.6.1", "provider": {}, "archive": {}, "files": {}})
+
+
+def test_member_escaping_the_root_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    rel = make_release(tmp_path / "site", {"../../evil.so": b"x" * 1000, "sgl_kernel/ok.so": b"y"}, tmp_path / "b")
+    monkeypatch.syspath_prepend(str(rel.site))
+    with pytest.raises(payload.PayloadError, match=r"member '\.\./\.\./evil\.so' points outside the archive root"):
+        payload.materialize(rel.manifest, tmp_path / "cache")
+    assert not (tmp_path / "evil.so").exists()
+    assert not list((tmp_path / "cache").glob(".tmp-*"))
+
+
+def test_long_member_names_use_pax_headers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Names past ustar's 100 bytes travel in PAX headers; the runtime's tar reader honours them."""
+    name = "sgl_kernel/" + "d" * 120 + "/common_ops.abi3.so"
+    rel = make_release(tmp_path / "site", {name: b"z" * 5000}, tmp_path / "b")
+    monkeypatch.syspath_prepend(str(rel.site))
+    out = payload.materialize(rel.manifest, tmp_path / "cache")
+    assert (out / name).read_bytes() == b"z" * 5000
