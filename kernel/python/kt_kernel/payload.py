@@ -302,7 +302,7 @@ class _Sink:
             if not self._errors:
                 try:
                     fn(chunk)
-                except BaseException as exc:  # noqa: BLE001 - handed to the caller by close()
+                except BaseException as exc:
                     self._errors.append(exc)
 
     def put(self, chunk: bytes) -> None:
