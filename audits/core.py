@@ -45,6 +45,7 @@ def audit_wheel(path: Path, policy: Policy, baseline: dict[str, Any] | None = No
     if policy.payload is not None:
         res.summary = summarize(w, policy.payload.manifest_member)
     elfs: dict[str, ElfFacts] = {}
+    non_elf: list[str] = []
     for m in w.members:
         try:
             e = read_elf(m.name, m.data)
@@ -53,7 +54,11 @@ def audit_wheel(path: Path, policy: Policy, baseline: dict[str, Any] | None = No
             continue
         if e is not None:
             elfs[m.name] = e
+        elif m.kind == "file" and wheel_rules.looks_like_library(m.name):
+            non_elf.append(m.name)
     elf_list = list(elfs.values())
+    res.findings += wheel_rules.safety(w)
+    res.findings += wheel_rules.architecture(w, elf_list, non_elf)
     res.findings += wheel_rules.integrity(w)
     res.findings += wheel_rules.wheel_file(w, elf_list)
     res.findings += wheel_rules.metadata(w)

@@ -47,6 +47,8 @@ RULES: dict[str, Rule] = {
         Rule("wheel.requires-python", "wheel", "no Requires-Python"),
         Rule("wheel.stray-content", "wheel", "__pycache__, .pyc, build directories or object files"),
         Rule("wheel.duplicate-member", "wheel", "the same path appears twice in the zip"),
+        Rule("wheel.unsafe-path", "wheel", "a member or RECORD path is absolute, climbs out, or is ambiguous"),
+        Rule("wheel.link-member", "wheel", "a symlink or special-file entry in the zip"),
         # 2. tags
         Rule("tag.ext-suffix", "wheel", "an extension module's suffix does not match the python/abi tag"),
         Rule("tag.manylinux-overclaim", "wheel", "an ELF needs symbol versions newer than the platform tag allows"),
@@ -57,6 +59,8 @@ RULES: dict[str, Rule] = {
         Rule("elf.execstack", "wheel", "an executable stack (PT_GNU_STACK with X)"),
         Rule("elf.rwx-segment", "wheel", "a loadable segment that is writable and executable"),
         Rule("elf.exports", "wheel", "dynamic symbols exported beyond PyInit_* and the declared C API"),
+        Rule("elf.arch-mismatch", "wheel", "an ELF file's machine, class, byte order or OS ABI differs from the tag"),
+        Rule("elf.not-elf", "wheel", "a shared-library or extension member that is not ELF at all"),
         # 4. RPATH
         Rule("rpath.not-origin", "wheel", "an RPATH/RUNPATH entry that is not $ORIGIN-relative, or empty"),
         Rule("rpath.unresolved", "wheel", "a non-system DT_NEEDED that does not resolve inside the wheel"),

@@ -265,3 +265,97 @@ def platform_overclaims(w: WheelFacts, elfs: list[ElfFacts]) -> list[Finding]:
                     "let `auditwheel repair` choose the tag, or build in an older manylinux image",
                 ))  # fmt: skip
     return out
+
+
+def _unsafe(path: str) -> str:
+    """Why `path` is unsafe to install, or ""."""
+    if "\x00" in path:
+        return "contains a NUL byte"
+    if "\\" in path:
+        return "contains a backslash (a directory separator on Windows, a file name character elsewhere)"
+    if path.startswith("/") or re.match(r"[A-Za-z]:", path):
+        return "is absolute"
+    if ".." in path.split("/"):
+        return "climbs out of the install root (..)"
+    return ""
+
+
+def safety(w: WheelFacts) -> list[Finding]:
+    """Member and RECORD paths that would install outside site-packages or collide; link and
+    special-file entries (an installer may follow or create them)."""
+    out: list[Finding] = []
+    fn = w.filename
+    fix = "rebuild the wheel with a PEP 427 builder; never add members by hand"
+    seen: dict[str, str] = {}
+    for m in w.members:
+        why = _unsafe(m.name)
+        if why:
+            out.append(finding("wheel.unsafe-path", fn, m.name, f"member path {m.name!r} {why}", fix))
+        folded = m.name.casefold()
+        if folded in seen and seen[folded] != m.name:
+            out.append(finding("wheel.unsafe-path", fn, m.name, f"{m.name!r} and {seen[folded]!r} differ only in "
+                               "case: one overwrites the other on a case-insensitive file system", fix))  # fmt: skip
+        seen.setdefault(folded, m.name)
+        if m.kind != "file":
+            what = "symbolic link" if m.kind == "link" else "special file"
+            out.append(finding("wheel.link-member", fn, m.name, f"{m.name!r} is a {what} entry",
+                               "store regular files only; installers disagree on links and may follow one "
+                               "outside the install root"))  # fmt: skip
+    record = w.text(f"{w.dist_info}/RECORD")
+    for row in csv.reader(io.StringIO(record or "")):
+        if row and (why := _unsafe(row[0])):
+            out.append(finding("wheel.unsafe-path", fn, f"{w.dist_info}/RECORD", f"RECORD path {row[0]!r} {why}",
+                               fix))  # fmt: skip
+    return out
+
+
+# platform-tag architecture -> (e_machine, ELF class, little endian)
+_ARCH = {
+    "x86_64": ("EM_X86_64", 64, True), "i686": ("EM_386", 32, True), "aarch64": ("EM_AARCH64", 64, True),
+    "ppc64le": ("EM_PPC64", 64, True), "ppc64": ("EM_PPC64", 64, False), "s390x": ("EM_S390", 64, False),
+    "armv7l": ("EM_ARM", 32, True), "riscv64": ("EM_RISCV", 64, True),
+}  # fmt: skip
+_LINUX_ABIS = {"ELFOSABI_SYSV", "ELFOSABI_LINUX"}
+# ELF machines of GPU code (sglang ships AMD gfx950 code objects; cubins are EM_CUDA)
+_DEVICE_CODE = {"EM_AMDGPU", "EM_CUDA"}
+_LIBRARY = re.compile(r"\.so(\.\d+)*$")
+
+
+def tag_architectures(w: WheelFacts) -> set[str]:
+    """The architectures the platform tags name (x86_64, aarch64, ...)."""
+    out = set()
+    for t in w.tags:
+        for arch in _ARCH:
+            if t.platform.endswith("_" + arch):
+                out.add(arch)
+    return out
+
+
+def architecture(w: WheelFacts, elfs: list[ElfFacts], non_elf: list[str]) -> list[Finding]:
+    """Every ELF file is built for the architecture the platform tag names; a .so member is ELF."""
+    out: list[Finding] = []
+    fn = w.filename
+    archs = tag_architectures(w)
+    for e in elfs:
+        if e.machine in _DEVICE_CODE:  # GPU code objects ride as data; the GPU runtime loads them
+            continue
+        if e.osabi not in _LINUX_ABIS:
+            out.append(finding("elf.arch-mismatch", fn, e.member, f"OS ABI {e.osabi}, not Linux",
+                               "build it for Linux"))  # fmt: skip
+        if not archs:
+            continue
+        got = (e.machine, e.elfclass, e.little_endian)
+        if got not in {_ARCH[a] for a in archs}:
+            want = ", ".join(sorted(archs))
+            out.append(finding("elf.arch-mismatch", fn, e.member, f"{e.machine} ELF{e.elfclass} "
+                               f"{'little' if e.little_endian else 'big'}-endian in a wheel tagged for {want}",
+                               f"build it for {want}, or tag the wheel for the architecture it holds"))  # fmt: skip
+    for name in non_elf:
+        out.append(finding("elf.not-elf", fn, name, f"{name} is named like a shared library but is not ELF",
+                           "ship the real library, or name the file for what it is"))  # fmt: skip
+    return out
+
+
+def looks_like_library(name: str) -> bool:
+    """A shared library or an extension module by its name (x.so, x.so.1.2, x.abi3.so)."""
+    return bool(_LIBRARY.search(name.rsplit("/", 1)[-1])) and ".dist-info/" not in name

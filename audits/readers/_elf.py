@@ -35,6 +35,9 @@ class ElfFacts:
     exec_sections: tuple[tuple[str, int, bytes], ...] = field(repr=False)
     # sorted (address, name) of functions, for naming addresses
     symbols: tuple[tuple[int, str], ...] = field(repr=False)
+    elfclass: int = 64
+    little_endian: bool = True
+    osabi: str = "ELFOSABI_SYSV"
 
     def symbol_at(self, address: int) -> str:
         i = bisect_right(self.symbols, (address, "\uffff")) - 1
@@ -114,7 +117,8 @@ def read_elf_stream(member: str, stream: BinaryIO, *, code: bool = True) -> ElfF
             member=member, machine=elf["e_machine"], needed=tuple(needed), rpath=tuple(rpath),
             runpath=tuple(runpath), soname=soname, textrel=textrel, execstack=execstack, rwx_segments=tuple(rwx),
             exports=tuple(sorted(set(exports))), version_needs=tuple(needs), exec_sections=exec_secs,
-            symbols=tuple(syms),
+            symbols=tuple(syms), elfclass=elf.elfclass, little_endian=elf.little_endian,
+            osabi=str(elf["e_ident"]["EI_OSABI"]),
         )  # fmt: skip
     except (ELFError, ValueError, KeyError) as exc:
         raise ValueError(f"{member}: malformed ELF: {exc}") from exc

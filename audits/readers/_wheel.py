@@ -19,6 +19,12 @@ class Member:
     name: str
     data: bytes
     mode: int  # unix mode bits from the zip entry
+    kind: str = "file"  # "file", "link" (S_IFLNK) or "special" (fifo, device, socket), from the zip entry
+
+    @staticmethod
+    def kind_of(external_attr: int) -> str:
+        ftype = (external_attr >> 16) & 0o170000
+        return "file" if ftype in (0, 0o100000) else "link" if ftype == 0o120000 else "special"
 
     @property
     def size(self) -> int:
@@ -58,7 +64,10 @@ def read_wheel(path: Path) -> WheelFacts:
     try:
         with zipfile.ZipFile(path) as zf:
             infos = zf.infolist()
-            members = tuple(Member(i.filename, zf.read(i), (i.external_attr >> 16) & 0o7777) for i in infos)
+            members = tuple(
+                Member(i.filename, zf.read(i), (i.external_attr >> 16) & 0o7777, Member.kind_of(i.external_attr))
+                for i in infos
+            )
     except (OSError, zipfile.BadZipFile) as exc:
         raise AuditError(f"{path}: cannot read the wheel: {exc}") from exc
     counts = Counter(m.name for m in members)

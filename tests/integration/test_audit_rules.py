@@ -322,10 +322,12 @@ def test_cli_writes_report_and_exits_nonzero_on_errors(kt_wheel: Path, members: 
 
 
 def test_every_rule_has_a_negative_test() -> None:
-    """Each rule id appears in the assertions of this file or, for the release-level payload
-    rules (made-up facts, one defect each), of tests/unit/test_payload_rules.py."""
+    """Each rule id appears in the assertions of this file or of the unit tests that feed the
+    payload, path-safety and architecture rules made-up facts (one defect each)."""
     here = Path(__file__).resolve()
-    text = here.read_text() + (here.parents[1] / "unit" / "test_payload_rules.py").read_text()
+    text = here.read_text() + "".join(
+        (here.parents[1] / "unit" / name).read_text() for name in ("test_payload_rules.py", "test_wheel_safety.py")
+    )
     untested = [r for r in RULES if f'"{r}"' not in text]
     assert untested == []
 
@@ -450,3 +452,16 @@ def test_waiver_downgrades_exactly_its_finding(tmp_path: Path) -> None:
     assert f.message.startswith("waived (upstream compressed-tensors")
     other = write_wheel(tmp_path / "demo_pkg-1.0-py3-none-any.whl", pure_wheel_members(requires_python=None))
     assert "wheel.requires-python" in rules_of(other)
+
+
+def test_a_foreign_architecture_library_in_a_real_wheel(members: dict[str, bytes], out: Path, tmp_path: Path) -> None:
+    """A real x86_64 library with its e_machine turned into aarch64 (183): exactly the arch rule."""
+    lib = bytearray(compile_so(tmp_path, "x.so", "int kt_cuda_x(void) { return 1; }"))
+    lib[18:20] = (183).to_bytes(2, "little")
+    found = audit_wheel(write_wheel(out, _with_lib(members, "kt_kernel/x.so", bytes(lib))), POLICY).findings
+    assert {f.rule for f in found if f.member == "kt_kernel/x.so" and f.severity == "error"} == {"elf.arch-mismatch"}
+
+
+def test_a_so_member_that_is_not_elf(members: dict[str, bytes], out: Path) -> None:
+    found = audit_wheel(write_wheel(out, _with_lib(members, "kt_kernel/fake.so", b"not a library")), POLICY).findings
+    assert {f.rule for f in found if f.severity == "error"} == {"elf.not-elf"}
