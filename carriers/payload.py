@@ -68,10 +68,36 @@ def take_archived(members: dict[str, bytes], include: tuple[str, ...], min_bytes
     return picked
 
 
+def check_kernel_coverage(build: Mapping[str, Any], pol: Any) -> list[str]:
+    """What a kt-kernel build manifest lacks of the release's CPU ladder and CUDA matrix (a shard
+    build - one --variant, one --arch - must never become a release)."""
+    problems = []
+    missing = [v.name for v in pol.variants if v.name not in build.get("variants", {})]
+    if missing:
+        problems.append(f"CPU variants {missing} are not built (the ladder has {[v.name for v in pol.variants]})")
+    files = (build.get("cuda") or {}).get("files", {})
+    for lib in pol.cuda_libraries:
+        have = files.get(lib.member)
+        if have is None:
+            problems.append(f"the CUDA library {lib.member} is not built")
+            continue
+        short = sorted((lib.sass - set(have.get("sass", []))) | (lib.ptx - set(have.get("ptx", []))))
+        if short:
+            problems.append(f"{lib.member} lacks {short} of the policy's CUDA matrix")
+    return problems
+
+
 def take_kernel_cuda(members: dict[str, bytes], root: str) -> dict[str, bytes]:
     """Move kt-kernel's own CUDA libraries out of its wheel (its tar.xz) to `root/...` in the
     release archive, and point _build.json's cuda section at the release payload."""
     build = json.loads(members[BUILD_MANIFEST])
+    problems = check_kernel_coverage(build, _policy())
+    if problems:
+        raise InputError(
+            "the kt-kernel wheel is a partial build and cannot be released: "
+            + "; ".join(problems)
+            + ". Build the whole kernel (nox -s build_cuda, no --variant/--arch); dist/ was not touched"
+        )
     cuda = build.get("cuda")
     if not cuda or "payload" not in cuda:
         raise InputError(

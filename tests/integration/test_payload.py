@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from audits import core, load_policy
-from carriers import load, wheelio
+from carriers import InputError, load, wheelio
 from carriers.assemble import assemble
 from tests.conftest import KT_SRC, ROOT, load_source_module
 from tests.integration.conftest import make_venv
@@ -196,3 +196,20 @@ def test_release_audit_is_clean_and_a_corrupted_part_is_caught(
     assert errors == {"payload.part-mismatch", "payload.archive-mismatch", "payload.file-mismatch"}, errors
     assert [f["member"] for f in report["findings"] if f["rule"] == "payload.part-mismatch"] == [part]
     assert len([f for f in report["findings"] if f["rule"] == "payload.file-mismatch"]) == 1
+
+
+@pytest.mark.network
+def test_a_partial_kernel_build_never_reaches_dist(release: tuple[Path, dict[str, Any]], kt_wheel: Path,
+                                                   tmp_path: Path) -> None:  # fmt: skip
+    """A kernel wheel missing a CPU variant (as a `--variant` shard is) is refused; dist/ stays byte-identical."""
+    dist, _ = release
+    before = {p.name: p.read_bytes() for p in sorted(dist.iterdir())}
+    members = wheelio.read(kt_wheel)
+    build = json.loads(members["kt_kernel/_build.json"])
+    del build["variants"]["amx"]
+    members["kt_kernel/_build.json"] = json.dumps(build).encode()
+    shard = tmp_path / kt_wheel.name
+    wheelio.write(shard, members)
+    with pytest.raises(InputError, match=r"partial build.*CPU variants \['amx'\] are not built.*dist/ was not touched"):
+        assemble(load(), shard, dist)
+    assert {p.name: p.read_bytes() for p in sorted(dist.iterdir())} == before

@@ -121,3 +121,21 @@ def test_a_kernel_only_change_recompresses_only_its_own_frame(tmp_path: Path, ca
     assert len(compressed) == 2, "the kt_kernel frame and the end marker, never sgl_kernel's"
     assert first.sha256 != second.sha256
     assert second.files["sgl_kernel/flash_ops.abi3.so"] == first.files["sgl_kernel/flash_ops.abi3.so"]
+
+
+def test_a_shard_kernel_build_is_refused_naming_what_is_missing() -> None:
+    from audits.policy import load_policy
+
+    pol = load_policy()
+    full = {
+        "variants": {v.name: {} for v in pol.variants},
+        "cuda": {
+            "files": {lib.member: {"sass": sorted(lib.sass), "ptx": sorted(lib.ptx)} for lib in pol.cuda_libraries}
+        },
+    }
+    assert payload.check_kernel_coverage(full, pol) == []
+    shard = {"variants": {"avx2": {}}, "cuda": {"files": {"lib/libkt_cuda.so": {"sass": ["sm_75"], "ptx": []}}}}
+    problems = payload.check_kernel_coverage(shard, pol)
+    assert any("'amx'" in p and "not built" in p for p in problems)
+    assert any("lib/libkt_cuda.so lacks" in p and "sm_80" in p for p in problems)
+    assert any("sm90a/libkt_cuda_sm90a.so is not built" in p for p in problems)
