@@ -1,38 +1,86 @@
-"""python -m audits PATH... [--policy FILE] [--json FILE] [--markdown FILE] [--baseline FILE]"""
+"""python -m audits PATH... [--policy FILE] [--json FILE|-] [--markdown FILE] [--baseline FILE] [--debug]
+
+Exit status: 0 no error finding, 1 error findings, 2 unusable input or policy (the message says
+which file and why), 3 an internal error (a bug: one line, or the traceback with --debug).
+"""
 
 from __future__ import annotations
 
 import argparse
 import sys
+import traceback
 from pathlib import Path
 
 from . import core, report
 from .errors import AuditError
-from .policy import load_policy
+from .model import RULES
+from .policy import DEFAULT_POLICY, load_policy
+
+EXIT_INTERNAL = 3
+
+
+def _rules_epilog() -> str:
+    lines = ["rules (id: what it finds):"] + [f"  {r.id}: {r.summary}" for r in RULES.values()]
+    lines += [
+        "",
+        f"default policy: {DEFAULT_POLICY}",
+        "exit: 0 pass, 1 error findings, 2 unusable input or policy, 3 internal error",
+    ]
+    return "\n".join(lines)
+
+
+def _write(path: Path, text: str, what: str) -> None:
+    if str(path) == "-":
+        sys.stdout.write(text)
+        return
+    try:
+        path.write_text(text)
+    except OSError as exc:
+        raise AuditError(f"{path}: cannot write the {what} ({exc.strerror}); choose a writable path") from None
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m audits", description="Audit built wheels (any wheel, not only ours).")
+    p = argparse.ArgumentParser(
+        prog="python -m audits",
+        description="Audit built wheels (any wheel, not only ours).",
+        epilog=_rules_epilog(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("paths", nargs="+", type=Path, help="wheels, or directories of wheels")
-    p.add_argument("--policy", type=Path, help="policy TOML (default: audits/policy/default.toml)")
-    p.add_argument("--json", type=Path, help="write the JSON report here")
+    p.add_argument("--policy", type=Path, help=f"policy TOML (default: {DEFAULT_POLICY})")
+    p.add_argument(
+        "--json", type=Path, help="write the JSON report here (- for stdout; the summary then goes to stderr)"
+    )
     p.add_argument("--markdown", type=Path, help="write a Markdown summary here")
     p.add_argument("--baseline", type=Path, help="previous report (or {name: bytes}) for size growth")
     p.add_argument("--summary", type=Path, help="append the Markdown summary here (CI: $GITHUB_STEP_SUMMARY)")
+    p.add_argument("--debug", action="store_true", help="print the traceback of an internal error")
     args = p.parse_args(argv)
+    terminal = sys.stderr if args.json is not None and str(args.json) == "-" else sys.stdout
     try:
         result = core.run(args.paths, load_policy(args.policy), args.baseline)
+        if args.json:
+            _write(args.json, report.to_json(result), "JSON report")
+        if args.markdown:
+            _write(args.markdown, report.to_markdown(result), "Markdown report")
+        if args.summary:
+            try:
+                with args.summary.open("a") as fh:
+                    fh.write(report.to_markdown(result))
+            except OSError as exc:
+                raise AuditError(f"{args.summary}: cannot append the summary ({exc.strerror})") from None
     except AuditError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return exc.exit_code
-    if args.json:
-        args.json.write_text(report.to_json(result))
-    if args.markdown:
-        args.markdown.write_text(report.to_markdown(result))
-    if args.summary:
-        with args.summary.open("a") as fh:
-            fh.write(report.to_markdown(result))
-    sys.stdout.write(report.to_terminal(result))
+    except Exception as exc:  # a bug, not the user's input: one line, the traceback on request
+        if args.debug:
+            traceback.print_exc()
+        print(
+            f"internal error: {type(exc).__name__}: {exc} (rerun with --debug for the traceback, and report it)",
+            file=sys.stderr,
+        )
+        return EXIT_INTERNAL
+    terminal.write(report.to_terminal(result))
     return 0 if result["passed"] else 1
 
 

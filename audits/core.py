@@ -35,8 +35,14 @@ class WheelResult:
 
 
 def audit_wheel(path: Path, policy: Policy, baseline: dict[str, Any] | None = None) -> WheelResult:
-    data = path.read_bytes()
-    res = WheelResult(path.name, hashlib.sha256(data).hexdigest(), len(data))
+    digest = hashlib.sha256()
+    try:
+        with path.open("rb") as fh:
+            while chunk := fh.read(1 << 20):
+                digest.update(chunk)
+    except OSError as exc:
+        raise AuditError(f"{path}: cannot read ({exc.strerror})") from None
+    res = WheelResult(path.name, digest.hexdigest(), path.stat().st_size)
     try:
         w = read_wheel(path)
     except AuditError as exc:
@@ -92,10 +98,14 @@ def _waive(f: Finding, dist_name: str, policy: Policy) -> Finding:
 def expand(paths: list[Path]) -> list[Path]:
     out: list[Path] = []
     for p in paths:
+        if p.is_dir() and p.suffix == ".whl":
+            raise AuditError(f"{p}: a directory named like a wheel; give the .whl file, or the directory holding it")
         if p.is_dir():
-            out += sorted(p.glob("*.whl"))
-        elif p.exists():
+            out += sorted(w for w in p.glob("*.whl") if w.is_file())
+        elif p.is_file():
             out.append(p)
+        elif p.exists():
+            raise AuditError(f"{p}: not a regular file")
         else:
             raise AuditError(f"{p}: no such file or directory")
     if not out:

@@ -234,6 +234,21 @@ def _waiver(entry: dict[str, Any], source: Path) -> Waiver:
     return Waiver(entry["rule"], entry["wheel"], entry.get("member", ""), entry["reason"])
 
 
+SCHEMA_FILE = Path(__file__).resolve().parent / "policy" / "schema.json"
+
+
+def _check_types(data: Mapping[str, Any], source: Path) -> None:
+    """Every value has the type audits/policy/schema.json gives it: a string where a list belongs
+    would otherwise be read as a set of characters and silently disable a rule."""
+    import jsonschema
+
+    validator = jsonschema.Draft202012Validator(json.loads(SCHEMA_FILE.read_text()))
+    errors = sorted(validator.iter_errors(data), key=lambda e: [str(x) for x in e.absolute_path])
+    if errors:
+        lines = [f"{'.'.join(str(x) for x in e.absolute_path) or '(top)'}: {e.message}" for e in errors[:5]]
+        raise PolicyError(f"{source}: the policy does not match {SCHEMA_FILE.name}:\n  " + "\n  ".join(lines))
+
+
 def load_policy(path: Path | None = None) -> Policy:
     path = (path or DEFAULT_POLICY).resolve()
     try:
@@ -241,8 +256,7 @@ def load_policy(path: Path | None = None) -> Policy:
     except (OSError, tomllib.TOMLDecodeError) as exc:
         raise PolicyError(f"{path}: cannot read policy: {exc}") from exc
     _check_keys(data, _SCHEMA, "", path)
-    if data.get("schema_version") != 1:
-        raise PolicyError(f"{path}: schema_version must be 1")
+    _check_types(data, path)
     try:
         size, elf, isa = data["size"], data["elf"], data["isa"]
         ladder_path = (path.parent / isa["ladder"]).resolve()

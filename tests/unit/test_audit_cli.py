@@ -1,0 +1,125 @@
+"""The audit CLI on malformed input: each case its exit code and message, never a traceback.
+0 pass, 1 error findings, 2 unusable input or policy, 3 internal error."""
+
+from __future__ import annotations
+
+import json
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from audits import __main__ as cli
+from audits.policy import DEFAULT_POLICY
+from tests.wheelkit import pure_wheel_members, write_wheel
+
+WHEEL = "demo-1.0-py3-none-any.whl"
+
+
+def _pure(tmp_path: Path) -> Path:
+    return write_wheel(tmp_path / WHEEL, pure_wheel_members("demo", "1.0"))
+
+
+def _policy(tmp_path: Path, old: str, new: str) -> Path:
+    text = DEFAULT_POLICY.read_text()
+    assert old in text
+    path = DEFAULT_POLICY.parent / f".test-{tmp_path.name}.toml"  # beside the default: relative paths resolve
+    path.write_text(text.replace(old, new, 1))
+    return path
+
+
+def run(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
+    code = cli.main(list(args))
+    out, err = capsys.readouterr()
+    assert "Traceback" not in out + err
+    return code, out, err
+
+
+def test_a_clean_wheel_passes_and_json_can_go_to_stdout(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = run(capsys, str(_pure(tmp_path)), "--json", "-")
+    assert code == 0
+    assert json.loads(out)["passed"] is True
+    assert "PASSED: 1 wheels" in err
+
+
+def test_error_findings_exit_1(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = _pure(tmp_path)
+    with zipfile.ZipFile(path, "a") as zf:
+        zf.writestr("../evil.py", "")
+    code, out, _ = run(capsys, str(path))
+    assert code == 1
+    assert "wheel.unsafe-path" in out
+
+
+@pytest.mark.parametrize(("make", "message"), [
+    (lambda d: d / "missing.whl", "no such file or directory"),
+    (lambda d: (d / "x.whl").mkdir() or d / "x.whl", "a directory named like a wheel"),
+    (lambda d: (d / "empty").mkdir() or d / "empty", "no wheels found"),
+])  # fmt: skip
+def test_unusable_input_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str], make: object,
+                                message: str) -> None:  # fmt: skip
+    target = make(tmp_path)  # type: ignore[operator]
+    code, _, err = run(capsys, str(target))
+    assert code == 2, err
+    assert message in err
+    assert str(target) in err
+
+
+def test_non_zip_and_truncated_wheels_are_findings_not_crashes(tmp_path: Path,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / "a-1.0-py3-none-any.whl").write_bytes(b"not a zip at all")
+    good = _pure(tmp_path).read_bytes()
+    (tmp_path / "d" / "b-1.0-py3-none-any.whl").write_bytes(good[: len(good) // 2])
+    (tmp_path / "d" / "c-1.0-py3-none-any.whl").write_bytes(b"")
+    (tmp_path / "d" / "bad-name.whl").write_bytes(good)
+    code, out, _ = run(capsys, str(tmp_path / "d"))
+    assert code == 1
+    assert out.count("wheel.unreadable") == 4
+    assert "not a wheel filename" in out
+
+
+@pytest.mark.parametrize(("old", "new", "message"), [
+    ("wheel_budget_mib = 100", 'wheel_budget_mib = "100MiB"', "size.wheel_budget_mib: '100MiB' is not of type"),
+    ('applies_to = ["kt-kernel"]', 'applies_to = "kt-kernel"', "elf.exports.applies_to: 'kt-kernel' is not of type"),
+    ("zstd_window_log = 27", "zstd_window_log = 40", "payload.zstd_window_log: 40 is greater than the maximum"),
+    ("growth_threshold_pct", "growth_treshold_pct", "did you mean 'growth_threshold_pct'"),
+])  # fmt: skip
+def test_bad_policy_values_exit_2_naming_the_key(tmp_path: Path, capsys: pytest.CaptureFixture[str], old: str,
+                                                 new: str, message: str) -> None:  # fmt: skip
+    policy = _policy(tmp_path, old, new)
+    try:
+        code, _, err = run(capsys, str(_pure(tmp_path)), "--policy", str(policy))
+    finally:
+        policy.unlink()
+    assert code == 2
+    assert message in err
+    assert policy.name in err
+
+
+def test_unwritable_json_path_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    code, _, err = run(capsys, str(_pure(tmp_path)), "--json", str(blocker / "report.json"))
+    assert code == 2
+    assert f"{blocker / 'report.json'}: cannot write the JSON report" in err
+
+
+def test_an_internal_error_is_one_line_unless_debug(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    def boom(*_: object, **__: object) -> None:
+        raise KeyError("unexpected")
+
+    monkeypatch.setattr(cli.core, "run", boom)
+    assert run(capsys, str(_pure(tmp_path)))[0] == cli.EXIT_INTERNAL
+    assert cli.main([str(_pure(tmp_path)), "--debug"]) == cli.EXIT_INTERNAL
+    assert "Traceback" in capsys.readouterr().err
+
+
+def test_help_lists_the_rules_and_the_policy(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        cli.main(["--help"])
+    out = capsys.readouterr().out
+    assert "payload.part-mismatch:" in out
+    assert "wheel.unsafe-path:" in out
+    assert str(DEFAULT_POLICY) in out
