@@ -110,7 +110,7 @@ def test_an_internal_error_is_one_line_unless_debug(tmp_path: Path, capsys: pyte
     def boom(*_: object, **__: object) -> None:
         raise KeyError("unexpected")
 
-    monkeypatch.setattr(cli.core, "run", boom)
+    monkeypatch.setattr("audits.core.run", boom)
     assert run(capsys, str(_pure(tmp_path)))[0] == cli.EXIT_INTERNAL
     assert cli.main([str(_pure(tmp_path)), "--debug"]) == cli.EXIT_INTERNAL
     assert "Traceback" in capsys.readouterr().err
