@@ -32,6 +32,7 @@ class WheelResult:
     sizes: dict[str, Any] = field(default_factory=dict)
     platform: str | None = None  # the most portable manylinux tag the ELF files allow
     summary: WheelSummary | None = None  # what the release-level payload rules need
+    installed: tuple[str, ...] = ()  # member paths, for the release-level collision rule
 
 
 def audit_wheel(path: Path, policy: Policy, baseline: dict[str, Any] | None = None) -> WheelResult:
@@ -64,6 +65,9 @@ def audit_wheel(path: Path, policy: Policy, baseline: dict[str, Any] | None = No
             non_elf.append(m.name)
     elf_list = list(elfs.values())
     res.findings += wheel_rules.safety(w)
+    res.installed = tuple(m.name for m in w.members)
+    elf_hashes = {n: hashlib.sha256(m.data).hexdigest() for m in w.members if (n := m.name) in elfs}
+    res.findings += wheel_rules.layout(w, elf_hashes, policy.top_level_forbidden)
     res.findings += wheel_rules.architecture(w, elf_list, non_elf)
     res.findings += wheel_rules.integrity(w)
     res.findings += wheel_rules.wheel_file(w, elf_list)
@@ -126,6 +130,9 @@ def run(paths: list[Path], policy: Policy, baseline_file: Path | None = None) ->
     t0 = time.perf_counter()
     results = [audit_wheel(p, policy, baseline) for p in expand(paths)]
     payload_section = _release_payload(results, policy)
+    by_file = {r.wheel: r for r in results}
+    for f in wheel_rules.collisions({r.wheel: r.installed for r in results}):
+        by_file[f.wheel].findings.append(f)
     findings = [f for r in results for f in r.findings]
     return {
         "schema_version": SCHEMA_VERSION,

@@ -49,6 +49,9 @@ RULES: dict[str, Rule] = {
         Rule("wheel.duplicate-member", "wheel", "the same path appears twice in the zip"),
         Rule("wheel.unsafe-path", "wheel", "a member or RECORD path is absolute, climbs out, or is ambiguous"),
         Rule("wheel.link-member", "wheel", "a symlink or special-file entry in the zip"),
+        Rule("wheel.top-level", "wheel", "a top-level lib/, include/, bin/... that installs into site-packages"),
+        Rule("wheel.duplicate-library", "wheel", "identical shared-library bytes stored more than once"),
+        Rule("release.path-collision", "wheel", "two distributions of the release install the same path"),
         # 2. tags
         Rule("tag.ext-suffix", "wheel", "an extension module's suffix does not match the python/abi tag"),
         Rule("tag.manylinux-overclaim", "wheel", "an ELF needs symbol versions newer than the platform tag allows"),

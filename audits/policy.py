@@ -20,6 +20,7 @@ DEFAULT_POLICY = Path(__file__).resolve().parent / "policy" / "default.toml"
 _SCHEMA: dict[str, Any] = {
     "schema_version": None,
     "size": {"wheel_budget_mib": None, "growth_threshold_pct": None},
+    "wheel": {"top_level_forbidden": None},
     "elf": {
         "forbidden_needed": None,
         "external": None,
@@ -207,6 +208,7 @@ class Policy:
     payload: PayloadPolicy | None = None
     # Always provided by the system, never by a wheel (the CUDA driver): correct to need.
     always_external: frozenset[str] = frozenset()
+    top_level_forbidden: frozenset[str] = frozenset()
 
 
 def _closure(features: frozenset[str], implies: Mapping[str, list[str]]) -> frozenset[str]:
@@ -306,6 +308,7 @@ def load_policy(path: Path | None = None) -> Policy:
                 for e in elf.get("external", [])
             ),
             always_external=frozenset(_str_list(elf.get("always_external", []), "elf.always_external", path)),
+            top_level_forbidden=frozenset(data.get("wheel", {}).get("top_level_forbidden", [])),
             exports_allowed=tuple(elf["exports"]["allowed"]),
             exports_applies_to=frozenset(elf["exports"]["applies_to"]),
             variants=tuple(variants),

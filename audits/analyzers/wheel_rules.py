@@ -359,3 +359,44 @@ def architecture(w: WheelFacts, elfs: list[ElfFacts], non_elf: list[str]) -> lis
 def looks_like_library(name: str) -> bool:
     """A shared library or an extension module by its name (x.so, x.so.1.2, x.abi3.so)."""
     return bool(_LIBRARY.search(name.rsplit("/", 1)[-1])) and ".dist-info/" not in name
+
+
+def layout(w: WheelFacts, elfs: dict[str, str], forbidden: frozenset[str]) -> list[Finding]:
+    """Top-level directories that are not packages (lib/, include/ in site-packages), and the same
+    shared library stored several times (x.so, x.so.0, x.so.0.6.0 with identical bytes).
+    `elfs`: ELF member -> its sha256."""
+    out: list[Finding] = []
+    fn = w.filename
+    tops = sorted({m.name.split("/", 1)[0] for m in w.members if "/" in m.name})
+    for top in tops:
+        if top in forbidden:
+            out.append(finding("wheel.top-level", fn, f"{top}/", f"{top}/ installs straight into site-packages, "
+                               "beside every other distribution", f"move it into the import package, or under "
+                               f"{w.dist_info.removesuffix('.dist-info')}.data/ (data, headers, scripts)"))  # fmt: skip
+    by_hash: dict[str, list[str]] = {}
+    for name, digest in sorted(elfs.items()):
+        by_hash.setdefault(digest, []).append(name)
+    for names in by_hash.values():
+        if len(names) > 1:
+            out.append(finding("wheel.duplicate-library", fn, names[0], f"the same library bytes are stored "
+                               f"{len(names)} times: {', '.join(names)}", "ship one file; wheels cannot hold "
+                               "symlinks, so give the loader one name (the SONAME) and drop the copies"))  # fmt: skip
+    return out
+
+
+def collisions(installed: dict[str, tuple[str, ...]]) -> list[Finding]:
+    """Paths two distributions of the release both install (one silently overwrites the other).
+    `installed`: wheel filename -> its member paths."""
+    owner: dict[str, str] = {}
+    out: list[Finding] = []
+    for wheel, names in sorted(installed.items()):
+        for name in names:
+            top = name.split("/", 1)[0]
+            if top.endswith((".dist-info", ".data")):
+                continue
+            if name in owner and owner[name] != wheel:
+                out.append(finding("release.path-collision", wheel, name, f"{owner[name]} installs {name} too: "
+                                   "whichever installs last wins, and uninstalling either breaks the other",
+                                   "ship the file from one distribution only"))  # fmt: skip
+            owner.setdefault(name, wheel)
+    return out

@@ -114,3 +114,31 @@ def test_library_names(name: str, expected: bool) -> None:
 
 def test_dataclass_defaults_keep_old_constructors() -> None:
     assert dataclasses.replace(elf(), machine="EM_X86_64").osabi == "ELFOSABI_SYSV"
+
+
+def test_top_level_lib_and_include_install_into_site_packages() -> None:
+    from audits.analyzers.wheel_rules import layout
+
+    w = wheel(member("demo/__init__.py"), member("lib/libfoo.a"), member("include/foo.h"), member("demo.libs/x.so"))
+    found = layout(w, {}, frozenset({"lib", "include", "bin"}))
+    assert sorted((f.rule, f.member) for f in found) == [("wheel.top-level", "include/"), ("wheel.top-level", "lib/")]
+
+
+def test_the_same_library_under_its_soname_chain() -> None:
+    from audits.analyzers.wheel_rules import layout
+
+    names = {"demo/lib/libx.so": "a" * 64, "demo/lib/libx.so.0": "a" * 64, "demo/lib/libx.so.0.6.0": "a" * 64,
+             "demo/lib/liby.so": "b" * 64}  # fmt: skip
+    found = layout(wheel(member("demo/__init__.py")), names, frozenset())
+    assert [(f.rule, f.member) for f in found] == [("wheel.duplicate-library", "demo/lib/libx.so")]
+    assert "3 times" in found[0].message
+
+
+def test_two_distributions_installing_the_same_path() -> None:
+    from audits.analyzers.wheel_rules import collisions
+
+    found = collisions({"a-1-py3-none-any.whl": ("triton_kernels/__init__.py", "a/__init__.py", "a-1.dist-info/RECORD"),
+                        "b-1-py3-none-any.whl": ("triton_kernels/__init__.py", "b/__init__.py", "b-1.dist-info/RECORD")})  # fmt: skip
+    assert [(f.rule, f.wheel, f.member) for f in found] == [
+        ("release.path-collision", "b-1-py3-none-any.whl", "triton_kernels/__init__.py")
+    ]
