@@ -137,8 +137,13 @@ def test_the_same_library_under_its_soname_chain() -> None:
 def test_two_distributions_installing_the_same_path() -> None:
     from audits.analyzers.wheel_rules import collisions
 
-    found = collisions({"a-1-py3-none-any.whl": ("triton_kernels/__init__.py", "a/__init__.py", "a-1.dist-info/RECORD"),
-                        "b-1-py3-none-any.whl": ("triton_kernels/__init__.py", "b/__init__.py", "b-1.dist-info/RECORD")})  # fmt: skip
+    shared = "triton_kernels/__init__.py"
+    found = collisions(
+        {
+            "a-1-py3-none-any.whl": (shared, "a/__init__.py", "a-1.dist-info/RECORD"),
+            "b-1-py3-none-any.whl": (shared, "b/__init__.py", "b-1.dist-info/RECORD"),
+        }
+    )
     assert [(f.rule, f.wheel, f.member) for f in found] == [
         ("release.path-collision", "b-1-py3-none-any.whl", "triton_kernels/__init__.py")
     ]
