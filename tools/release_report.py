@@ -95,6 +95,13 @@ def main(argv: list[str] | None = None) -> int:
             f"| {verdict} |"
         )
     lines.append("")
+    pl = manifest.get("payload")
+    if pl:
+        parts = ", ".join(f"{p['distribution']} {p['size'] / 2**20:.1f}" for p in pl["parts"])
+        line = (f"CUDA payload: {pl['files']} files, {pl['extracted_size'] / 2**20:.0f} MiB -> "
+                f"{pl['archive_size'] / 2**20:.1f} MiB zstd in {len(pl['parts'])} parts (MiB: {parts})")  # fmt: skip
+        lines.append(line)
+        md.append(f"\n- {line}")
     lines.append(
         f"audit: {'PASSED' if audit.get('passed') else 'FAILED or missing'} "
         f"({len(audit.get('findings', []))} findings, {audit.get('elapsed_s', '?')}s)"
