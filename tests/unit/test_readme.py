@@ -18,6 +18,7 @@ def test_readme_has_two_commands_main_job_then_tests() -> None:
     assert cmds[1].endswith("nox -s tests")
 
 
-def test_ci_runs_the_readme_test_command() -> None:
-    script = (ROOT / ".ci" / "run").read_text().strip().splitlines()
-    assert script[-1] == _commands()[1]
+def test_ci_runs_the_readme_test_command_then_lint() -> None:
+    script = [ln for ln in (ROOT / ".ci" / "run").read_text().strip().splitlines() if ln and not ln.startswith("#")]
+    assert script[-2] == _commands()[1]
+    assert script[-1] == ".venv/bin/nox -s lint"
