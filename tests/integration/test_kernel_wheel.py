@@ -17,6 +17,39 @@ VARIANTS = [v["name"] for v in LADDER]
 # Numerics bound: activations are quantized per token to int8 (or rounded to
 # bf16), so the kernel differs from an fp32 reference by ~1-2% in relative L2.
 REL_TOL = 3e-2
+# The ladder's feature names (iced-x86) as the Linux kernel spells them in /proc/cpuinfo: the
+# independent source that decides which variants this host must run (never kt_kernel's own
+# detection, which is under test).
+CPUINFO_FLAG = {
+    "AVX2": "avx2", "FMA": "fma", "F16C": "f16c", "AVX512F": "avx512f", "AVX512BW": "avx512bw",
+    "AVX512DQ": "avx512dq", "AVX512VL": "avx512vl", "AVX512_VNNI": "avx512_vnni", "AVX512_VBMI": "avx512vbmi",
+    "AVX512_BF16": "avx512_bf16", "AMX_TILE": "amx_tile", "AMX_INT8": "amx_int8",
+}  # fmt: skip
+
+
+def cpuinfo_flags() -> set[str]:
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("flags"):
+            return set(line.split(":", 1)[1].split())
+    pytest.fail("/proc/cpuinfo has no flags line")
+
+
+def missing_on_host(variant: str) -> list[str]:
+    features = next(v["features"] for v in LADDER if v["name"] == variant)
+    flags = cpuinfo_flags()
+    return [f for f in features if CPUINFO_FLAG[f] not in flags]
+
+
+def test_every_ladder_feature_has_a_cpuinfo_name() -> None:
+    assert {f for v in LADDER for f in v["features"]} <= set(CPUINFO_FLAG)
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_detection_agrees_with_proc_cpuinfo(variant: str, host_report: dict[str, Any]) -> None:
+    """kt_kernel's CPUID/XGETBV detection against the kernel's own view: under-reporting would
+    silently skip variants (and ship slower code); over-reporting would SIGILL."""
+    expected = not missing_on_host(variant)
+    assert host_report["variants"][variant]["usable"] == expected, host_report["variants"][variant]["why"]
 
 
 def test_wheel_is_repaired_and_carries_the_manifest(kt_wheel: Path) -> None:
@@ -46,10 +79,12 @@ def test_override_to_unknown_variant_is_a_clear_import_error(fresh_venv: Venv) -
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
-def test_variant_matches_torch_fp32_reference(variant: str, fresh_venv: Venv, host_report: dict[str, Any]) -> None:
-    status = host_report["variants"][variant]
-    if not status["usable"]:
-        pytest.skip(f"this host cannot run {variant}: {status['why']}")
+def test_variant_matches_torch_fp32_reference(variant: str, fresh_venv: Venv) -> None:
+    missing = missing_on_host(variant)
+    if missing:
+        pytest.skip(
+            f"this host cannot run {variant}: /proc/cpuinfo lacks {', '.join(CPUINFO_FLAG[f] for f in missing)}"
+        )
     result = fresh_venv.json(str(SCRIPTS / "numerics.py"), env={"KT_KERNEL_CPU_VARIANT": variant})
     assert result["variant"] == variant
     bad = [c for c in result["cases"] if not c["rel_err"] < REL_TOL]
