@@ -117,6 +117,22 @@ def tests(session: nox.Session) -> None:
     session.run("pytest", *args.pytest_args, env={"KT_DIST": str(KERNEL_OUT), "KT_FIND_LINKS": FIND_LINKS})
 
 
+@nox.session(python=PYTHON, default=False)
+def tests_gpu(session: nox.Session) -> None:
+    """On a machine with an NVIDIA GPU: the built kt-kernel wheel beside CUDA torch (lockfiles/gpu.txt),
+    then tests/gpu, where a skip is a failure. Offline GPU machines: tools/gpu_check.sh."""
+    import shutil
+
+    if shutil.which("nvidia-smi") is None:
+        session.error("no NVIDIA GPU here (nvidia-smi not found); nox -s tests runs everything else")
+    wheels = sorted(KERNEL_OUT.glob("kt_kernel-*.whl"))
+    if len(wheels) != 1:
+        session.error(f"expected one kt-kernel wheel in {KERNEL_OUT}; run nox -s build_cuda first")
+    _install_lock(session, "gpu")
+    session.install("--no-deps", str(wheels[0]))
+    session.run("pytest", "-p", "no:cacheprovider", "-m", "gpu", "-rs", "tests/gpu", env={"KT_REQUIRE_GPU": "1"})
+
+
 @nox.session(python=PYTHON, tags=["audit"])
 def audit(session: nox.Session) -> None:
     """Run every audit over dist/: dist/audit-report.json and .md; fails on any error finding."""

@@ -22,7 +22,7 @@ done
 "$venv/bin/python" -m pip install -q --no-deps --no-index --force-reinstall "$kernel" "${carriers[@]}"
 "$venv/bin/python" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 'torch sees no CUDA device')"
 log=$(mktemp)
-(cd /tmp && timeout 240 "$venv/bin/python" -m pytest -p no:cacheprovider -m gpu -rs -v "$OLDPWD/tests/gpu") | tee "$log"
+(cd /tmp && KT_REQUIRE_GPU=1 timeout 240 "$venv/bin/python" -m pytest -p no:cacheprovider -m gpu -rs -v "$OLDPWD/tests/gpu") | tee "$log"
 if grep -qE "[0-9]+ skipped" "$log"; then
   echo "gpu_check: GPU tests were skipped on a machine with a GPU; that is a failure" >&2
   exit 1
