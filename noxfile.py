@@ -133,6 +133,14 @@ def tests_gpu(session: nox.Session) -> None:
     session.run("pytest", "-p", "no:cacheprovider", "-m", "gpu", "-rs", "tests/gpu", env={"KT_REQUIRE_GPU": "1"})
 
 
+@nox.session(python=PYTHON, default=False)
+def mutants(session: nox.Session) -> None:
+    """Delete each audit rule in turn; the tests that name it must fail (build/mutants.json; survivors fail)."""
+    _install_lock(session, "test")
+    session.run("python", "-m", "tools.mutants", *session.posargs,
+                env={"KT_DIST": str(KERNEL_OUT), "KT_FIND_LINKS": FIND_LINKS})  # fmt: skip
+
+
 @nox.session(python=PYTHON, tags=["audit"])
 def audit(session: nox.Session) -> None:
     """Run every audit over dist/: dist/audit-report.json and .md; fails on any error finding."""
