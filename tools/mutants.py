@@ -40,11 +40,9 @@ def pytest_configure(config: Any) -> None:
         found = real(r, *args, **kwargs)
         return dataclasses.replace(found, rule="mutant.deleted", severity="info") if r == rule else found
 
-    for name in ANALYZERS:
-        importlib.import_module(f"audits.analyzers.{name}").finding = mutant
-    import audits.core
-
-    audits.core.finding = mutant  # type: ignore[attr-defined]
+    # Each module imported `finding` by name: replace it where it is looked up.
+    for name in (*(f"audits.analyzers.{a}" for a in ANALYZERS), "audits.core"):
+        setattr(importlib.import_module(name), "finding", mutant)  # noqa: B010 - a dynamic module
 
 
 def _tests_naming(rule: str) -> list[Path]:
