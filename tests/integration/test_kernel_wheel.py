@@ -57,6 +57,10 @@ def test_wheel_is_repaired_and_carries_the_manifest(kt_wheel: Path) -> None:
     with zipfile.ZipFile(kt_wheel) as zf:
         manifest = json.loads(zf.read("kt_kernel/_build.json"))
         names = set(zf.namelist())
+    import jsonschema
+
+    schema = json.loads((KT_SRC.parents[1] / "cmake" / "build-manifest.schema.json").read_text())
+    jsonschema.validate(manifest, schema)
     assert manifest["schema_version"] == 1
     assert sorted(manifest["variants"]) == sorted(VARIANTS)
     for name, entry in manifest["variants"].items():

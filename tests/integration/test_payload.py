@@ -161,7 +161,15 @@ def test_installed_carriers_materialize_without_torch(release: tuple[Path, dict[
         env=env,
     )
     assert probe == []
-    # kt-kernel's own CUDA libraries come from the release payload too
+    # kt-kernel's own CUDA libraries come from the release payload too; its build manifest says so
+    import jsonschema
+
+    (kt,) = dist.glob("kt_kernel-*.whl")
+    with zipfile.ZipFile(kt) as zf:
+        build = json.loads(zf.read("kt_kernel/_build.json"))
+    schema = json.loads((ROOT / "kernel" / "cmake" / "build-manifest.schema.json").read_text())
+    jsonschema.validate(build, schema)
+    assert build["cuda"]["archive"] == "release"
     root = venv.run("-c", "import kt_kernel.cuda as c; print(c.extract())", env=env).stdout.strip()
     assert Path(root) == out / "kt_kernel/cuda"
     subprocess.run([uv, "pip", "uninstall", "--quiet", "--python", str(venv.python), "accelerate-kt"], check=True)

@@ -38,7 +38,12 @@ def run(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
 def test_a_clean_wheel_passes_and_json_can_go_to_stdout(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     code, out, err = run(capsys, str(_pure(tmp_path)), "--json", "-")
     assert code == 0
-    assert json.loads(out)["passed"] is True
+    report = json.loads(out)
+    assert report["passed"] is True
+    import jsonschema
+
+    schema = Path(cli.__file__).parent / "schemas" / "audit-report.schema.json"
+    jsonschema.validate(report, json.loads(schema.read_text()))
     assert "PASSED: 1 wheels" in err
 
 
