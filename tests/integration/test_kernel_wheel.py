@@ -132,3 +132,27 @@ print("ok")
 def test_threads_fork_and_concurrent_callers(fresh_venv: Venv) -> None:
     """Results do not depend on the thread count; a forked child and 8 concurrent Python threads work."""
     assert fresh_venv.run("-c", THREADS_SCRIPT, timeout=300).stdout.strip() == "ok"
+
+
+NUM_THREADS_SCRIPT = """
+import json, numpy as np, kt_kernel as kk
+rng = np.random.default_rng(0)
+q = [kk.quantize(rng.standard_normal((3, 64, 64), dtype=np.float32), "int8") for _ in range(3)]
+m = kk.MoE(*q)
+x = rng.standard_normal((4, 64), dtype=np.float32)
+ids = np.array([[0, 2]] * 4)
+w = np.ones((4, 2), np.float32)
+try:
+    print(json.dumps({"same": bool(np.array_equal(m(x, ids, w), m(x, ids, w, num_threads=1)))}))
+except kk.KTKernelError as exc:
+    print(json.dumps({"error": str(exc)}))
+"""
+
+
+@pytest.mark.parametrize(("value", "expected"), [
+    ("3", {"same": True}),
+    ("abc", {"error": "KT_KERNEL_NUM_THREADS='abc' is not an integer"}),
+    ("0", {"error": "KT_KERNEL_NUM_THREADS='0' must be >= 1"}),
+])  # fmt: skip
+def test_num_threads_variable(fresh_venv: Venv, value: str, expected: dict[str, Any]) -> None:
+    assert fresh_venv.json("-c", NUM_THREADS_SCRIPT, env={"KT_KERNEL_NUM_THREADS": value}) == expected
