@@ -28,7 +28,8 @@ from typing import Any
 from ._cpu import KTKernelError
 
 # One owner for the cache variable, the crash-test hook, the atomic install and the path check.
-from .payload import _CRASH_ENV, CACHE_ENV, install_atomically, safe_member_name
+from .payload import _CRASH_ENV, install_atomically, lock_file, safe_member_name
+from .payload import CACHE_ENV as CACHE_ENV
 from .payload import COMPLETE as _COMPLETE
 from .payload import cache_root as _cache_root
 from .payload import locked as _locked
@@ -118,13 +119,7 @@ def extract(section: dict[str, Any] | None = None, root: Path | None = None, pac
     final = root / digest
     if (final / _COMPLETE).is_file():
         return final
-    try:
-        root.mkdir(parents=True, exist_ok=True)
-        lock = root / f"{digest}.lock"
-        lock.touch()
-    except OSError as exc:
-        raise CudaError(f"cannot write the CUDA cache {root}: {exc.strerror}; set {CACHE_ENV} to a writable "
-                        "directory") from None  # fmt: skip
+    lock = lock_file(root, digest, "CUDA cache", CudaError)
     with _locked(lock):
         if (final / _COMPLETE).is_file():  # another process finished while we waited
             return final

@@ -435,14 +435,7 @@ def materialize(manifest: Path | Manifest | None = None, root: Path | None = Non
     final = target_dir(m, root)
     if _is_complete(final, m):
         return final
-    try:
-        root.mkdir(parents=True, exist_ok=True)
-        lock = root / f"{m.sha256}.lock"
-        lock.touch()
-    except OSError as exc:
-        raise PayloadError(
-            f"cannot write the CUDA payload cache {root}: {exc.strerror}; set {CACHE_ENV} to a writable directory"
-        ) from None
+    lock = lock_file(root, m.sha256, "CUDA payload cache", PayloadError)
     with locked(lock):
         if _is_complete(final, m):  # another process finished while we waited
             return final
@@ -459,6 +452,20 @@ def materialize(manifest: Path | Manifest | None = None, root: Path | None = Non
                 f"or set {CACHE_ENV} to a larger disk"
             )
         return install_atomically(root, m.sha256, lambda tmp: _extract_stream(m, parts, tmp))
+
+
+def lock_file(root: Path, digest: str, what: str, error: type[KTKernelError]) -> Path:
+    """The lock file serialising extractions of `digest` under `root` (both created); an unwritable
+    cache is `error`, naming the directory and the variable that moves it."""
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        lock = root / f"{digest}.lock"
+        lock.touch()
+    except OSError as exc:
+        raise error(
+            f"cannot write the {what} {root}: {exc.strerror}; set {CACHE_ENV} to a writable directory"
+        ) from None
+    return lock
 
 
 def install_atomically(root: Path, digest: str, fill: Callable[[Path], None]) -> Path:
