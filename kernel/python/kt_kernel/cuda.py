@@ -28,8 +28,13 @@ from typing import Any
 from ._cpu import KTKernelError
 
 # One owner for the cache variable, the crash-test hook, the atomic install and the path check.
-from .payload import _CRASH_ENV, install_atomically, lock_file, safe_member_name
-from .payload import CACHE_ENV  # noqa: F401 - kt_kernel.cuda.CACHE_ENV stays importable
+from .payload import (
+    _CRASH_ENV,
+    CACHE_ENV,  # noqa: F401 - kt_kernel.cuda.CACHE_ENV stays importable
+    install_atomically,
+    lock_file,
+    safe_member_name,
+)
 from .payload import COMPLETE as _COMPLETE
 from .payload import cache_root as _cache_root
 from .payload import locked as _locked
