@@ -188,7 +188,8 @@ for mod in ("sglang", "sglang.srt.server_args", "sgl_kernel"):
         # sgl_kernel lists each load attempt's error after this line; the first is the cause
         after = lines[lines.index("Error details from previous import attempts:") + 1:] if (
             "Error details from previous import attempts:" in lines) else []
-        out[mod] = f"{type(exc).__name__}: " + (after[0].lstrip("- ") if after else (lines[-1] if lines else ""))[:300]
+        # the first attempt's error already names its exception type
+        out[mod] = (after[0].lstrip("- ") if after else f"{type(exc).__name__}: {lines[-1] if lines else ''}")[:300]
 print(json.dumps(out))
 """
 
