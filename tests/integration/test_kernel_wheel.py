@@ -14,9 +14,18 @@ from tests.integration.conftest import SCRIPTS, Venv
 
 LADDER = json.loads((KT_SRC / "cpu_variants.json").read_text())["variants"]
 VARIANTS = [v["name"] for v in LADDER]
-# Numerics bound: activations are quantized per token to int8 (or rounded to
-# bf16), so the kernel differs from an fp32 reference by ~1-2% in relative L2.
+# Numerics bounds, relative L2 (scripts/numerics.py, fixed seeds), each measured on the avx2 variant
+# with the margin stated. The kernel quantizes activations per token, so its own error is ~2% on
+# every path (measured max 2.1%); the ceiling leaves 1.4x for the other variants' arithmetic.
 REL_TOL = 3e-2
+# The largest element error, relative to the largest output (measured max 2.7%, margin ~1.8x).
+MAX_TOL = 5e-2
+# The quantizer's own error (decoded weights vs the fp32 originals; deterministic for the seed):
+# measured int8 0.70%, rawint4 g32 9.7%, g64 10.8%, g128 11.7%; margin ~1.1-1.4x.
+QUANT_TOL = {("int8", 0): 0.01, ("rawint4", 32): 0.11, ("rawint4", 64): 0.12, ("rawint4", 128): 0.13}
+# What a user sees (kernel vs fp32 on the original weights; the SiLU-gated product amplifies
+# int4's weight error): measured int8 2.4%, g32 19.6%, g64 22.6%, g128 24.0%; margin ~1.15x.
+E2E_TOL = {("int8", 0): 0.035, ("rawint4", 32): 0.225, ("rawint4", 64): 0.26, ("rawint4", 128): 0.275}
 # The ladder's feature names (iced-x86) as the Linux kernel spells them in /proc/cpuinfo: the
 # independent source that decides which variants this host must run (never kt_kernel's own
 # detection, which is under test).
@@ -91,9 +100,22 @@ def test_variant_matches_torch_fp32_reference(variant: str, fresh_venv: Venv) ->
         )
     result = fresh_venv.json(str(SCRIPTS / "numerics.py"), env={"KT_KERNEL_CPU_VARIANT": variant})
     assert result["variant"] == variant
-    bad = [c for c in result["cases"] if not c["rel_err"] < REL_TOL]
-    assert not bad, f"{len(bad)} cases above {REL_TOL}: {bad[:5]}"
-    assert len(result["cases"]) == 4 * 5 * 4 * 2
+    cases = result["cases"]
+    assert len(cases) == 4 * 5 * 4 * 2
+    measured: dict[tuple[str, int, str], dict[str, float]] = {}
+    for c in cases:
+        row = measured.setdefault((c["fmt"], c["group"], c["dtype"]), {})
+        for k in ("rel_err", "max_err", "quant_err", "e2e_err"):
+            row[k] = max(row.get(k, 0.0), c[k])
+    table = "\n".join(f"  {variant} {f} g{g} {d}: " + ", ".join(f"{k} {v:.4f}" for k, v in row.items())
+                      for (f, g, d), row in sorted(measured.items()))  # fmt: skip
+    print(f"measured numeric error (max over experts x tokens):\n{table}")
+    bad = [
+        c for c in cases
+        if not (c["rel_err"] < REL_TOL and c["max_err"] < MAX_TOL and c["quant_err"] < QUANT_TOL[(c["fmt"], c["group"])]
+                and c["e2e_err"] < E2E_TOL[(c["fmt"], c["group"])])
+    ]  # fmt: skip
+    assert not bad, f"{len(bad)} cases above their bounds:\n{table}\nfirst: {bad[:3]}"
 
 
 def test_refused_override_names_missing_features(fresh_venv: Venv, host_report: dict[str, Any]) -> None:

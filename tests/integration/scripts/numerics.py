@@ -1,8 +1,13 @@
 """Run inside a fresh venv: kt_kernel against a torch fp32 reference.
 
-Prints one JSON line: {"variant": ..., "cases": [{"fmt", "group", "experts",
-"tokens", "dtype", "rel_err", "max_err"}...]}. The reference is torch fp32 on the
-*dequantized* weights, so the error measured is the kernel's alone.
+Prints one JSON line: {"variant": ..., "cases": [{"fmt", "group", "experts", "tokens",
+"dtype", "rel_err", "max_err", "quant_err", "e2e_err"}...]}. Nothing of kt_kernel's own
+dequantizer is used: the weights are decoded here from the layout QuantizedWeights documents
+(`decode`), so a quantizer bug that kt_kernel.dequantize would mirror (a wrong scale, a swapped
+nibble) shows up. Three errors per case, each relative L2:
+- rel_err: the kernel against torch fp32 on the decoded weights (the kernel's own error);
+- quant_err: the decoded weights against the original fp32 weights (the quantizer's error);
+- e2e_err: the kernel against torch fp32 on the original weights (what a user sees).
 """
 
 from __future__ import annotations
@@ -31,6 +36,24 @@ def reference(x: torch.Tensor, ids: torch.Tensor, w: torch.Tensor, gate: torch.T
     return y
 
 
+def decode(q: kt_kernel.QuantizedWeights) -> np.ndarray:
+    """The fp32 weights of the documented layout, decoded independently of kt_kernel.dequantize:
+    int8 q[e, r, c] * scale[e, r]; rawint4: per 32-element block, byte j's low nibble is element j
+    and its high nibble element j + 16, two's complement, times scale[e, r, c // group]."""
+    e, r = q.q.shape[:2]
+    c = q.cols
+    if q.format == "int8":
+        return q.q.astype(np.float64) * q.scale[:, :, None]
+    blocks = q.q.reshape(e, r, c // 32, 16).astype(np.int16)
+    nibbles = np.concatenate([blocks & 0xF, blocks >> 4], axis=3)  # element j, then element j + 16
+    values = ((nibbles ^ 8) - 8).reshape(e, r, c)  # sign-extend 4 bits
+    return values * np.repeat(q.scale.astype(np.float64), q.group_size, axis=2)
+
+
+def rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a - b).norm() / b.norm())
+
+
 def main() -> None:
     formats: list[tuple[Literal["int8", "rawint4"], int]] = [
         ("int8", 0), ("rawint4", 32), ("rawint4", 64), ("rawint4", 128),
@@ -44,8 +67,11 @@ def main() -> None:
             wg = rng.standard_normal((experts, INTER, HIDDEN), dtype=np.float32) * 0.05
             wu = rng.standard_normal((experts, INTER, HIDDEN), dtype=np.float32) * 0.05
             wd = rng.standard_normal((experts, HIDDEN, INTER), dtype=np.float32) * 0.05
-            q = [kt_kernel.quantize(w, fmt, group or 64) for w in (wg, wu, wd)]
-            deq = [torch.from_numpy(kt_kernel.dequantize(qq)) for qq in q]
+            originals = (wg, wu, wd)
+            q = [kt_kernel.quantize(w, fmt, group or 64) for w in originals]
+            deq = [torch.from_numpy(decode(qq).astype(np.float32)) for qq in q]
+            orig = [torch.from_numpy(w) for w in originals]
+            quant_err = max(rel(d, o) for d, o in zip(deq, orig, strict=True))
             layer = kt_kernel.MoE(*q)
             topk = min(experts, 4)
             for tokens in TOKENS:
@@ -56,10 +82,11 @@ def main() -> None:
                     xin = x if dtype == "f32" else x.bfloat16()
                     ref = reference(xin.float(), ids, w, *deq)
                     y = layer(xin, ids, w).float()
-                    rel = float((y - ref).norm() / ref.norm())
                     cases.append({"fmt": fmt, "group": group, "experts": experts, "tokens": tokens,
-                                  "dtype": dtype, "rel_err": rel,
-                                  "max_err": float((y - ref).abs().max())})  # fmt: skip
+                                  "dtype": dtype, "rel_err": rel(y, ref),
+                                  "max_err": float((y - ref).abs().max() / ref.abs().max()),
+                                  "quant_err": quant_err,
+                                  "e2e_err": rel(y, reference(xin.float(), ids, w, *orig))})  # fmt: skip
     print(json.dumps({"variant": kt_kernel.__cpu_variant__, "cases": cases}))
 
 
