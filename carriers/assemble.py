@@ -66,9 +66,11 @@ def build_set(cs: CarrierSet, kernel_wheel: Path, out: Path, *, lock: Path = inp
     archived: dict[str, bytes] = {}
     with_payload = bool(cs.part_carriers) and only is None
 
+    pol = payload.policy() if with_payload else None  # one read of the budget and the [payload] limits
+
     def take(members: dict[str, bytes]) -> None:
-        pp = payload._policy().payload
-        archived.update(payload.take_archived(members, pp.include, pp.min_bytes))
+        assert pol is not None  # only hooked in when the set has a payload
+        archived.update(payload.take_archived(members, pol.payload.include, pol.payload.min_bytes))
 
     for c in cs.carriers:
         if only is not None and c.name not in only:
@@ -97,6 +99,7 @@ def build_set(cs: CarrierSet, kernel_wheel: Path, out: Path, *, lock: Path = inp
             versions,
             [sources[provider.name].path],
             (cache or inputs.default_cache()).parent / "payload",
+            pol,
         )
         for b in built:
             b.path = result.wheels.get(b.name, b.path)

@@ -44,7 +44,7 @@ RUNTIME_REQUIRES = ("zstandard>=0.22",)
 PART_OVERHEAD = 4096
 
 
-def _policy() -> Any:
+def policy() -> Any:
     """The audit policy (one owner of the budget and the [payload] limits)."""
     from audits.policy import load_policy
 
@@ -87,11 +87,12 @@ def check_kernel_coverage(build: Mapping[str, Any], pol: Any) -> list[str]:
     return problems
 
 
-def take_kernel_cuda(members: dict[str, bytes], root: str) -> dict[str, bytes]:
-    """Move kt-kernel's own CUDA libraries out of its wheel (its tar.xz) to `root/...` in the
+def take_kernel_cuda(members: dict[str, bytes], pol: Any) -> dict[str, bytes]:
+    """Move kt-kernel's own CUDA libraries out of its wheel (its tar.xz) to `kt_cuda_root/...` in the
     release archive, and point _build.json's cuda section at the release payload."""
+    root = pol.payload.kt_cuda_root
     build = json.loads(members[BUILD_MANIFEST])
-    problems = check_kernel_coverage(build, _policy())
+    problems = check_kernel_coverage(build, pol)
     if problems:
         raise InputError(
             "the kt-kernel wheel is a partial build and cannot be released: "
@@ -346,18 +347,19 @@ def attach(
     versions: Mapping[str, str],
     sources: list[Path],
     cache: Path,
+    pol: Any = None,
 ) -> PayloadResult:
     """Build (or reuse) the archive of `archived` plus kt-kernel's CUDA libraries, cut it into parts,
     add each part to its carrier's wheel (retagged for the archive's platform), and write the
     manifest and the part requirements into the provider's wheel. `wheels`: carrier -> built wheel."""
-    pol = _policy()
+    pol = pol or policy()
     pp = pol.payload
     provider = cs.payload_provider
     assert provider is not None  # carriers.toml validation guarantees one when parts exist
     native = next(c for c in cs.carriers if c.kind == "native")
     members = {c.name: wheelio.read(wheels[c.name]) for c in cs.part_carriers}
     entries = dict(archived)
-    entries.update(take_kernel_cuda(members[native.name], pp.kt_cuda_root))
+    entries.update(take_kernel_cuda(members[native.name], pol))
     archive = build_archive(entries, pp.zstd_level, pp.zstd_window_log, cache)
     platform = archive_platform([*sources, wheels[native.name]])
     # Each carrier's size without its part: write it once, retagged, and measure.
