@@ -77,9 +77,13 @@ def _dist(tmp_path: Path, marker: str = "1", specs: dict[str, tuple[str, ...]] |
 
 
 def test_order_is_computed_from_requirements(tmp_path: Path) -> None:
-    dist = _dist(tmp_path)
-    order = upload_order(dist, sorted(p.name for p in dist.glob("*.whl"))[::-1])
-    assert order == ["base_kt-1.0-py3-none-any.whl", "mid_kt-1.0-py3-none-any.whl", "top_kt-1.0-py3-none-any.whl"]
+    """Names chosen so that the dependency order is neither alphabetical nor its reverse."""
+    specs = {"m_base": (), "a_mid": ("m-base==1.0",), "z_top": ('a-mid==1.0; extra == "x"', "m-base==1.0"),
+             "b_leaf": ("z-top==1.0",)}  # fmt: skip
+    dist = _dist(tmp_path, "o", specs)
+    for given in (sorted(p.name for p in dist.glob("*.whl")), sorted(p.name for p in dist.glob("*.whl"))[::-1]):
+        names = [f.split("-")[0] for f in upload_order(dist, given)]
+        assert names == ["m_base", "a_mid", "z_top", "b_leaf"]
 
 
 def test_fresh_then_idempotent(index: tuple[str, Path], tmp_path: Path) -> None:
