@@ -227,14 +227,19 @@ def lock(session: nox.Session) -> None:
 @nox.session(python=PYTHON, default=False)
 def bench(session: nox.Session) -> None:
     """Kernel throughput per variant vs torch bf16 and the bandwidth roofline; build times; the CUDA payload
-    (size, cold/warm materialization, disk, audit, assembly) beside the gzip reference, on dist/."""
+    (size, cold/warm materialization, disk, audit, assembly) beside the gzip reference, on dist/; the audit's
+    time and peak RSS on the torch wheel and a 2 GiB zip bomb beside auditwheel show."""
     p = _parser("bench")
     p.add_argument("--no-build-times", action="store_true", help="skip the cold/incremental build timing")
     p.add_argument("--json", default=str(ROOT / "build" / "bench.json"))
-    p.add_argument("--only", choices=["kernel", "payload"], help="run one half only")
+    p.add_argument("--only", choices=["kernel", "payload", "audit"], help="run one part only")
     p.add_argument("--assembly", action="store_true", help="payload: also time a cold and a warm assembly")
     args = p.parse_args(session.posargs)
     _install_lock(session, "test")
+    if args.only in (None, "audit"):
+        session.run("python", "-m", "tools.bench_audit", "--json", str(ROOT / "build" / "bench-audit.json"))
+    if args.only == "audit":
+        return
     if args.only != "kernel":
         session.run("python", "-m", "tools.bench_payload", "--dist", str(DIST), "--kernel", str(KERNEL_OUT),
                     *(["--assembly"] if args.assembly else []))  # fmt: skip

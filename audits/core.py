@@ -2,21 +2,25 @@
 
 from __future__ import annotations
 
-import hashlib
+import fnmatch
 import json
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from packaging.utils import InvalidWheelFilename, parse_wheel_filename
+
 from .analyzers import cuda_rules, elf_rules, isa_rules, payload_rules, size_manifest, wheel_rules
 from .analyzers._common import finding
+from .analyzers.size_manifest import MANIFEST
 from .errors import AuditError
 from .model import Finding
 from .policy import Policy
-from .readers import ElfFacts, read_elf, read_wheel
+from .readers import ElfFacts, read_wheel
 from .readers._cuda import find_cuobjdump
 from .readers._payload import ArchiveFacts, WheelSummary, read_archive, summarize
+from .readers._wheel import ReadOptions, file_digest
 
 SCHEMA_VERSION = 1
 
@@ -31,44 +35,48 @@ class WheelResult:
     cuda: dict[str, Any] = field(default_factory=dict)
     sizes: dict[str, Any] = field(default_factory=dict)
     platform: str | None = None  # the most portable manylinux tag the ELF files allow
+    platform_reason: str = ""  # what keeps a more portable tag out
     summary: WheelSummary | None = None  # what the release-level payload rules need
     installed: tuple[str, ...] = ()  # member paths, for the release-level collision rule
 
 
+def read_options(policy: Policy, dist_name: str = "") -> ReadOptions:
+    """What the reader must keep of a wheel for the policy's rules (never whole members
+    otherwise): the manifests' bytes, the code of the CPU variants and loaders, exports where
+    the export rule applies, and cuobjdump for any embedded CUDA code."""
+    keep = {policy.cuda_payload_member, MANIFEST} | ({policy.payload.manifest_member} if policy.payload else set())
+    code = {v.member for v in policy.variants}
+
+    def wants_code(name: str) -> bool:
+        return name in code or any(fnmatch.fnmatch(name, p) for p in policy.loader_members)
+
+    return ReadOptions(limits=policy.limits, keep=keep.__contains__, code=wants_code,
+                       exports=dist_name in policy.exports_applies_to, cuobjdump=find_cuobjdump())  # fmt: skip
+
+
 def audit_wheel(path: Path, policy: Policy, baseline: dict[str, Any] | None = None) -> WheelResult:
-    digest = hashlib.sha256()
     try:
-        with path.open("rb") as fh:
-            while chunk := fh.read(1 << 20):
-                digest.update(chunk)
-    except OSError as exc:
-        raise AuditError(f"{path}: cannot read ({exc.strerror})") from None
-    res = WheelResult(path.name, digest.hexdigest(), path.stat().st_size)
+        dist_name = str(parse_wheel_filename(path.name)[0])
+    except InvalidWheelFilename:
+        dist_name = ""
     try:
-        w = read_wheel(path)
+        w = read_wheel(path, read_options(policy, dist_name))
     except AuditError as exc:
+        size, digest = file_digest(path)
+        res = WheelResult(path.name, digest, size)
         res.findings.append(finding("wheel.unreadable", path.name, "", str(exc), "rebuild the wheel"))
         return res
+    res = WheelResult(path.name, w.sha256, w.size)
     if policy.payload is not None:
         res.summary = summarize(w, policy.payload.manifest_member)
-    elfs: dict[str, ElfFacts] = {}
-    non_elf: list[str] = []
-    for m in w.members:
-        try:
-            e = read_elf(m.name, m.data)
-        except ValueError as exc:
-            res.findings.append(finding("wheel.unreadable", w.filename, m.name, str(exc), "rebuild the library"))
-            continue
-        if e is not None:
-            elfs[m.name] = e
-        elif m.kind == "file" and wheel_rules.looks_like_library(m.name):
-            non_elf.append(m.name)
+    elfs = w.elfs
     elf_list = list(elfs.values())
+    res.findings += wheel_rules.limits(w)
     res.findings += wheel_rules.safety(w)
     res.installed = tuple(m.name for m in w.members)
-    elf_hashes = {n: hashlib.sha256(m.data).hexdigest() for m in w.members if (n := m.name) in elfs}
-    res.findings += wheel_rules.layout(w, elf_hashes, policy.top_level_forbidden)
-    res.findings += wheel_rules.architecture(w, elf_list, non_elf)
+    res.findings += wheel_rules.layout(w, {n: m.sha256 for m in w.members if (n := m.name) in elfs},
+                                       policy.top_level_forbidden)  # fmt: skip
+    res.findings += wheel_rules.architecture(w, elf_list, list(w.non_elf))
     res.findings += wheel_rules.integrity(w)
     res.findings += wheel_rules.wheel_file(w, elf_list)
     res.findings += wheel_rules.metadata(w)
@@ -77,25 +85,44 @@ def audit_wheel(path: Path, policy: Policy, baseline: dict[str, Any] | None = No
     system = wheel_rules.system_libraries(w)
     required = wheel_rules.required_names(w)
     external = [p for p in policy.external if p.provider in required]
-    res.findings += elf_rules.rpath(w.filename, elf_list, [m.name for m in w.members], system, external,
-                                    policy.always_external)  # fmt: skip
+    tree = [m.name for m in w.members]
+    res.findings += elf_rules.rpath(w.filename, elf_list, tree, system, external, policy.always_external)
     uses = isa_rules.disassembled_members(elfs, policy)
     isa_findings, res.cpu = isa_rules.isa(w.filename, uses, policy)
     res.findings += isa_findings
     res.findings += size_manifest.manifest(w, elfs, policy, uses)
     cuda_findings, res.cuda = cuda_rules.cuda(w, policy, system)
     res.findings += cuda_findings
-    res.platform = wheel_rules.honest_platform(elf_list)
+    listing_findings, listing = cuda_rules.listing(w)
+    res.findings += listing_findings
+    if listing:
+        res.cuda = {**res.cuda, "embedded": listing}
+    arch = next(iter(sorted(wheel_rules.tag_architectures(w))), None) or _arch_of(elf_list)
+    res.platform, res.platform_reason = wheel_rules.honest_platform(elf_list, elf_rules.load_chains(elf_list, tree),
+                                                                    arch)  # fmt: skip
     size_findings, res.sizes = size_manifest.size(w, policy, baseline)
     res.findings += size_findings
     res.findings = [_waive(f, str(w.name), policy) for f in res.findings]
     return res
 
 
+def _arch_of(elfs: list[ElfFacts]) -> str:
+    """The platform-tag architecture of the first host ELF (a wheel tagged `any` or unknown)."""
+    for e in elfs:
+        for arch, (machine, cls, little) in wheel_rules.ARCH.items():
+            if (e.machine, e.elfclass, e.little_endian) == (machine, cls, little):
+                return arch
+    return "x86_64"
+
+
 def _waive(f: Finding, dist_name: str, policy: Policy) -> Finding:
+    """A waiver makes one known finding info; a severity entry sets a rule's level for this policy."""
     for wv in policy.waivers:
         if wv.rule == f.rule and wv.wheel == dist_name and (not wv.member or wv.member == f.member):
             return replace(f, severity="info", message=f"waived ({wv.reason}): {f.message}")
+    for sv in policy.severities:
+        if sv.rule == f.rule and (not sv.wheel or sv.wheel == dist_name) and f.severity == "error":
+            return replace(f, severity=sv.level, message=f"{f.message} [{policy.name} policy: {sv.reason}]")
     return f
 
 
@@ -138,6 +165,7 @@ def run(paths: list[Path], policy: Policy, baseline_file: Path | None = None) ->
         "schema_version": SCHEMA_VERSION,
         "passed": not any(f.severity == "error" for f in findings),
         "policy": str(policy.source),
+        "policy_name": policy.name,
         "elapsed_s": round(time.perf_counter() - t0, 3),
         "wheels": [
             {
@@ -147,6 +175,7 @@ def run(paths: list[Path], policy: Policy, baseline_file: Path | None = None) ->
                 "size": r.size,
                 "errors": sum(f.severity == "error" for f in r.findings),
                 "honest_platform": r.platform,
+                "platform_reason": r.platform_reason,
             }
             for r in results
         ],

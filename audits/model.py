@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import zipfile
 from dataclasses import dataclass
 from typing import Literal
 
@@ -26,6 +27,26 @@ class Finding:
 
 
 @dataclass(frozen=True)
+class Limits:
+    """What the reader refuses to decompress (a zip bomb must not exhaust memory or disk)."""
+
+    member_max_bytes: int = 8 << 30
+    ratio_max: float = 200.0
+    ratio_min_bytes: int = 16 << 20  # the ratio is only judged for members at least this large
+
+    def refuse(self, info: zipfile.ZipInfo) -> str:
+        """Why the member is not read, or ""."""
+        if info.file_size > self.member_max_bytes:
+            return (f"declares {info.file_size / 2**20:.0f} MiB uncompressed, over the limit of "
+                    f"{self.member_max_bytes / 2**20:.0f} MiB")  # fmt: skip
+        ratio = info.file_size / max(info.compress_size, 1)
+        if info.file_size >= self.ratio_min_bytes and ratio > self.ratio_max:
+            return (f"expands {ratio:.0f}x ({info.compress_size} -> {info.file_size} bytes), over the limit of "
+                    f"{self.ratio_max:.0f}x")  # fmt: skip
+        return ""
+
+
+@dataclass(frozen=True)
 class Rule:
     id: str
     section: Section
@@ -42,10 +63,13 @@ RULES: dict[str, Rule] = {
         Rule("wheel.record-unlisted", "wheel", "a member is not listed in RECORD"),
         Rule("wheel.record-phantom", "wheel", "RECORD lists a file the wheel does not contain"),
         Rule("wheel.wheel-file", "wheel", "WHEEL: Root-Is-Purelib or Tag lines disagree with the wheel"),
+        Rule("wheel.purelib", "wheel", "WHEEL: Root-Is-Purelib says pure for a native wheel, or the reverse"),
         Rule("wheel.metadata", "wheel", "METADATA: unparseable, name/version differ from the filename"),
         Rule("wheel.requires-dist", "wheel", "a Requires-Dist line does not parse"),
         Rule("wheel.requires-python", "wheel", "no Requires-Python"),
         Rule("wheel.stray-content", "wheel", "__pycache__, .pyc, build directories or object files"),
+        Rule("wheel.static-library", "wheel", "a static archive (.a): nothing loads it at run time"),
+        Rule("wheel.member-limit", "wheel", "a member's declared size or compression ratio is over the policy's limit"),
         Rule("wheel.duplicate-member", "wheel", "the same path appears twice in the zip"),
         Rule("wheel.unsafe-path", "wheel", "a member or RECORD path is absolute, climbs out, or is ambiguous"),
         Rule("wheel.link-member", "wheel", "a symlink or special-file entry in the zip"),

@@ -7,18 +7,25 @@ import fnmatch
 import json
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import tomllib
 
 from .errors import PolicyError
+from .model import Limits, Severity
 
-DEFAULT_POLICY = Path(__file__).resolve().parent / "policy" / "default.toml"
+POLICY_DIR = Path(__file__).resolve().parent / "policy"
+DEFAULT_POLICY = POLICY_DIR / "default.toml"
+# Built-in policies selected by name (--policy third-party): ours, and one for any wheel.
+BUILTIN = {"default": DEFAULT_POLICY, "third-party": POLICY_DIR / "third-party.toml"}
 
 _SCHEMA: dict[str, Any] = {
     "schema_version": None,
+    "extends": None,
+    "limits": {"member_max_mib": None, "ratio_max": None, "ratio_min_mib": None},
+    "severity": None,
     "size": {"wheel_budget_mib": None, "growth_threshold_pct": None},
     "wheel": {"top_level_forbidden": None},
     "elf": {
@@ -81,6 +88,16 @@ class Waiver:
 
 
 @dataclass(frozen=True)
+class SeverityRule:
+    """This policy reports `rule` at `level` instead of its default (error), with the reason."""
+
+    rule: str
+    level: Severity
+    reason: str
+    wheel: str = ""  # "" = every wheel
+
+
+@dataclass(frozen=True)
 class ExternalProvider:
     provider: str
     path: str  # an RPATH entry ending in this reaches the provider's libraries ("" if preloaded)
@@ -133,6 +150,15 @@ class PayloadPolicy:
             if c.file == file:
                 return c.targets, c.reason
         return self.targets, ""
+
+
+def _limits(data: Mapping[str, Any]) -> Limits:
+    base = Limits()
+    return Limits(
+        member_max_bytes=int(data.get("member_max_mib", base.member_max_bytes / 2**20) * 2**20),
+        ratio_max=float(data.get("ratio_max", base.ratio_max)),
+        ratio_min_bytes=int(data.get("ratio_min_mib", base.ratio_min_bytes / 2**20) * 2**20),
+    )
 
 
 def _cc(value: Any, where: str, source: Path) -> str:
@@ -209,6 +235,9 @@ class Policy:
     # Always provided by the system, never by a wheel (the CUDA driver): correct to need.
     always_external: frozenset[str] = frozenset()
     top_level_forbidden: frozenset[str] = frozenset()
+    limits: Limits = field(default_factory=Limits)
+    severities: tuple[SeverityRule, ...] = ()
+    name: str = "default"  # the policy file's stem (default, third-party, or the user's file)
 
 
 def _closure(features: frozenset[str], implies: Mapping[str, list[str]]) -> frozenset[str]:
@@ -251,13 +280,57 @@ def _check_types(data: Mapping[str, Any], source: Path) -> None:
         raise PolicyError(f"{source}: the policy does not match {SCHEMA_FILE.name}:\n  " + "\n  ".join(lines))
 
 
-def load_policy(path: Path | None = None) -> Policy:
-    path = (path or DEFAULT_POLICY).resolve()
+def _merge(base: dict[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
+    """`over` on top of `base`: tables merge key by key, every other value replaces."""
+    out = dict(base)
+    for key, value in over.items():
+        out[key] = _merge(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+    return out
+
+
+def _read_toml(path: Path, chain: tuple[Path, ...] = ()) -> dict[str, Any]:
+    """The policy file's data, with the file it `extends` (relative to it) underneath."""
+    if path in chain:
+        raise PolicyError(f"{path}: `extends` loops back to itself ({' -> '.join(map(str, chain))})")
     try:
         data = tomllib.loads(path.read_text())
     except (OSError, tomllib.TOMLDecodeError) as exc:
         raise PolicyError(f"{path}: cannot read policy: {exc}") from exc
     _check_keys(data, _SCHEMA, "", path)
+    base = data.pop("extends", None)
+    if base is None:
+        return data
+    if not isinstance(base, str):
+        raise PolicyError(f"{path}: extends must be a file name, not {base!r}")
+    under = _read_toml((path.parent / base).resolve(), (*chain, path))
+    # A relative ladder path stays relative to the file that names it.
+    if "isa" in under and "ladder" in under["isa"] and "ladder" not in data.get("isa", {}):
+        under["isa"]["ladder"] = str(((path.parent / base).resolve().parent / under["isa"]["ladder"]).resolve())
+    return _merge(under, data)
+
+
+def resolve_policy(spec: str | Path | None) -> Path:
+    """A built-in policy's name (default, third-party) or a policy file's path."""
+    if spec is None:
+        return DEFAULT_POLICY
+    if str(spec) in BUILTIN:
+        return BUILTIN[str(spec)]
+    return Path(spec)
+
+
+def _severity(entry: dict[str, Any], source: Path) -> SeverityRule:
+    from .model import RULES
+
+    if entry["rule"] not in RULES:
+        close = difflib.get_close_matches(str(entry["rule"]), list(RULES), n=1)
+        raise PolicyError(f"{source}: severity names unknown rule {entry['rule']!r}"
+                          + (f"; did you mean {close[0]!r}?" if close else ""))  # fmt: skip
+    return SeverityRule(entry["rule"], entry["level"], entry["reason"], entry.get("wheel", ""))
+
+
+def load_policy(path: Path | str | None = None) -> Policy:
+    path = resolve_policy(path).resolve()
+    data = _read_toml(path)
     _check_types(data, path)
     try:
         size, elf, isa = data["size"], data["elf"], data["isa"]
@@ -321,6 +394,9 @@ def load_policy(path: Path | None = None) -> Policy:
             cuda_kernels=tuple(cuda.get("kernels", [])),
             waivers=tuple(_waiver(w, path) for w in data.get("waivers", [])),
             payload=_payload(data.get("payload", {}), path),
+            limits=_limits(data.get("limits", {})),
+            severities=tuple(_severity(e, path) for e in data.get("severity", [])),
+            name=path.stem,
         )
     except KeyError as exc:
         raise PolicyError(f"{path}: missing key {exc}") from exc

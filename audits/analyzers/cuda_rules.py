@@ -4,7 +4,6 @@ ELF/RPATH rules inside the payload's own layout."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import posixpath
 from typing import Any
@@ -28,7 +27,7 @@ def cuda(w: WheelFacts, policy: Policy, system: frozenset[str]) -> tuple[list[Fi
         return [], {}
     out: list[Finding] = []
     try:
-        entries = read_payload(member.data)
+        entries = read_payload(member.data or b"")
     except ValueError as exc:
         return [finding("cuda.payload", fn, member.name, f"unreadable payload: {exc}", "rebuild the wheel")], {}
     files: dict[str, bytes] = {}
@@ -49,11 +48,11 @@ def cuda(w: WheelFacts, policy: Policy, system: frozenset[str]) -> tuple[list[Fi
     claimed: dict[str, Any] = {}
     if manifest is not None:
         try:
-            claimed = json.loads(manifest.data).get("cuda") or {}
+            claimed = json.loads(manifest.data or b"").get("cuda") or {}
         except ValueError:
             claimed = {}
     if claimed:
-        actual = hashlib.sha256(member.data).hexdigest()
+        actual = member.sha256
         if claimed.get("sha256") != actual:
             out.append(finding("manifest.claim", fn, member.name, f"payload sha256 {actual} differs from the "
                                f"claimed {claimed.get('sha256')}", "rebuild the wheel"))  # fmt: skip
@@ -87,6 +86,30 @@ def cuda(w: WheelFacts, policy: Policy, system: frozenset[str]) -> tuple[list[Fi
     lib_findings, section["libraries"] = check_libraries(fn, f"{member.name}!", lib_facts, policy)
     out += lib_findings
     return out, section
+
+
+def listing(w: WheelFacts) -> tuple[list[Finding], dict[str, Any]]:
+    """Every ELF member of any wheel that embeds CUDA device code (a .nv_fatbin section): its
+    SASS and PTX architectures and bytes per architecture, as cuobjdump lists them; or, without
+    cuobjdump, the explicit note that the CUDA content was not inspected."""
+    carriers = sorted((e.member, e.fatbin_bytes) for e in w.elfs.values() if e.fatbin_bytes)
+    if not carriers:
+        return [], {}
+    if not w.cuda_inspected:
+        names = ", ".join(n for n, _ in carriers[:3]) + (f" and {len(carriers) - 3} more" if len(carriers) > 3 else "")
+        return [finding("cuda.tool-missing", w.filename, carriers[0][0],
+                        f"cuda: not inspected: {len(carriers)} ELF file(s) embed CUDA device code ({names}) and "
+                        "cuobjdump is not available", "install nvidia-cuda-cuobjdump (lockfiles/audit.txt) or set "
+                        "KT_CUOBJDUMP", "warning")], {"inspected": False, "files": dict(carriers)}  # fmt: skip
+    out: list[Finding] = []
+    files: dict[str, Any] = {}
+    for c in w.cuda:
+        if c.error:
+            out.append(finding("cuda.payload", w.filename, c.member, f"cuobjdump cannot read it: {c.error}",
+                               "rebuild the library", "warning"))  # fmt: skip
+        files[c.member] = {"fatbin_bytes": c.fatbin_bytes, "sass": list(c.sass), "ptx": list(c.ptx),
+                           "arch_bytes": dict(c.arch_bytes)}  # fmt: skip
+    return out, {"inspected": True, "files": files}
 
 
 def check_libraries(fn: str, prefix: str, facts: dict[str, tuple[int, CudaFacts | str]],

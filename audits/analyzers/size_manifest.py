@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import fnmatch
-import hashlib
 import json
 from typing import Any
 
@@ -61,7 +60,7 @@ def manifest(w: WheelFacts, elfs: dict[str, ElfFacts], policy: Policy,
         return [finding("manifest.missing", fn, MANIFEST, "kt-kernel wheel without its build manifest",
                         "build with kernel/CMakeLists.txt, which installs _build.json")]  # fmt: skip
     try:
-        data = json.loads(m.data)
+        data = json.loads(m.data or b"")
         variants: dict[str, Any] = data["variants"]
     except (ValueError, KeyError, TypeError) as exc:
         return [finding("manifest.missing", fn, MANIFEST, f"unparseable: {exc}", "rebuild the wheel")]
@@ -97,7 +96,7 @@ def manifest(w: WheelFacts, elfs: dict[str, ElfFacts], policy: Policy,
                                f"variant {name} claims {pol.marker} but its disassembly never uses it",
                                f"see isa.marker-missing for {file}"))  # fmt: skip
         if "sha256" in entry:
-            actual = hashlib.sha256(w.member(file).data).hexdigest()  # type: ignore[union-attr]
+            actual = w.member(file).sha256  # type: ignore[union-attr]
             if actual != entry["sha256"]:
                 out.append(finding("manifest.claim", fn, file, f"sha256 {actual} differs from the claimed "
                                    f"{entry['sha256']}", "rebuild the wheel"))  # fmt: skip

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import base64
 import csv
-import hashlib
 import importlib.resources
 import io
 import json
@@ -20,14 +18,11 @@ from packaging.version import InvalidVersion, Version
 
 from ..model import Finding
 from ..readers import ElfFacts, WheelFacts
+from ..readers._elf import is_loader
 from ._common import finding
 
-_STRAY = re.compile(r"(^|/)(__pycache__/|CMakeFiles/|\.git/)|\.(pyc|pyo|o|obj|a)$|(^|/)build/(temp|lib)\.")
+_STRAY = re.compile(r"(^|/)(__pycache__/|CMakeFiles/|\.git/)|\.(pyc|pyo|o|obj)$|(^|/)build/(temp|lib)\.")
 _LEGACY = {"manylinux1": (2, 5), "manylinux2010": (2, 12), "manylinux2014": (2, 17)}
-
-
-def _urlsafe_sha256(data: bytes) -> str:
-    return "sha256=" + base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
 
 
 def integrity(w: WheelFacts) -> list[Finding]:
@@ -42,7 +37,7 @@ def integrity(w: WheelFacts) -> list[Finding]:
         out.append(finding("wheel.record-missing", fn, record_name, "the wheel has no RECORD",
                            "rebuild with a PEP 427 wheel builder"))  # fmt: skip
         return out
-    rows = {r[0]: r for r in csv.reader(io.StringIO(record.data.decode("utf-8", errors="replace"))) if r}
+    rows = {r[0]: r for r in csv.reader(io.StringIO(w.text(record_name) or "")) if r}
     present = {m.name for m in w.members}
     for m in w.members:
         if m.name == record_name or m.name.endswith((".dist-info/RECORD.jws", ".dist-info/RECORD.p7s")):
@@ -52,8 +47,10 @@ def integrity(w: WheelFacts) -> list[Finding]:
             out.append(finding("wheel.record-unlisted", fn, m.name, f"{m.name} is in the zip but not in RECORD",
                                "regenerate RECORD after the last change to the wheel"))  # fmt: skip
             continue
+        if not m.record_hash:  # not read: refused by a limit or unreadable, reported by its own rule
+            continue
         digest, size = (row[1] if len(row) > 1 else ""), (row[2] if len(row) > 2 else "")
-        actual = _urlsafe_sha256(m.data)
+        actual = m.record_hash
         if digest != actual or (size and size != str(m.size)):
             out.append(finding(
                 "wheel.record-mismatch", fn, m.name,
@@ -68,6 +65,21 @@ def integrity(w: WheelFacts) -> list[Finding]:
         if _STRAY.search(m.name):
             fix = "exclude it (scikit-build-core: wheel.exclude; setuptools: MANIFEST/package_data)"
             out.append(finding("wheel.stray-content", fn, m.name, f"{m.name} is build or cache debris", fix))
+        elif m.name.endswith(".a"):
+            out.append(finding("wheel.static-library", fn, m.name, f"{m.name} is a static archive: no loader "
+                               "uses it, and it only adds size", "drop it from the wheel, or ship it on purpose "
+                               "(for C extensions that link it) and say so in the policy"))  # fmt: skip
+    return out
+
+
+def limits(w: WheelFacts) -> list[Finding]:
+    """Members the reader refused to decompress (a zip bomb), and members it could not read."""
+    out = [
+        finding("wheel.member-limit", w.filename, m.name, f"{m.name} {m.refused}; it was not read",
+                "no real wheel member needs this: rebuild the wheel, or raise [limits] in the policy")
+        for m in w.members if m.refused
+    ]  # fmt: skip
+    out += [finding("wheel.unreadable", w.filename, name, why, "rebuild the wheel") for name, why in w.unreadable]
     return out
 
 
@@ -97,7 +109,7 @@ def wheel_file(w: WheelFacts, elfs: list[ElfFacts]) -> list[Finding]:
                            "rebuild the wheel"))  # fmt: skip
     elif (purelib == "true") == platform_specific:
         out.append(finding(
-            "wheel.wheel-file", fn, name,
+            "wheel.purelib", fn, name,
             f"Root-Is-Purelib: {purelib} but the wheel is {'platform-specific' if platform_specific else 'pure'}",
             "native wheels need Root-Is-Purelib: false (and pure ones true)",
         ))  # fmt: skip
@@ -187,10 +199,10 @@ def system_libraries_for(platforms: list[str]) -> frozenset[str]:
     return frozenset(libs | {"ld-linux-x86-64.so.2"})
 
 
-def _admits(pol: dict[str, Any], version: str) -> bool:
-    """Whether manylinux policy `pol` allows the symbol version, e.g. "GLIBC_2.34"."""
+def _admits(pol: dict[str, Any], version: str, arch: str = "x86_64") -> bool:
+    """Whether manylinux policy `pol` allows the symbol version, e.g. "GLIBC_2.34", on `arch`."""
     prefix, _, num = version.partition("_")
-    allowed = pol["symbol_versions"].get("x86_64", {})
+    allowed = pol["symbol_versions"].get(arch, {})
     return prefix not in allowed or num in allowed[prefix]
 
 
@@ -199,16 +211,37 @@ def _most_portable_first() -> tuple[dict[str, Any], ...]:
     return tuple(sorted(_manylinux_policies(), key=lambda p: p["priority"], reverse=True))
 
 
-def honest_platform(elfs: list[ElfFacts]) -> str | None:
-    """The most portable manylinux tag whose symbol-version policy admits every ELF
-    (auditwheel's data), or None for a wheel without ELF files."""
+def honest_platform(
+    elfs: list[ElfFacts], where: dict[tuple[str, str], str | None] | None = None, arch: str = "x86_64"
+) -> tuple[str | None, str]:
+    """(the most portable manylinux tag for `arch` the ELF files allow, what keeps a more portable
+    one out), by auditwheel's policy data and rules: every symbol version needed from a library
+    outside the wheel is allowed, and every library outside the wheel is a system library of that
+    tag (one that resolves nowhere, or only elsewhere on this machine, makes it linux_<arch>).
+    `where`: elf_rules.load_chains (None: every DT_NEEDED counts as outside). No ELF: (None, "")."""
     if not elfs:
-        return None
-    needed = [v for e in elfs for _, vs in e.version_needs for v in vs]
+        return None, ""
+    where = where or {}
+    outside = [(e.member, lib) for e in elfs for lib in e.needed
+               if where.get((e.member, lib)) is None and not is_loader(lib)]  # fmt: skip
+    inside_names = {(e.member, lib) for e in elfs for lib in e.needed if where.get((e.member, lib)) is not None}
+    versions = [(e.member, lib, v) for e in elfs for lib, vs in e.version_needs if (e.member, lib) not in inside_names
+                for v in vs]  # fmt: skip
+    reason = ""
     for pol in _most_portable_first():
-        if pol["name"] != "linux" and all(_admits(pol, v) for v in needed):
-            return f"{pol['name']}_x86_64"
-    return "linux_x86_64"
+        if pol["name"] == "linux" or arch not in pol["symbol_versions"]:
+            continue
+        bad_lib = next(((m, lib) for m, lib in outside if lib not in pol["lib_whitelist"]), None)
+        bad_sym = next(((m, lib, v) for m, lib, v in versions if not _admits(pol, v, arch)), None)
+        if bad_lib is None and bad_sym is None:
+            return f"{pol['name']}_{arch}", reason
+        # Kept from the last failure before the verdict: what the next more portable tag lacks.
+        if bad_lib is not None:
+            reason = (f"{bad_lib[1]} (needed by {bad_lib[0]}) is neither in the wheel nor a system library "
+                      f"of {pol['name']}")  # fmt: skip
+        elif bad_sym is not None:
+            reason = f"{bad_sym[2]} from {bad_sym[1]} (needed by {bad_sym[0]}) is newer than {pol['name']} allows"
+    return f"linux_{arch}", reason
 
 
 def _version_key(v: str) -> tuple[int, ...]:
@@ -225,9 +258,11 @@ def tags(w: WheelFacts, elfs: list[ElfFacts]) -> list[Finding]:
         if not m:
             continue
         if m.group(1) == "abi3":
-            if "abi3" not in abis:
-                out.append(finding("tag.ext-suffix", fn, e.member, f"abi3 extension in a wheel tagged {sorted(abis)}",
-                                   "tag the wheel cpXY-abi3 or build a version-specific extension"))  # fmt: skip
+            # The stable ABI loads on every CPython 3.x, so a cpXY-tagged wheel may hold one; only a
+            # wheel for another interpreter (pp, graalpy) cannot.
+            if not any(i.startswith("cp") for i in interp):
+                out.append(finding("tag.ext-suffix", fn, e.member, f"abi3 extension in a wheel for {sorted(interp)}",
+                                   "abi3 extensions are for CPython: tag the wheel cpXY"))  # fmt: skip
         elif f"cp{m.group(2)}" not in interp or f"cp{m.group(2)}" not in abis:
             out.append(finding(
                 "tag.ext-suffix", fn, e.member,
@@ -249,15 +284,17 @@ def platform_overclaims(w: WheelFacts, elfs: list[ElfFacts]) -> list[Finding]:
     if pol is None:
         return []
     platform = min(claimed)[1]
-    newest = pol["symbol_versions"]["x86_64"]
+    arch = next(iter(sorted(tag_architectures(w))), "x86_64")
+    newest = pol["symbol_versions"].get(arch, pol["symbol_versions"]["x86_64"])
     out: list[Finding] = []
     for e in elfs:
         for lib, versions in e.version_needs:
             for v in versions:
-                if _admits(pol, v):
+                if _admits(pol, v, arch):
                     continue
                 prefix = v.partition("_")[0]
-                need = next((p["name"] for p in _most_portable_first() if _admits(p, v)), "none known to auditwheel")
+                need = next((p["name"] for p in _most_portable_first() if arch in p["symbol_versions"]
+                             and _admits(p, v, arch)), "none known to auditwheel")  # fmt: skip
                 out.append(finding(
                     "tag.manylinux-overclaim", w.filename, e.member,
                     f"needs {v} from {lib}, which {platform} does not allow (its newest {prefix} is "
@@ -310,7 +347,7 @@ def safety(w: WheelFacts) -> list[Finding]:
 
 
 # platform-tag architecture -> (e_machine, ELF class, little endian)
-_ARCH = {
+ARCH = {
     "x86_64": ("EM_X86_64", 64, True), "i686": ("EM_386", 32, True), "aarch64": ("EM_AARCH64", 64, True),
     "ppc64le": ("EM_PPC64", 64, True), "ppc64": ("EM_PPC64", 64, False), "s390x": ("EM_S390", 64, False),
     "armv7l": ("EM_ARM", 32, True), "riscv64": ("EM_RISCV", 64, True),
@@ -318,14 +355,13 @@ _ARCH = {
 _LINUX_ABIS = {"ELFOSABI_SYSV", "ELFOSABI_LINUX"}
 # ELF machines of GPU code (sglang ships AMD gfx950 code objects; cubins are EM_CUDA)
 _DEVICE_CODE = {"EM_AMDGPU", "EM_CUDA"}
-_LIBRARY = re.compile(r"\.so(\.\d+)*$")
 
 
 def tag_architectures(w: WheelFacts) -> set[str]:
     """The architectures the platform tags name (x86_64, aarch64, ...)."""
     out = set()
     for t in w.tags:
-        for arch in _ARCH:
+        for arch in ARCH:
             if t.platform.endswith("_" + arch):
                 out.add(arch)
     return out
@@ -345,7 +381,7 @@ def architecture(w: WheelFacts, elfs: list[ElfFacts], non_elf: list[str]) -> lis
         if not archs:
             continue
         got = (e.machine, e.elfclass, e.little_endian)
-        if got not in {_ARCH[a] for a in archs}:
+        if got not in {ARCH[a] for a in archs}:
             want = ", ".join(sorted(archs))
             out.append(finding("elf.arch-mismatch", fn, e.member, f"{e.machine} ELF{e.elfclass} "
                                f"{'little' if e.little_endian else 'big'}-endian in a wheel tagged for {want}",
@@ -354,11 +390,6 @@ def architecture(w: WheelFacts, elfs: list[ElfFacts], non_elf: list[str]) -> lis
         out.append(finding("elf.not-elf", fn, name, f"{name} is named like a shared library but is not ELF",
                            "ship the real library, or name the file for what it is"))  # fmt: skip
     return out
-
-
-def looks_like_library(name: str) -> bool:
-    """A shared library or an extension module by its name (x.so, x.so.1.2, x.abi3.so)."""
-    return bool(_LIBRARY.search(name.rsplit("/", 1)[-1])) and ".dist-info/" not in name
 
 
 def layout(w: WheelFacts, elfs: dict[str, str], forbidden: frozenset[str]) -> list[Finding]:

@@ -87,6 +87,20 @@ def list_archs(tool: str, path: Path) -> tuple[frozenset[str], frozenset[str]]:
     return frozenset(sass), frozenset(a.replace("sm_", "compute_") for a in ptx)
 
 
+def list_arch_bytes(tool: str, path: Path) -> dict[str, int]:
+    """SASS arch -> bytes of its cubins in one ELF file on disk (extracted to a temporary
+    directory, measured, deleted)."""
+    sizes: dict[str, int] = {}
+    with tempfile.TemporaryDirectory(prefix="kt-audit-") as out:
+        subprocess.run([tool, "--extract-elf", "all", str(Path(path).resolve())], cwd=out, capture_output=True,
+                       check=False)  # fmt: skip
+        for cubin in Path(out).glob("*.cubin"):
+            m = re.search(r"\.(sm_\d+[a-z]?)\.cubin$", cubin.name)
+            if m:
+                sizes[m.group(1)] = sizes.get(m.group(1), 0) + cubin.stat().st_size
+    return sizes
+
+
 def read_cuda(tool: str, data: bytes) -> CudaFacts:
     """What cuobjdump lists in one ELF: SASS archs, PTX archs, kernels per arch, PTX ISA versions."""
     with tempfile.NamedTemporaryFile(suffix=".so") as fh:
@@ -110,13 +124,7 @@ def read_cuda(tool: str, data: bytes) -> CudaFacts:
         versions = (
             set(re.findall(r"^\.version (\d+\.\d+)", _run(tool, "--dump-ptx", fh.name), re.MULTILINE)) if ptx else set()
         )
-        sizes: dict[str, int] = {}
-        with tempfile.TemporaryDirectory() as out:
-            subprocess.run([tool, "--extract-elf", "all", fh.name], cwd=out, capture_output=True, check=False)
-            for cubin in Path(out).glob("*.cubin"):
-                m = re.search(r"\.(sm_\d+[a-z]?)\.cubin$", cubin.name)
-                if m:
-                    sizes[m.group(1)] = sizes.get(m.group(1), 0) + cubin.stat().st_size
+        sizes = list_arch_bytes(tool, Path(fh.name))
     return CudaFacts(
         frozenset(sass), frozenset(ptx), {a: frozenset(k) for a, k in kernels.items()}, frozenset(versions), sizes
     )

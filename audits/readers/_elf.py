@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import re
 from bisect import bisect_right
 from dataclasses import dataclass, field
 from typing import BinaryIO
@@ -38,10 +39,19 @@ class ElfFacts:
     elfclass: int = 64
     little_endian: bool = True
     osabi: str = "ELFOSABI_SYSV"
+    fatbin_bytes: int = 0  # size of the .nv_fatbin section (embedded CUDA device code), 0 if none
 
     def symbol_at(self, address: int) -> str:
         i = bisect_right(self.symbols, (address, "\uffff")) - 1
         return self.symbols[i][1] if i >= 0 else "?"
+
+
+_LOADER = re.compile(r"^(ld-linux[\w.-]*\.so\.\d+|ld64\.so\.[12])$")
+
+
+def is_loader(needed: str) -> bool:
+    """The dynamic loader itself (ld-linux-x86-64.so.2, ld-linux-aarch64.so.1, ld64.so.2): always the system's."""
+    return bool(_LOADER.match(needed))
 
 
 def is_elf(data: bytes) -> bool:
@@ -55,10 +65,11 @@ def read_elf(member: str, data: bytes) -> ElfFacts | None:
     return read_elf_stream(member, io.BytesIO(data))
 
 
-def read_elf_stream(member: str, stream: BinaryIO, *, code: bool = True) -> ElfFacts:
+def read_elf_stream(member: str, stream: BinaryIO, *, code: bool = True, exports: bool = True) -> ElfFacts:
     """Facts about the ELF file on a seekable stream; bounded reads only. Without `code`, the
     executable sections and the symbol table are skipped (large CUDA binaries: the dynamic
-    section, versions and segments are all the rules need)."""
+    section, versions and segments are all the rules need); without `exports`, the dynamic
+    symbol table is not walked (hundreds of thousands of symbols in libtorch)."""
     try:
         elf = ELFFile(stream)
         needed: list[str] = []
@@ -89,14 +100,14 @@ def read_elf_stream(member: str, stream: BinaryIO, *, code: bool = True) -> ElfF
                 execstack = True
             if seg["p_type"] == "PT_LOAD" and flags & PF_W and flags & PF_X:
                 rwx.append(i)
-        exports: list[str] = []
+        exported: list[str] = []
         dynsym = elf.get_section_by_name(".dynsym")
-        if isinstance(dynsym, SymbolTableSection):
+        if exports and isinstance(dynsym, SymbolTableSection):
             for s in dynsym.iter_symbols():
                 e = s.entry
                 if (e.st_shndx != "SHN_UNDEF" and e.st_info.bind in ("STB_GLOBAL", "STB_WEAK", "STB_GNU_UNIQUE")
                         and e.st_other.visibility in ("STV_DEFAULT", "STV_PROTECTED") and s.name):  # fmt: skip
-                    exports.append(s.name)
+                    exported.append(s.name)
         needs: list[tuple[str, tuple[str, ...]]] = []
         for sec in elf.iter_sections():
             if isinstance(sec, GNUVerNeedSection):
@@ -107,6 +118,7 @@ def read_elf_stream(member: str, stream: BinaryIO, *, code: bool = True) -> ElfF
             for s in elf.iter_sections()
             if code and s["sh_flags"] & SHF_EXECINSTR and s["sh_type"] == "SHT_PROGBITS"
         )
+        fatbin = elf.get_section_by_name(".nv_fatbin")
         table = elf.get_section_by_name(".symtab") or dynsym
         syms: list[tuple[int, str]] = []
         if code and isinstance(table, SymbolTableSection):
@@ -116,9 +128,9 @@ def read_elf_stream(member: str, stream: BinaryIO, *, code: bool = True) -> ElfF
         return ElfFacts(
             member=member, machine=elf["e_machine"], needed=tuple(needed), rpath=tuple(rpath),
             runpath=tuple(runpath), soname=soname, textrel=textrel, execstack=execstack, rwx_segments=tuple(rwx),
-            exports=tuple(sorted(set(exports))), version_needs=tuple(needs), exec_sections=exec_secs,
+            exports=tuple(sorted(set(exported))), version_needs=tuple(needs), exec_sections=exec_secs,
             symbols=tuple(syms), elfclass=elf.elfclass, little_endian=elf.little_endian,
-            osabi=str(elf["e_ident"]["EI_OSABI"]),
+            osabi=str(elf["e_ident"]["EI_OSABI"]), fatbin_bytes=fatbin["sh_size"] if fatbin is not None else 0,
         )  # fmt: skip
     except (ELFError, ValueError, KeyError) as exc:
         raise ValueError(f"{member}: malformed ELF: {exc}") from exc

@@ -50,14 +50,12 @@ class WheelSummary:
 
 
 def summarize(w: WheelFacts, manifest_member: str) -> WheelSummary:
-    parts = tuple(
-        PartMember(m.name, m.size, hashlib.sha256(m.data).hexdigest()) for m in w.members if PART_DIR in f"/{m.name}"
-    )
+    parts = tuple(PartMember(m.name, m.size, m.sha256) for m in w.members if PART_DIR in f"/{m.name}")
     manifest, error = None, ""
     member = w.member(manifest_member)
     if member is not None:
         try:
-            manifest = json.loads(member.data)
+            manifest = json.loads(member.data or b"")
             if not isinstance(manifest, dict):
                 raise ValueError("not a JSON object")
         except ValueError as exc:

@@ -85,7 +85,7 @@ def test_wheel_tag_lines_differ_from_filename(members: dict[str, bytes], out: Pa
 def test_native_wheel_claiming_purelib(members: dict[str, bytes], out: Path) -> None:
     m = {n: (d.replace(b"Root-Is-Purelib: false", b"Root-Is-Purelib: true") if n.endswith("/WHEEL") else d)
          for n, d in members.items()}  # fmt: skip
-    assert rules_of(write_wheel(out, m)) == {"wheel.wheel-file"}
+    assert rules_of(write_wheel(out, m)) == {"wheel.purelib"}
 
 
 def test_metadata_name_differs_from_filename(tmp_path: Path) -> None:
@@ -329,7 +329,7 @@ def test_every_rule_has_a_negative_test() -> None:
     """Each rule id appears in the assertions of this file or of the unit tests that feed the
     payload, path-safety and architecture rules made-up facts (one defect each)."""
     here = Path(__file__).resolve()
-    units = ("test_payload_rules.py", "test_wheel_safety.py", "test_audit_cli.py")
+    units = ("test_payload_rules.py", "test_wheel_safety.py", "test_audit_cli.py", "test_audit_world.py")
     text = here.read_text() + "".join((here.parents[1] / "unit" / name).read_text() for name in units)
     untested = [r for r in RULES if f'"{r}"' not in text]
     assert untested == []
@@ -468,3 +468,26 @@ def test_a_foreign_architecture_library_in_a_real_wheel(members: dict[str, bytes
 def test_a_so_member_that_is_not_elf(members: dict[str, bytes], out: Path) -> None:
     found = audit_wheel(write_wheel(out, _with_lib(members, "kt_kernel/fake.so", b"not a library")), POLICY).findings
     assert {f.rule for f in found if f.severity == "error"} == {"elf.not-elf"}
+
+
+def test_an_abi3_extension_in_a_cp311_wheel_is_valid(members: dict[str, bytes], out: Path, tmp_path: Path) -> None:
+    lib = compile_so(tmp_path, "x.so", '__attribute__((visibility("default"))) void *PyInit_extra(void) { return 0; }')
+    found = audit_wheel(write_wheel(out, _with_lib(members, "kt_kernel/extra.abi3.so", lib)), POLICY).findings
+    assert [f for f in found if f.severity == "error"] == []
+
+
+def test_embedded_cuda_code_without_cuobjdump_is_noted(members: dict[str, bytes], out: Path, tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    """Any ELF member with a .nv_fatbin section is listed; without the tool, the report says
+    'cuda: not inspected' (a warning beside the payload's own tool-missing error)."""
+    src = (
+        '__attribute__((section(".nv_fatbin"), used)) static const char fatbin[64] = "x";\n'
+        "int kt_cuda_y(void) { return 0; }"
+    )
+    wheel = write_wheel(out, _with_lib(members, "kt_kernel/dev.so", compile_so(tmp_path, "dev.so", src)))
+    monkeypatch.setenv("KT_CUOBJDUMP", "/nonexistent/cuobjdump")
+    res = audit_wheel(wheel, POLICY)
+    noted = [f for f in res.findings if f.rule == "cuda.tool-missing" and f.member == "kt_kernel/dev.so"]
+    assert [f.severity for f in noted] == ["warning"]
+    assert noted[0].message.startswith("cuda: not inspected")
+    assert res.cuda["embedded"] == {"inspected": False, "files": {"kt_kernel/dev.so": 64}}

@@ -1,51 +1,106 @@
-"""Against real third-party wheels from PyPI: our platform-tag verdict agrees with
-`auditwheel show`, and our cubin listing with `cuobjdump --list-elf`."""
+"""Against real third-party wheels (tests/integration/audit_corpus.toml, fetched by hash): our
+platform verdict equals `auditwheel show --json`'s, the third-party policy finds no error in a
+correct popular wheel, and our cubin listing equals `cuobjdump --list-elf`."""
 
 from __future__ import annotations
 
+import hashlib
+import json
+import os
 import re
+import shutil
 import subprocess
 import sys
+import tempfile
+import urllib.request
 import zipfile
 from pathlib import Path
+from typing import Any
 
 import pytest
+import tomllib
 
-from audits import load_policy
-from audits.analyzers.wheel_rules import honest_platform
-from audits.readers import read_elf, read_wheel
+from audits import audit_wheel, load_policy
 from audits.readers._cuda import find_cuobjdump, read_cuda
 
 pytestmark = pytest.mark.network
-# Small native wheels with different glibc floors (name==version, wheel tag).
-WHEELS = [("pyyaml==6.0.3", "manylinux_2_17_x86_64"), ("markupsafe==3.0.3", "manylinux_2_17_x86_64"),
-          ("zstandard==0.25.0", "manylinux_2_17_x86_64")]  # fmt: skip
+ROOT = Path(__file__).resolve().parents[2]
+CORPUS = tomllib.loads((Path(__file__).with_name("audit_corpus.toml")).read_text())["wheel"]
+CACHE = ROOT / "build" / "cache" / "corpus"
+THIRD = load_policy("third-party")
 
 
-def _download(spec: str, dest: Path) -> Path:
-    cmd = [sys.executable, "-m", "pip", "download", "--isolated", "--no-deps", "--only-binary", ":all:",
-           "--index-url", "https://pypi.org/simple", "--python-version", "3.11", "--implementation", "cp",
-           "--abi", "cp311", "--platform", "manylinux_2_17_x86_64", "--platform", "manylinux2014_x86_64",
-           "--platform", "manylinux_2_28_x86_64", "-d", str(dest), spec]  # fmt: skip
-    proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
-    if proc.returncode != 0:
-        pytest.fail(f"pip download {spec} failed: {proc.stderr[-1500:]}")
-    (wheel,) = dest.glob("*.whl")
-    return wheel
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as fh:
+        while chunk := fh.read(1 << 20):
+            h.update(chunk)
+    return h.hexdigest()
 
 
-@pytest.mark.parametrize(("spec", "_tag"), WHEELS)
-def test_platform_verdict_agrees_with_auditwheel_show(spec: str, _tag: str, tmp_path: Path) -> None:
-    wheel = _download(spec, tmp_path)
-    w = read_wheel(wheel)
-    elfs = [e for m in w.members if (e := read_elf(m.name, m.data)) is not None]
-    ours = honest_platform(elfs)
-    show = subprocess.run([sys.executable, "-m", "auditwheel", "show", str(wheel)], capture_output=True, text=True,
-                          check=False).stdout  # fmt: skip
-    theirs = re.search(r'consistent with the following platform tag:\s+"([^"]+)"', " ".join(show.split()))
-    assert theirs is not None, show
-    assert ours == theirs.group(1)
-    assert load_policy()
+def fetch(entry: dict[str, Any]) -> Path:
+    """The corpus wheel, downloaded once and verified against its hash every time."""
+    if entry.get("find_links"):
+        path = Path(os.environ.get("KT_FIND_LINKS", "/opt/wheels")) / str(entry["file"])
+        if not path.is_file():
+            pytest.fail(f"{path} is missing: the local wheel directory (KT_FIND_LINKS) must hold {entry['file']}")
+    else:
+        path = CACHE / str(entry["file"])
+        if not path.is_file():
+            CACHE.mkdir(parents=True, exist_ok=True)
+            part = path.with_suffix(".part")
+            if not entry["url"].startswith("https://files.pythonhosted.org/"):
+                pytest.fail(f"{entry['file']}: corpus URLs must be PyPI's (https://files.pythonhosted.org/)")
+            with urllib.request.urlopen(entry["url"], timeout=120) as src, part.open("wb") as dst:  # noqa: S310
+                shutil.copyfileobj(src, dst, 1 << 20)
+            part.rename(path)
+    digest = _sha256(path)
+    if digest != entry["sha256"]:
+        path.unlink() if not entry.get("find_links") else None
+        pytest.fail(f"{entry['file']}: sha256 {digest}, the corpus pins {entry['sha256']}")
+    return path
+
+
+def auditwheel_show(wheel: Path) -> dict[str, Any]:
+    proc = subprocess.run([sys.executable, "-m", "auditwheel", "show", "--json", str(wheel)], capture_output=True,
+                          text=True, check=False)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    result: dict[str, Any] = json.loads(proc.stdout)
+    return result
+
+
+def test_the_corpus_has_ten_wheels_of_the_kinds_the_issue_names() -> None:
+    kinds = " ".join(e["kind"] for e in CORPUS)
+    assert len(CORPUS) >= 10
+    for kind in ("static library", "grafted", "abi3", "aarch64", "CUDA", "very large"):
+        assert kind in kinds, kind
+
+
+@pytest.mark.parametrize("entry", CORPUS, ids=[e["file"].split("-")[0] + ("-aarch64" if "aarch64" in e["file"] else "")
+                                               for e in CORPUS])  # fmt: skip
+def test_verdict_equals_auditwheel_show_and_no_error_under_third_party(entry: dict[str, Any]) -> None:
+    wheel = fetch(entry)
+    res = audit_wheel(wheel, THIRD)
+    theirs = auditwheel_show(wheel)
+    print(f"{wheel.name}: ours {res.platform} ({res.platform_reason or 'nothing limits it'}); "
+          f"auditwheel {theirs['overall_tag']}")  # fmt: skip
+    assert res.platform == theirs["overall_tag"]
+    assert [f for f in res.findings if f.severity == "error"] == []
+    if "static library" in entry["kind"]:
+        assert any(f.rule == "wheel.static-library" and f.severity == "info" for f in res.findings)
+    if "CUDA" in entry["kind"]:
+        listed = res.cuda["embedded"]
+        assert listed["inspected"] is True
+        tool = find_cuobjdump()
+        assert tool is not None
+        with zipfile.ZipFile(wheel) as zf, tempfile.TemporaryDirectory() as tmp:
+            for member, facts in listed["files"].items():
+                lib = Path(tmp) / "lib.so"
+                lib.write_bytes(zf.read(member))
+                cli = subprocess.run([tool, "--list-elf", str(lib)], capture_output=True, text=True, check=False).stdout
+                assert set(facts["sass"]) == set(re.findall(r"\.(sm_\w+)\.cubin", cli)), member
+                assert facts["sass"]
+                assert set(facts["arch_bytes"]) == set(facts["sass"])
 
 
 def test_cubin_listing_agrees_with_cuobjdump(tmp_path: Path, kt_wheel: Path) -> None:

@@ -12,9 +12,9 @@ from packaging.tags import parse_tag
 from packaging.utils import canonicalize_name
 from packaging.version import Version
 
-from audits.analyzers.wheel_rules import architecture, looks_like_library, safety
+from audits.analyzers.wheel_rules import architecture, safety
 from audits.readers._elf import ElfFacts
-from audits.readers._wheel import Member, WheelFacts, read_wheel
+from audits.readers._wheel import Member, WheelFacts, looks_like_library, read_wheel
 
 DI = "demo-1.0.dist-info"
 

@@ -1,0 +1,210 @@
+"""The audit on anyone's wheels: bounded reads (a zip bomb is a finding, not an OOM), load-chain
+library resolution as glibc does it, auditwheel-style verdicts per architecture, and the
+third-party policy that keeps our release's rules as warnings. Made-up facts and small zips."""
+
+from __future__ import annotations
+
+import json
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from audits import __main__ as cli
+from audits import audit_wheel, load_policy
+from audits.analyzers.elf_rules import load_chains, rpath
+from audits.analyzers.wheel_rules import honest_platform
+from audits.policy import POLICY_DIR
+from audits.readers._elf import ElfFacts
+from audits.readers._wheel import ReadOptions, read_wheel
+from tests.wheelkit import pure_wheel_members, write_wheel
+
+DEFAULT = load_policy()
+THIRD = load_policy("third-party")
+
+
+def elf(member: str, needed: tuple[str, ...] = (), rpath: tuple[str, ...] = (), runpath: tuple[str, ...] = (),
+        soname: str = "", versions: tuple[tuple[str, tuple[str, ...]], ...] = (),
+        machine: str = "EM_X86_64") -> ElfFacts:  # fmt: skip
+    return ElfFacts(member=member, machine=machine, needed=needed, rpath=rpath, runpath=runpath, soname=soname,
+                    textrel=False, execstack=False, rwx_segments=(), exports=(), version_needs=versions,
+                    exec_sections=(), symbols=())  # fmt: skip
+
+
+def errors(findings: list) -> set[str]:  # type: ignore[type-arg]
+    return {f.rule for f in findings if f.severity == "error"}
+
+
+# --- load chains: DT_RPATH inherited, DT_RUNPATH not, loaded names reused --------------------------------
+
+EXT = "pkg/_ext.cpython-311-x86_64-linux-gnu.so"
+TREE = [EXT, "pkg.libs/libgraft.so.1", "pkg.libs/libdep.so.2", "pkg/__init__.py"]
+
+
+def test_a_grafted_librarys_dependency_resolves_through_the_loaders_rpath() -> None:
+    elfs = [elf(EXT, needed=("libgraft.so.1",), rpath=("$ORIGIN/../pkg.libs",)),
+            elf("pkg.libs/libgraft.so.1", needed=("libdep.so.2",), soname="libgraft.so.1"),
+            elf("pkg.libs/libdep.so.2", soname="libdep.so.2")]  # fmt: skip
+    where = load_chains(elfs, TREE)
+    assert where[("pkg.libs/libgraft.so.1", "libdep.so.2")] == "pkg.libs/libdep.so.2"
+    assert errors(rpath("w.whl", elfs, TREE, frozenset())) == set()
+
+
+def test_runpath_is_not_inherited() -> None:
+    elfs = [elf(EXT, needed=("libgraft.so.1",), runpath=("$ORIGIN/../pkg.libs",)),
+            elf("pkg.libs/libgraft.so.1", needed=("libdep.so.2",), soname="libgraft.so.1"),
+            elf("pkg.libs/libdep.so.2", soname="libdep.so.2")]  # fmt: skip
+    assert load_chains(elfs, TREE)[("pkg.libs/libgraft.so.1", "libdep.so.2")] is None
+    found = rpath("w.whl", elfs, TREE, frozenset())
+    assert errors(found) == {"rpath.unresolved"}
+    assert [f.member for f in found] == ["pkg.libs/libgraft.so.1"]
+
+
+def test_an_object_with_its_own_runpath_ignores_the_inherited_rpath() -> None:
+    elfs = [elf(EXT, needed=("libgraft.so.1",), rpath=("$ORIGIN/../pkg.libs",)),
+            elf("pkg.libs/libgraft.so.1", needed=("libdep.so.2",), runpath=("$ORIGIN/nowhere",)),
+            elf("pkg.libs/libdep.so.2")]  # fmt: skip
+    assert load_chains(elfs, TREE)[("pkg.libs/libgraft.so.1", "libdep.so.2")] is None
+
+
+def test_a_name_already_loaded_in_the_chain_is_reused() -> None:
+    """libdep is loaded by the extension first (breadth first), so libgraft, with no search path
+    at all, finds it by its SONAME, as ld.so does."""
+    elfs = [
+        elf(EXT, needed=("libdep.so.2", "libgraft.so.1"), runpath=("$ORIGIN/../pkg.libs",)),
+        elf("pkg.libs/libgraft.so.1", needed=("libdep.so.2",)),
+        elf("pkg.libs/libdep.so.2", soname="libdep.so.2"),
+    ]
+    assert load_chains(elfs, TREE)[("pkg.libs/libgraft.so.1", "libdep.so.2")] == "pkg.libs/libdep.so.2"
+
+
+# --- verdicts like auditwheel's ---------------------------------------------------------------------------
+
+
+def test_a_library_that_resolves_nowhere_makes_the_verdict_linux() -> None:
+    elfs = [elf(EXT, needed=("libc.so.6", "libfoo.so.1"), versions=(("libc.so.6", ("GLIBC_2.2.5",)),))]
+    tag, why = honest_platform(elfs, load_chains(elfs, [EXT]))
+    assert tag == "linux_x86_64"
+    assert "libfoo.so.1" in why
+    assert EXT in why
+    ok = [elf(EXT, needed=("libc.so.6",), versions=(("libc.so.6", ("GLIBC_2.2.5",)),))]
+    assert honest_platform(ok, load_chains(ok, [EXT])) == ("manylinux_2_5_x86_64", "")
+
+
+def test_the_verdict_names_the_symbol_that_limits_it() -> None:
+    elfs = [elf(EXT, needed=("libc.so.6",), versions=(("libc.so.6", ("GLIBC_2.2.5", "GLIBC_2.34")),))]
+    tag, why = honest_platform(elfs, load_chains(elfs, [EXT]))
+    assert tag == "manylinux_2_34_x86_64"
+    assert why.startswith("GLIBC_2.34 from libc.so.6")
+    assert "manylinux_2_" in why
+
+
+def test_symbol_versions_of_a_library_inside_the_wheel_do_not_count() -> None:
+    """A grafted libstdc++ brings its own GLIBCXX: auditwheel ignores versions resolved inside."""
+    tree = [EXT, "pkg.libs/libstdc++.so.6"]
+    elfs = [elf(EXT, needed=("libstdc++.so.6",), rpath=("$ORIGIN/../pkg.libs",),
+                versions=(("libstdc++.so.6", ("GLIBCXX_3.4.32",)),)), elf("pkg.libs/libstdc++.so.6")]  # fmt: skip
+    assert honest_platform(elfs, load_chains(elfs, tree))[0] == "manylinux_2_5_x86_64"
+
+
+def test_the_verdict_is_computed_for_the_wheels_architecture() -> None:
+    """manylinux_2_5 (manylinux1) never existed for aarch64; 2_17 is its floor."""
+    elfs = [elf(EXT, needed=("libc.so.6",), versions=(("libc.so.6", ("GLIBC_2.17",)),), machine="EM_AARCH64")]
+    assert honest_platform(elfs, load_chains(elfs, [EXT]), "aarch64")[0] == "manylinux_2_17_aarch64"
+    assert honest_platform([], None) == (None, "")
+
+
+# --- bounded reads --------------------------------------------------------------------------------------
+
+
+def _bomb(path: Path, mib: int) -> Path:
+    members = pure_wheel_members("demo", "1.0")
+    write_wheel(path, members)
+    with zipfile.ZipFile(path, "a", zipfile.ZIP_DEFLATED) as zf, zf.open("demo/zeros.bin", "w") as fh:
+        block = bytes(1 << 20)
+        for _ in range(mib):
+            fh.write(block)
+    return path
+
+
+def test_a_zip_bomb_member_is_refused_not_read(tmp_path: Path) -> None:
+    wheel = _bomb(tmp_path / "demo-1.0-py3-none-any.whl", 64)
+    facts = read_wheel(wheel, ReadOptions(limits=DEFAULT.limits))
+    (bomb,) = [m for m in facts.members if m.name == "demo/zeros.bin"]
+    assert bomb.refused.startswith("expands")
+    assert bomb.data is None
+    assert bomb.sha256 == ""
+    res = audit_wheel(wheel, DEFAULT)
+    assert [(f.rule, f.member) for f in res.findings if f.severity == "error"] == [
+        ("wheel.member-limit", "demo/zeros.bin"), ("wheel.record-unlisted", "demo/zeros.bin")]  # fmt: skip
+
+
+def test_members_are_hashed_streaming_and_not_kept(tmp_path: Path) -> None:
+    wheel = write_wheel(tmp_path / "demo-1.0-py3-none-any.whl", pure_wheel_members("demo", "1.0"))
+    facts = read_wheel(wheel)
+    init = facts.member("demo/__init__.py")
+    assert init is not None
+    assert init.data is None
+    assert init.size == len(b"VALUE = 1\n")
+    assert facts.text(
+        f"{facts.dist_info}/METADATA",
+    ).startswith("Metadata-Version")  # type: ignore[union-attr]
+
+
+def test_a_corrupt_member_is_named(tmp_path: Path) -> None:
+    wheel = tmp_path / "demo-1.0-py3-none-any.whl"
+    members = pure_wheel_members("demo", "1.0")
+    members["demo/data.txt"] = b"A" * 4096
+    write_wheel(wheel, members)
+    raw = bytearray(wheel.read_bytes())
+    with zipfile.ZipFile(wheel) as zf:
+        info = zf.getinfo("demo/data.txt")
+    raw[info.header_offset + 30 + len(info.filename) + 2] ^= 0xFF  # a byte of the deflated stream
+    wheel.write_bytes(bytes(raw))
+    res = audit_wheel(wheel, DEFAULT)
+    assert ("wheel.unreadable", "demo/data.txt") in {(f.rule, f.member) for f in res.findings}
+
+
+# --- the third-party policy -------------------------------------------------------------------------------
+
+
+def test_third_party_policy_keeps_our_rules_as_warnings_with_the_reason(tmp_path: Path) -> None:
+    members = pure_wheel_members("demo", "1.0", requires_python=None)
+    members["demo/lib/libnpymath.a"] = b"!<arch>\n"
+    wheel = write_wheel(tmp_path / "demo-1.0-py3-none-any.whl", members)
+    ours = audit_wheel(wheel, DEFAULT).findings
+    assert errors(ours) == {"wheel.static-library", "wheel.requires-python"}
+    theirs = audit_wheel(wheel, THIRD).findings
+    assert errors(theirs) == set()
+    by_rule = {f.rule: f for f in theirs}
+    assert by_rule["wheel.static-library"].severity == "info"
+    assert "on purpose" in by_rule["wheel.static-library"].message
+    assert by_rule["wheel.requires-python"].severity == "warning"
+    # what holds for every wheel stays an error under both
+    assert THIRD.wheel_budget_bytes == DEFAULT.wheel_budget_bytes
+    assert THIRD.variants == DEFAULT.variants
+    assert THIRD.exports_applies_to == frozenset()
+
+
+def test_third_party_by_name_on_the_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    members = pure_wheel_members("demo", "1.0")
+    members["demo/libx.a"] = b"!<arch>\n"
+    wheel = write_wheel(tmp_path / "demo-1.0-py3-none-any.whl", members)
+    assert cli.main([str(wheel)]) == 1
+    capsys.readouterr()
+    assert cli.main([str(wheel), "--policy", "third-party", "--json", "-"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["policy_name"] == "third-party"
+    assert report["passed"]
+
+
+def test_a_policy_that_extends_itself_is_an_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    loop = POLICY_DIR / f".test-loop-{tmp_path.name}.toml"
+    loop.write_text(f'schema_version = 1\nextends = "{loop.name}"\n')
+    try:
+        code = cli.main([str(write_wheel(tmp_path / "demo-1.0-py3-none-any.whl", pure_wheel_members("demo", "1.0"))),
+                         "--policy", str(loop)])  # fmt: skip
+    finally:
+        loop.unlink()
+    assert code == 2
+    assert "loops back" in capsys.readouterr().err
