@@ -55,6 +55,7 @@ _SCHEMA: dict[str, Any] = {
         "coverage": None,
     },
     "waivers": None,
+    "installed_collision": None,  # read by tools/verify_install.py
 }
 
 

@@ -137,6 +137,61 @@ print(json.dumps(out))
 """
 
 
+OWNERS = """
+import json
+from importlib.metadata import distributions
+out = {}
+for d in distributions():
+    name = d.metadata["Name"]
+    out[name] = {str(f): (f.hash.value if f.hash else "") for f in d.files or []
+                 if ".dist-info/" not in str(f) and "__pycache__/" not in str(f)}
+print(json.dumps(out))
+"""
+
+
+def accepted_collisions() -> dict[str, frozenset[str]]:
+    """path -> the distributions the audit policy accepts writing it (audits/policy/default.toml)."""
+    import tomllib
+
+    data = tomllib.loads((ROOT / "audits" / "policy" / "default.toml").read_text())
+    return {c["path"]: frozenset(_norm(b) for b in c["between"]) for c in data.get("installed_collision", [])}
+
+
+def _norm(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def path_collisions(owners: dict[str, dict[str, str]],
+                    accepted: dict[str, frozenset[str]] | None = None) -> tuple[list[str], list[str]]:  # fmt: skip
+    """(conflicts, shared) among installed distributions: paths two of them write with different
+    bytes (whichever installed last won, uninstalling either breaks the other), and paths they
+    write with identical bytes or that the policy accepts (reported, not failed).
+    `owners`: distribution -> {installed path: RECORD hash}."""
+    accepted = accepted or {}
+    seen: dict[str, tuple[str, str]] = {}
+    conflicts: list[str] = []
+    shared: list[str] = []
+    for dist in sorted(owners):
+        for path, digest in sorted(owners[dist].items()):
+            if path not in seen:
+                seen[path] = (dist, digest)
+                continue
+            first, first_digest = seen[path]
+            line = f"{path}: {first} and {dist}"
+            ok = (digest and digest == first_digest) or {_norm(first), _norm(dist)} <= accepted.get(path, frozenset())
+            (shared if ok else conflicts).append(line)
+    return conflicts, shared
+
+
+def check_collisions(venv: Path) -> list[str]:
+    """Every installed path has one owner (or identical bytes); returns the shared ones."""
+    conflicts, shared = path_collisions(venv_json(venv, "installed-path owners", "-c", OWNERS), accepted_collisions())
+    if conflicts:
+        shown = "\n  ".join(conflicts[:10]) + (f"\n  ... and {len(conflicts) - 10} more" if len(conflicts) > 10 else "")
+        raise VerifyError(f"distributions in {venv} write the same paths with different bytes:\n  {shown}")
+    return shared
+
+
 def fork_status(venv: Path, names: tuple[str, ...]) -> dict[str, str]:
     """upstream name -> the distribution providing it ("<name>-kt" when the fork does)."""
     status: dict[str, str] = venv_json(venv, "fork check", "-c", FORKS, *names)
@@ -170,6 +225,7 @@ def verify_sft_cpu(dist: Path, work: Path, find_links: str | None) -> dict[str, 
     bad = {k: v for k, v in result["forks"].items() if not v.endswith("-kt")}
     if bad:
         raise VerifyError(f"upstream distributions provide {sorted(bad)} instead of the forks: {bad}")
+    result["shared_paths"] = check_collisions(venv)
     result["train_resume"] = venv_json(venv, "training/resume control", str(ROOT / "tools" / "train_control.py"))
     result["install_s"] = round(t1 - t0, 1)
     result["core_unchanged"] = list(CORE)
@@ -279,6 +335,7 @@ def verify_serve(dist: Path, work: Path) -> dict[str, Any]:
     check = pip(venv, "check")
     if check.returncode != 0:
         raise VerifyError(f"pip check failed in {venv}:\n{check.stdout}{check.stderr}")
+    shared = check_collisions(venv)
     cache = work / "serve-payload-cache"
     shutil.rmtree(cache, ignore_errors=True)
     run_env = {**env, "KT_KERNEL_CACHE_DIR": str(cache)}
@@ -303,7 +360,7 @@ def verify_serve(dist: Path, work: Path) -> dict[str, Any]:
     return {"resolved": len(names), "carriers": sorted(set(reached)), "upstream": upstream,
             "install_s": round(install_s, 1), "materialize_s": round(materialize_s, 1),
             "payload_files": sum(1 for p in root.rglob("*") if p.is_file() and p.name != ".complete"),
-            "needed_unresolved": unresolved, "imports": probe}  # fmt: skip
+            "needed_unresolved": unresolved, "imports": probe, "shared_paths": shared}  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:
