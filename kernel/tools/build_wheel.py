@@ -14,8 +14,10 @@
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -27,7 +29,6 @@ KERNEL = Path(__file__).resolve().parent.parent
 ROOT = KERNEL.parent
 LADDER = KERNEL / "python" / "kt_kernel" / "cpu_variants.json"
 # Fallback timestamp when git cannot say when the sources last changed.
-DEFAULT_EPOCH = 1700000000
 
 
 class BuildError(Exception):
@@ -35,17 +36,16 @@ class BuildError(Exception):
 
 
 def source_date_epoch() -> str:
-    """SOURCE_DATE_EPOCH: the environment's, else the last commit touching kernel/."""
+    """SOURCE_DATE_EPOCH: the environment's, else midnight UTC of the release date in _version.py
+    (from the source itself, never from .git: a clone and a source archive build the same bytes)."""
     if os.environ.get("SOURCE_DATE_EPOCH"):
         return os.environ["SOURCE_DATE_EPOCH"]
-    try:
-        out = subprocess.run(
-            ["git", "log", "-1", "--format=%ct", "--", str(KERNEL)],
-            cwd=ROOT, capture_output=True, text=True, check=True,
-        ).stdout.strip()  # fmt: skip
-        return out or str(DEFAULT_EPOCH)
-    except (OSError, subprocess.CalledProcessError):
-        return str(DEFAULT_EPOCH)
+    version_file = KERNEL / "python" / "kt_kernel" / "_version.py"
+    m = re.search(r'^__release_date__\s*=\s*"(\d{4}-\d{2}-\d{2})"', version_file.read_text(), re.MULTILINE)
+    if m is None:
+        raise BuildError(f'{version_file}: no line __release_date__ = "YYYY-MM-DD"; the release timestamp lives there')
+    date = datetime.datetime.strptime(m.group(1), "%Y-%m-%d").replace(tzinfo=datetime.timezone.utc)
+    return str(int(date.timestamp()))
 
 
 def known_variants() -> list[str]:
