@@ -7,9 +7,11 @@ into kernel/, audits/, carriers/ or tools/. Arguments go after ``--``."""
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 from pathlib import Path
+from types import ModuleType
 
 import nox
 
@@ -22,21 +24,31 @@ nox.options.sessions = ["release"]
 
 PYTHON = "3.11"
 ROOT = Path(__file__).resolve().parent
+
+
+def _load(name: str, path: Path) -> ModuleType:
+    """A stdlib-only module of this repository (nox does not put the noxfile's directory on sys.path)."""
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot load {path}")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+indexes = _load("kt_release_indexes", ROOT / "tools" / "indexes.py")  # where locked wheels come from
 DIST = ROOT / "dist"
 KERNEL_OUT = ROOT / "build" / "kt-kernel" / "out"
-# The machine's wheel directory (it holds the CPU torch build); never written into a lock.
-FIND_LINKS = os.environ.get("KT_FIND_LINKS", "/opt/wheels")
 CPU_VARIANTS = tuple(
     v["name"] for v in json.loads((ROOT / "kernel/python/kt_kernel/cpu_variants.json").read_text())["variants"]
 )
 
 
 def _install_lock(session: nox.Session, name: str) -> None:
-    """Install lockfiles/NAME.txt with every hash checked."""
-    args = ["--require-hashes", "-r", str(ROOT / "lockfiles" / f"{name}.txt")]
-    if Path(FIND_LINKS).is_dir():
-        args += ["--find-links", FIND_LINKS]
-    session.install(*args)
+    """Install lockfiles/NAME.txt with every hash checked (the PyTorch CPU index it may name
+    adapted to this machine by tools/indexes.py: KT_TORCH_INDEX, KT_FIND_LINKS)."""
+    lock = indexes.for_install(ROOT / "lockfiles" / f"{name}.txt", ROOT / "build" / "locks" / f"{name}.txt")
+    session.install("--require-hashes", "-r", str(lock))
 
 
 def _parser(name: str) -> argparse.ArgumentParser:
@@ -114,7 +126,7 @@ def tests(session: nox.Session) -> None:
     _install_lock(session, "test")
     if not args.no_build:
         session.run("python", "kernel/tools/build_wheel.py", "--dist", str(KERNEL_OUT), "--cuda")
-    session.run("pytest", *args.pytest_args, env={"KT_DIST": str(KERNEL_OUT), "KT_FIND_LINKS": FIND_LINKS})
+    session.run("pytest", *args.pytest_args, env={"KT_DIST": str(KERNEL_OUT)})
 
 
 @nox.session(python=PYTHON, default=False)
@@ -138,7 +150,7 @@ def mutants(session: nox.Session) -> None:
     """Delete each audit rule in turn; the tests that name it must fail (build/mutants.json; survivors fail)."""
     _install_lock(session, "test")
     session.run("python", "-m", "tools.mutants", *session.posargs,
-                env={"KT_DIST": str(KERNEL_OUT), "KT_FIND_LINKS": FIND_LINKS})  # fmt: skip
+                env={"KT_DIST": str(KERNEL_OUT)})  # fmt: skip
 
 
 @nox.session(python=PYTHON, tags=["audit"])
@@ -165,8 +177,7 @@ def verify_install(session: nox.Session) -> None:
     _install_lock(session, "verify")
     report = str(ROOT / "build" / "verify.json")
     profiles = (f"--profile={x}" for x in args.profile)
-    session.run("python", "-m", "tools.verify_install", "--dist", str(DIST), "--json", report, *profiles,
-                env={"KT_FIND_LINKS": FIND_LINKS})  # fmt: skip
+    session.run("python", "-m", "tools.verify_install", "--dist", str(DIST), "--json", report, *profiles)
 
 
 @nox.session(venv_backend="none", tags=["release"])

@@ -17,6 +17,8 @@ import zipfile
 from pathlib import Path
 from typing import Any
 
+from tools import indexes
+
 ROOT = Path(__file__).resolve().parents[1]
 TORCH = "torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl"
 
@@ -47,7 +49,13 @@ def zip_bomb(path: Path, gib: float = 2.0) -> Path:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m tools.bench_audit")
-    p.add_argument("--wheel", type=Path, default=Path(os.environ.get("KT_FIND_LINKS", "/opt/wheels")) / TORCH)
+    local = indexes.mirror()
+    p.add_argument(
+        "--wheel",
+        type=Path,
+        default=(local or ROOT / "build" / "cache" / "corpus") / TORCH,
+        help="the wheel to measure (default: the torch CPU wheel from the local mirror or the corpus cache)",
+    )
     p.add_argument("--json", type=Path, default=ROOT / "build" / "bench-audit.json")
     args = p.parse_args(argv)
     if not args.wheel.is_file():

@@ -28,6 +28,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from tools import indexes  # noqa: E402
 from tools.profiles import carrier_metadata, closure  # noqa: E402
 
 UPSTREAM = ("transformers", "accelerate", "peft", "trl", "sglang", "compressed-tensors", "xgrammar")
@@ -77,11 +78,10 @@ def pip(venv: Path, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([*base, *args], capture_output=True, text=True, check=False, env=env)
 
 
-def install(venv: Path, req: Path, find_links: str | None) -> None:
+def install(venv: Path, req: Path) -> None:
+    """`req` is a lock (plus carrier lines) adapted to this machine by tools.indexes.for_install."""
     args = ["install", "--require-hashes", "--only-binary", ":all:", "--index-url", "https://pypi.org/simple",
             "-r", str(req)]  # fmt: skip
-    if find_links and Path(find_links).is_dir():
-        args += ["--find-links", find_links]
     proc = pip(venv, *args)
     if proc.returncode != 0:
         raise VerifyError(f"pip install -r {req} failed:\n{proc.stderr[-3000:]}")
@@ -198,20 +198,19 @@ def fork_status(venv: Path, names: tuple[str, ...]) -> dict[str, str]:
     return status
 
 
-def verify_sft_cpu(dist: Path, work: Path, find_links: str | None) -> dict[str, Any]:
+def verify_sft_cpu(dist: Path, work: Path) -> dict[str, Any]:
     lock = ROOT / "lockfiles" / "sft-cpu.txt"
     venv = work / "sft-cpu"
     shutil.rmtree(venv, ignore_errors=True)
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
     t0 = time.perf_counter()
-    core = work / "sft-cpu-core.txt"
-    core.write_text(lock.read_text() + "\n".join(carrier_lines(dist, list(CORE))) + "\n")
-    install(venv, core, find_links)
+    core = indexes.for_install(lock, work / "sft-cpu-core.txt", "\n".join(carrier_lines(dist, list(CORE))))
+    install(venv, core)
     before = snapshot(venv, CORE)
-    full = work / "sft-cpu-full.txt"
     reached, _ = closure(dist, PROFILES["sft-cpu"])
-    full.write_text(lock.read_text() + "\n".join(carrier_lines(dist, reached, {"ktransformers": "sft"})) + "\n")
-    install(venv, full, find_links)
+    full = indexes.for_install(lock, work / "sft-cpu-full.txt",
+                               "\n".join(carrier_lines(dist, reached, {"ktransformers": "sft"})))  # fmt: skip
+    install(venv, full)
     after = snapshot(venv, CORE)
     t1 = time.perf_counter()
     changed = sorted(n for n in CORE if before[n] != after[n])
@@ -368,7 +367,6 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dist", type=Path, default=ROOT / "dist")
     p.add_argument("--work", type=Path, default=ROOT / "build" / "verify")
     p.add_argument("--profile", action="append", choices=sorted(PROFILES), help="default: all")
-    p.add_argument("--find-links", default=os.environ.get("KT_FIND_LINKS", "/opt/wheels"))
     p.add_argument("--json", type=Path, help="write the results here")
     args = p.parse_args(argv)
     args.work.mkdir(parents=True, exist_ok=True)
@@ -378,7 +376,7 @@ def main(argv: list[str] | None = None) -> int:
         for prof in args.profile or sorted(PROFILES):
             t0 = time.perf_counter()
             if prof == "sft-cpu":
-                results[prof] = verify_sft_cpu(args.dist, args.work, args.find_links)
+                results[prof] = verify_sft_cpu(args.dist, args.work)
             else:
                 results[prof] = verify_serve(args.dist, args.work)
             results[prof]["elapsed_s"] = round(time.perf_counter() - t0, 1)

@@ -7,8 +7,12 @@ import hashlib
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
+import time
+import urllib.request
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -16,6 +20,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import ROOT
+from tools import indexes
 
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
 
@@ -70,13 +75,9 @@ def make_venv(where: Path, requirements: list[str], lock: str = "runtime-cpu") -
     """A fresh venv with lockfiles/LOCK.txt and `requirements` installed, every hash checked."""
     uv = _uv()
     subprocess.run([uv, "venv", "--quiet", "--python", sys.executable, str(where)], check=True)
-    req = where / "requirements.txt"
-    req.write_text((ROOT / "lockfiles" / f"{lock}.txt").read_text() + "\n".join(requirements) + "\n")
+    req = indexes.for_install(ROOT / "lockfiles" / f"{lock}.txt", where / "requirements.txt", "\n".join(requirements))
     cmd = [uv, "pip", "install", "--quiet", "--python", str(where / "bin" / "python"), "--require-hashes",
-           "-r", str(req)]  # fmt: skip
-    links = os.environ.get("KT_FIND_LINKS", "/opt/wheels")
-    if Path(links).is_dir():
-        cmd += ["--find-links", links]
+           *indexes.UV_ARGS, "-r", str(req)]  # fmt: skip
     proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
     if proc.returncode != 0:
         pytest.fail(f"installing into {where} failed:\n{proc.stderr}")
@@ -99,3 +100,41 @@ def host_report(fresh_venv: Venv) -> dict[str, Any]:
         "-c", "import json, kt_kernel; print(json.dumps(kt_kernel.cpu_report().as_dict()))"
     )
     return report
+
+
+def _pypi_server() -> str:
+    """The session venv's pypi-server (lockfiles/test.txt pins pypiserver): missing is an error, not a skip."""
+    beside = Path(sys.executable).with_name("pypi-server")
+    found = str(beside) if beside.is_file() else shutil.which("pypi-server")
+    if found is None:
+        pytest.fail("pypi-server is missing; lockfiles/test.txt pins pypiserver: run the tests through nox -s tests")
+    return found
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture
+def index(tmp_path: Path) -> Iterator[tuple[str, Path]]:
+    packages = tmp_path / "packages"
+    packages.mkdir()
+    port = _free_port()
+    server = _pypi_server()
+    proc = subprocess.Popen([server, "run", "-i", "127.0.0.1", "-p", str(port), "-a", ".", "-P", ".",
+                             str(packages)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    url = f"http://127.0.0.1:{port}/"
+    for _ in range(100):
+        try:
+            urllib.request.urlopen(url + "simple/", timeout=1)  # noqa: S310 (http on 127.0.0.1)
+            break
+        except OSError:
+            time.sleep(0.1)
+    else:
+        proc.kill()
+        pytest.fail("pypiserver did not start")
+    yield url, packages
+    proc.terminate()
+    proc.wait(timeout=10)

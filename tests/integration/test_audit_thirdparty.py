@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import re
 import shutil
 import subprocess
@@ -22,6 +21,7 @@ import tomllib
 
 from audits import audit_wheel, load_policy
 from audits.readers._cuda import find_cuobjdump, read_cuda
+from tools import indexes
 
 pytestmark = pytest.mark.network
 ROOT = Path(__file__).resolve().parents[2]
@@ -40,23 +40,23 @@ def _sha256(path: Path) -> str:
 
 def fetch(entry: dict[str, Any]) -> Path:
     """The corpus wheel, downloaded once and verified against its hash every time."""
-    if entry.get("find_links"):
-        path = Path(os.environ.get("KT_FIND_LINKS", "/opt/wheels")) / str(entry["file"])
-        if not path.is_file():
-            pytest.fail(f"{path} is missing: the local wheel directory (KT_FIND_LINKS) must hold {entry['file']}")
+    local = indexes.mirror()
+    mirrored = local / str(entry["file"]) if entry.get("mirror") and local is not None else None
+    if mirrored is not None and mirrored.is_file():
+        path = mirrored
     else:
         path = CACHE / str(entry["file"])
         if not path.is_file():
             CACHE.mkdir(parents=True, exist_ok=True)
             part = path.with_suffix(".part")
-            if not entry["url"].startswith("https://files.pythonhosted.org/"):
-                pytest.fail(f"{entry['file']}: corpus URLs must be PyPI's (https://files.pythonhosted.org/)")
+            if not entry["url"].startswith(("https://files.pythonhosted.org/", indexes.PYTORCH_CPU_INDEX + "/")):
+                pytest.fail(f"{entry['file']}: corpus URLs must be PyPI's or the PyTorch CPU index's")
             with urllib.request.urlopen(entry["url"], timeout=120) as src, part.open("wb") as dst:  # noqa: S310
                 shutil.copyfileobj(src, dst, 1 << 20)
             part.rename(path)
     digest = _sha256(path)
     if digest != entry["sha256"]:
-        path.unlink() if not entry.get("find_links") else None
+        path.unlink() if path.parent == CACHE else None
         pytest.fail(f"{entry['file']}: sha256 {digest}, the corpus pins {entry['sha256']}")
     return path
 

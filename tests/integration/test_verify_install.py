@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -28,7 +27,7 @@ def test_install_refuses_a_wheel_whose_hash_differs(tmp_path: Path) -> None:
     req = tmp_path / "req.txt"
     req.write_text(f"demo-pkg @ {wheel.as_uri()} --hash=sha256:{'0' * 64}\n")
     with pytest.raises(vi.VerifyError, match="DO NOT MATCH THE HASHES"):
-        vi.install(_venv(tmp_path / "venv"), req, None)
+        vi.install(_venv(tmp_path / "venv"), req)
 
 
 def test_dist_that_disagrees_with_its_sums_is_refused(tmp_path: Path) -> None:
@@ -51,7 +50,7 @@ def test_fork_check_tells_fork_from_upstream(tmp_path: Path) -> None:
         )
     req = tmp_path / "req.txt"
     req.write_text("\n".join(lines) + "\n")
-    vi.install(venv, req, None)
+    vi.install(venv, req)
     assert vi.fork_status(venv, ("foo", "bar", "baz")) == {"foo": "foo-kt", "bar": "UPSTREAM INSTALLED",
                                                            "baz": "MISSING"}  # fmt: skip
 
@@ -63,7 +62,7 @@ def test_sft_cpu_profile_end_to_end(tmp_path: Path, kt_wheel: Path) -> None:
     peft-kt/trl-kt leaves the core untouched; 3+3 steps equal 6, bit for bit."""
     dist = tmp_path / "dist"
     assemble(load(), kt_wheel, dist)
-    result = vi.verify_sft_cpu(dist, tmp_path / "work", os.environ.get("KT_FIND_LINKS", "/opt/wheels"))
+    result = vi.verify_sft_cpu(dist, tmp_path / "work")
     assert result["forks"] == {"transformers": "transformers-kt", "accelerate": "accelerate-kt", "peft": "peft-kt",
                                "trl": "trl-kt"}  # fmt: skip
     assert result["train_resume"]["adapter_bit_identical"] is True
