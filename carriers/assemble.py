@@ -137,7 +137,12 @@ def assemble(cs: CarrierSet, kernel_wheel: Path, dist: Path, **kwargs: Any) -> d
         old = dist.parent / f".{dist.name}-old-{os.getpid()}"
         if dist.exists():
             dist.rename(old)
-        staging.rename(dist)
+        try:
+            staging.rename(dist)
+        except BaseException:
+            if old.exists() and not dist.exists():
+                old.rename(dist)  # the previous release back in place
+            raise
         shutil.rmtree(old, ignore_errors=True)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)

@@ -118,16 +118,29 @@ def build(dist: Path, work: Path, variants: list[str], cuda_archs: list[str] | N
     )  # fmt: skip
     (fixed,) = repaired.glob("kt_kernel-*.whl")
     t2 = time.perf_counter()
+    placed = place(fixed, dist)
+    print(f"kt-kernel: build {t1 - t0:.1f}s, repair {t2 - t1:.1f}s -> {placed}")
+    return placed
+
+
+def place(wheel: Path, dist: Path) -> Path:
+    """Put `wheel` into `dist` as the only kt_kernel wheel there: staged beside the target and
+    renamed over it (never a half-written wheel), mode 0644 like any built file, and only then
+    are other kt_kernel wheels removed. A failure leaves `dist` as it was."""
     dist.mkdir(parents=True, exist_ok=True)
-    # Stage next to the target, then rename: dist/ never holds a half-written wheel.
-    with tempfile.NamedTemporaryFile(dir=dist, prefix=".kt_kernel-", suffix=".tmp", delete=False) as tmp:
-        shutil.copyfileobj(fixed.open("rb"), tmp)
+    tmp = Path(tempfile.mkstemp(dir=dist, prefix=".kt_kernel-", suffix=".tmp")[1])
+    try:
+        with wheel.open("rb") as src, tmp.open("wb") as dst:
+            shutil.copyfileobj(src, dst)
+        tmp.chmod(0o644)
+        tmp.replace(dist / wheel.name)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
     for old in dist.glob("kt_kernel-*.whl"):
-        if old.name != fixed.name:
+        if old.name != wheel.name:
             old.unlink()
-    Path(tmp.name).replace(dist / fixed.name)
-    print(f"kt-kernel: build {t1 - t0:.1f}s, repair {t2 - t1:.1f}s -> {dist / fixed.name}")
-    return dist / fixed.name
+    return dist / wheel.name
 
 
 def main(argv: list[str] | None = None) -> int:

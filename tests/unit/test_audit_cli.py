@@ -128,3 +128,22 @@ def test_help_lists_the_rules_and_the_policy(capsys: pytest.CaptureFixture[str])
     assert "payload.part-mismatch:" in out
     assert "wheel.unsafe-path:" in out
     assert str(DEFAULT_POLICY) in out
+
+
+def test_baseline_from_a_previous_report_flags_growth(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    wheel = _pure(tmp_path)
+    size = wheel.stat().st_size
+    previous = tmp_path / "previous.json"
+    previous.write_text(json.dumps({"wheels": [{"name": "demo", "size": size}]}))
+    assert run(capsys, str(wheel), "--baseline", str(previous))[0] == 0  # no growth
+    previous.write_text(json.dumps({"wheels": [{"name": "demo", "size": int(size / 1.2)}]}))
+    code, out, _ = run(capsys, str(wheel), "--baseline", str(previous))
+    assert code == 1
+    assert "size.growth" in out
+    assert f"-> {size} bytes" in out
+    (tmp_path / "map.json").write_text(json.dumps({"demo": int(size / 1.05)}))  # a plain {name: bytes} map, 5%
+    assert run(capsys, str(wheel), "--baseline", str(tmp_path / "map.json"))[0] == 0
+    (tmp_path / "bad.json").write_text("{")
+    code, _, err = run(capsys, str(wheel), "--baseline", str(tmp_path / "bad.json"))
+    assert code == 2
+    assert "bad.json: cannot read the size baseline" in err

@@ -1,0 +1,126 @@
+"""dist/ is the previous release or the new one, never a mix or nothing: failures after the
+staging is complete (the consistency check, the final rename) leave the previous dist/ byte for
+byte; the kernel wheel is placed by one rename, mode 0644, and a failed copy leaves the old one.
+The assembly's wheel building is replaced by a stand-in; what is tested is the swap."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+from carriers import ConsistencyError, load
+from carriers import assemble as assembly
+from carriers.assemble import Built
+from carriers.consistency import Report
+from tests.conftest import ROOT
+
+
+def _previous(dist: Path) -> dict[str, bytes]:
+    dist.mkdir()
+    (dist / "old-1.0-py3-none-any.whl").write_bytes(b"old wheel")
+    (dist / "SHA256SUMS").write_text("old sums\n")
+    return {p.name: p.read_bytes() for p in dist.iterdir()}
+
+
+def _fake_build(tmp: Path) -> object:
+    def build_set(cs: object, kernel: Path, out: Path, **_: object) -> list[Built]:
+        wheel = out / "new-1.0-py3-none-any.whl"
+        wheel.write_bytes(b"new wheel")
+        return [Built("kt-kernel", "1.0", "native", wheel)]
+
+    return build_set
+
+
+def _state(dist: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in dist.iterdir()}
+
+
+def _leftovers(parent: Path) -> list[str]:
+    return sorted(p.name for p in parent.iterdir() if p.name.startswith(".dist-"))
+
+
+def test_a_failed_consistency_check_after_staging_leaves_dist(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    dist = tmp_path / "dist"
+    before = _previous(dist)
+    monkeypatch.setattr(assembly, "build_set", _fake_build(tmp_path))
+    monkeypatch.setattr(assembly, "read_metadata", lambda path: ("1.0", []))
+    monkeypatch.setattr("carriers.consistency.check", lambda cs, meta: Report(("drift",), "", ()))
+    with pytest.raises(ConsistencyError, match="drift"):
+        assembly.assemble(load(), tmp_path / "k.whl", dist)
+    assert _state(dist) == before
+    assert _leftovers(tmp_path) == []
+
+
+def test_a_failed_swap_puts_the_previous_release_back(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    dist = tmp_path / "dist"
+    before = _previous(dist)
+    monkeypatch.setattr(assembly, "build_set", _fake_build(tmp_path))
+    monkeypatch.setattr(assembly, "read_metadata", lambda path: ("1.0", []))
+    monkeypatch.setattr("carriers.consistency.check", lambda cs, meta: Report((), "torch", ()))
+    real = Path.rename
+
+    def rename(self: Path, target: Path) -> Path:
+        if self.name.startswith(".dist-staging-"):
+            raise OSError(28, "No space left on device")
+        return real(self, target)
+
+    monkeypatch.setattr(Path, "rename", rename)
+    with pytest.raises(OSError, match="No space left"):
+        assembly.assemble(load(), tmp_path / "k.whl", dist)
+    assert _state(dist) == before
+    assert _leftovers(tmp_path) == []
+
+
+def test_a_successful_assembly_replaces_dist_whole(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    dist = tmp_path / "dist"
+    _previous(dist)
+    monkeypatch.setattr(assembly, "build_set", _fake_build(tmp_path))
+    monkeypatch.setattr(assembly, "read_metadata", lambda path: ("1.0", []))
+    monkeypatch.setattr("carriers.consistency.check", lambda cs, meta: Report((), "torch", ()))
+    assembly.assemble(load(), tmp_path / "k.whl", dist)
+    assert sorted(_state(dist)) == ["SHA256SUMS", "manifest.json", "new-1.0-py3-none-any.whl"]
+    assert _leftovers(tmp_path) == []
+
+
+def _build_wheel_module() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("kt_build_wheel", ROOT / "kernel" / "tools" / "build_wheel.py")
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_kernel_wheel_is_placed_by_one_rename_with_mode_0644(tmp_path: Path) -> None:
+    bw = _build_wheel_module()
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "kt_kernel-0.6.0-cp311-cp311-manylinux_2_34_x86_64.whl").write_bytes(b"older")
+    new = tmp_path / "kt_kernel-0.6.1-cp311-cp311-manylinux_2_34_x86_64.whl"
+    new.write_bytes(b"newer")
+    placed = bw.place(new, out)
+    assert [p.name for p in out.iterdir()] == [new.name]
+    assert placed.read_bytes() == b"newer"
+    assert placed.stat().st_mode & 0o777 == 0o644
+
+
+def test_a_failed_copy_leaves_the_previous_kernel_wheel(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    bw = _build_wheel_module()
+    out = tmp_path / "out"
+    out.mkdir()
+    old = out / "kt_kernel-0.6.0-cp311-cp311-manylinux_2_34_x86_64.whl"
+    old.write_bytes(b"older")
+    new = tmp_path / "kt_kernel-0.6.1-cp311-cp311-manylinux_2_34_x86_64.whl"
+    new.write_bytes(b"newer")
+
+    def full(*_: object, **__: object) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(bw.shutil, "copyfileobj", full)
+    with pytest.raises(OSError, match="No space left"):
+        bw.place(new, out)
+    assert [p.name for p in out.iterdir()] == [old.name]
+    assert old.read_bytes() == b"older"

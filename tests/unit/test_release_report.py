@@ -1,0 +1,92 @@
+"""tools/release_report.py on a made-up candidate: every carrier's row and verdict, the payload
+line, the kernel size breakdown read from the wheel itself, and the exit status (1 unless the
+audit passed)."""
+
+from __future__ import annotations
+
+import json
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from tools import release_report
+
+KT = "kt_kernel-0.6.1-cp311-cp311-manylinux_2_34_x86_64.whl"
+TF = "transformers_kt-5.19.0.post1-py3-none-any.whl"
+
+
+def _candidate(tmp_path: Path, *, audit_passed: bool | None) -> Path:
+    dist = tmp_path / "dist"
+    dist.mkdir()
+    with zipfile.ZipFile(dist / KT, "w", zipfile.ZIP_STORED) as zf:
+        zf.writestr("kt_kernel/cpu/libkt_cpu_avx2.so", b"a" * 3000)
+        zf.writestr("kt_kernel/cuda_archive/kt_cuda.tar.xz", b"c" * 5000)
+        zf.writestr("kt_kernel/_core.cpython-311-x86_64-linux-gnu.so", b"b" * 700)
+        zf.writestr("kt_kernel/__init__.py", b"x" * 11)
+    (dist / TF).write_bytes(b"tf")
+    wheels = [
+        {"name": "kt-kernel", "version": "0.6.1", "kind": "native", "filename": KT, "sha256": "a" * 64,
+         "size": (dist / KT).stat().st_size},
+        {"name": "transformers-kt", "version": "5.19.0.post1", "kind": "fork", "filename": TF, "sha256": "b" * 64,
+         "size": 2},
+    ]  # fmt: skip
+    payload = {
+        "files": 7,
+        "extracted_size": 1148 << 20,
+        "archive_size": 170 << 20,
+        "parts": [{"distribution": "kt-kernel", "size": 44 << 20}, {"distribution": "x", "size": 6 << 20}],
+    }
+    (dist / "manifest.json").write_text(json.dumps({"kt_version": "0.6.1", "torch": "==2.14.1", "wheels": wheels,
+                                                    "payload": payload}))  # fmt: skip
+    if audit_passed is not None:
+        report = {
+            "passed": audit_passed,
+            "elapsed_s": 1.5,
+            "findings": [{"rule": "x"}] * (0 if audit_passed else 2),
+            "wheels": [{"filename": KT, "errors": 0 if audit_passed else 2}, {"filename": TF, "errors": 0}],
+        }
+        (dist / "audit-report.json").write_text(json.dumps(report))
+    return dist
+
+
+def test_a_passing_candidate(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    dist = _candidate(tmp_path, audit_passed=True)
+    verify = tmp_path / "verify.json"
+    verify.write_text(json.dumps({"sft-cpu": {"install_s": 41.0, "elapsed_s": 90.2}}))
+    assert release_report.main(["--dist", str(dist), "--verify", str(verify)]) == 0
+    out = capsys.readouterr().out
+    assert "KT release 0.6.1  (torch ==2.14.1)" in out
+    assert "audit: PASSED (0 findings, 1.5s)" in out
+    assert "verify_install sft-cpu: ok (install_s=41.0, elapsed_s=90.2)" in out
+    assert "CUDA payload: 7 files, 1148 MiB -> 170.0 MiB zstd in 2 parts (MiB: kt-kernel 44.0, x 6.0)" in out
+    md = (dist / "release-report.md").read_text()
+    assert (
+        f"| kt-kernel | 0.6.1 | native | {(dist / KT).stat().st_size / 2**20:.2f} | `aaaaaaaaaaaaaaaa` | pass |" in md
+    )
+    assert "| transformers-kt | 5.19.0.post1 | fork | 0.00 | `bbbbbbbbbbbbbbbb` | pass |" in md
+    assert (dist / "release-report.html").read_text().startswith("<!doctype html>")
+
+
+def test_the_kernel_breakdown_is_read_from_the_wheel(tmp_path: Path) -> None:
+    dist = _candidate(tmp_path, audit_passed=True)
+    manifest = json.loads((dist / "manifest.json").read_text())
+    assert release_report.kernel_breakdown(dist, manifest) == {"CPU variants": 3000, "CUDA payload": 5000,
+                                                               "baseline core": 700, "other": 11}  # fmt: skip
+
+
+@pytest.mark.parametrize("passed", [False, None])
+def test_a_failed_or_missing_audit_exits_1(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                           passed: bool | None) -> None:  # fmt: skip
+    dist = _candidate(tmp_path, audit_passed=passed)
+    assert release_report.main(["--dist", str(dist), "--verify", str(tmp_path / "none.json")]) == 1
+    out = capsys.readouterr().out
+    assert "audit: FAILED or missing" in out
+    assert "verify_install: not run" in out
+    verdict = "FAIL" if passed is False else "not audited"
+    assert f"audit: {verdict}" in out
+
+
+def test_no_manifest_is_an_error_naming_the_session(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert release_report.main(["--dist", str(tmp_path)]) == 1
+    assert "manifest.json is missing; run nox -s build_all" in capsys.readouterr().err
