@@ -8,7 +8,7 @@ import json
 import os
 import shutil
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -38,10 +38,15 @@ def read_metadata(path: Path) -> tuple[str, list[str]]:
     return wheelio.metadata_field(text, "Version")[0], wheelio.metadata_field(text, "Requires-Dist")
 
 
-def build_set(cs: CarrierSet, kernel_wheel: Path, out: Path, *, lock: Path = inputs.LOCK, cache: Path | None = None,
-              given: Mapping[str, Path] | None = None, only: frozenset[str] | None = None) -> list[Built]:  # fmt: skip
-    """Every carrier (or `only` these) into `out`. given: upstream name -> wheel path (verified against the lock)."""
+def build_set(cs: CarrierSet, kernel: Path | Sequence[Path], out: Path, *, lock: Path = inputs.LOCK,
+              cache: Path | None = None, given: Mapping[str, Path] | None = None,
+              only: frozenset[str] | None = None) -> list[Built]:  # fmt: skip
+    """Every carrier (or `only` these) into `out`. given: upstream name -> wheel path (verified against the lock).
+    `kernel`: the kt-kernel wheel, or one per Python of the matrix (cp311, cp312): each ships, each carries
+    the same archive part."""
     given = given or {}
+    kernels = check_kernels([kernel] if isinstance(kernel, Path) else list(kernel))
+    kernel_wheel = kernels[0]
     sources: dict[str, inputs.Input] = {}
     for c in cs.carriers:
         if c.kind not in ("fork", "repack"):
@@ -76,9 +81,10 @@ def build_set(cs: CarrierSet, kernel_wheel: Path, out: Path, *, lock: Path = inp
         if only is not None and c.name not in only:
             continue
         if c.kind == "native":
-            dest = out / kernel_wheel.name
-            shutil.copyfile(kernel_wheel, dest)
-            built.append(Built(c.name, versions[c.name], c.kind, dest))
+            for k in kernels:
+                dest = out / k.name
+                shutil.copyfile(k, dest)
+                built.append(Built(c.name, versions[c.name], c.kind, dest))
         elif c.kind == "umbrella":
             built.append(Built(c.name, versions[c.name], c.kind, transform.umbrella(c, cs, versions, out)))
         else:
@@ -92,22 +98,24 @@ def build_set(cs: CarrierSet, kernel_wheel: Path, out: Path, *, lock: Path = inp
     if with_payload:
         provider = cs.payload_provider
         assert provider is not None
+        native = [b for b in built if b.kind == "native"]
         result = payload.attach(
             cs,
-            {b.name: b.path for b in built},
+            {b.name: b.path for b in built if b not in native[1:]},
             archived,
             versions,
             [sources[provider.name].path],
             (cache or inputs.default_cache()).parent / "payload",
             pol,
+            siblings=[b.path for b in native[1:]],
         )
         for b in built:
-            b.path = result.wheels.get(b.name, b.path)
+            b.path = result.siblings.get(b.path, b.path) if b in native[1:] else result.wheels.get(b.name, b.path)
         built[0].payload = payload.manifest_summary(result.manifest)
     return built
 
 
-def assemble(cs: CarrierSet, kernel_wheel: Path, dist: Path, **kwargs: Any) -> dict[str, Any]:
+def assemble(cs: CarrierSet, kernel_wheel: Path | Sequence[Path], dist: Path, **kwargs: Any) -> dict[str, Any]:
     """Build, check, describe, then swap `dist` in whole. Returns the manifest."""
     t0 = time.perf_counter()
     dist = dist.resolve()
@@ -117,7 +125,12 @@ def assemble(cs: CarrierSet, kernel_wheel: Path, dist: Path, **kwargs: Any) -> d
     staging.mkdir()
     try:
         built = build_set(cs, kernel_wheel, staging, **kwargs)
-        report = consistency.check(cs, {b.name: read_metadata(b.path) for b in built})
+        metadata = {b.name: read_metadata(b.path) for b in built}
+        for b in built:  # the kernel wheels of several Pythons must ask for the same things
+            if read_metadata(b.path) != metadata[b.name]:
+                raise ConsistencyError(f"{b.path.name} declares other requirements than the {b.name} wheel beside "
+                                       "it; build every Python's wheel from one source")  # fmt: skip
+        report = consistency.check(cs, metadata)
         if report.problems:
             raise ConsistencyError("the carrier set is inconsistent:\n  " + "\n  ".join(report.problems))
         wheels = []
@@ -151,8 +164,25 @@ def assemble(cs: CarrierSet, kernel_wheel: Path, dist: Path, **kwargs: Any) -> d
     return manifest
 
 
-def kernel_from(path: Path) -> Path:
+def kernel_from(path: Path) -> list[Path]:
+    """The repaired kt_kernel wheel(s) in `path` (one per Python of the matrix), or `path` itself."""
     wheels = sorted(path.glob("kt_kernel-*.whl")) if path.is_dir() else [path]
-    if len(wheels) != 1 or not wheels[0].exists():
-        raise InputError(f"{path}: expected exactly one repaired kt_kernel wheel; run nox -s build_cuda first")
-    return wheels[0]
+    if not wheels or not all(w.is_file() for w in wheels):
+        raise InputError(f"{path}: no repaired kt_kernel wheel; run nox -s build_cuda first")
+    return check_kernels(wheels)
+
+
+def check_kernels(wheels: list[Path]) -> list[Path]:
+    """Several kernel wheels are one release for several Pythons: one version, distinct tags."""
+    parsed = [(w, parse_wheel_filename(w.name)) for w in sorted(wheels, key=lambda p: p.name)]
+    versions = {str(v) for _, (_, v, _, _) in parsed}
+    if len(versions) > 1:
+        raise InputError(f"kt_kernel wheels of several versions {sorted(versions)}: "
+                         f"{', '.join(w.name for w, _ in parsed)}; rebuild them from one source")  # fmt: skip
+    seen: dict[str, str] = {}
+    for w, (_, _, _, tags) in parsed:
+        for t in tags:
+            if str(t) in seen:
+                raise InputError(f"{w.name} and {seen[str(t)]} both claim {t}: keep one kt_kernel wheel per Python")
+            seen[str(t)] = w.name
+    return [w for w, _ in parsed]

@@ -19,8 +19,8 @@ import shutil
 import tarfile
 import tempfile
 import time
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -338,6 +338,7 @@ def _slices(path: Path, sizes: list[int]) -> list[bytes]:
 class PayloadResult:
     manifest: dict[str, Any]
     wheels: dict[str, Path]  # carrier -> rewritten wheel path
+    siblings: dict[Path, Path] = field(default_factory=dict)  # kt-kernel's other-Python wheels: old -> new path
 
 
 def attach(
@@ -348,10 +349,13 @@ def attach(
     sources: list[Path],
     cache: Path,
     pol: Any = None,
+    siblings: Sequence[Path] = (),
 ) -> PayloadResult:
     """Build (or reuse) the archive of `archived` plus kt-kernel's CUDA libraries, cut it into parts,
     add each part to its carrier's wheel (retagged for the archive's platform), and write the
-    manifest and the part requirements into the provider's wheel. `wheels`: carrier -> built wheel."""
+    manifest and the part requirements into the provider's wheel. `wheels`: carrier -> built wheel;
+    `siblings`: kt-kernel's wheels for the other Pythons, which carry the same part and must hold
+    the same CUDA libraries."""
     pol = pol or policy()
     pp = pol.payload
     provider = cs.payload_provider
@@ -359,7 +363,17 @@ def attach(
     native = next(c for c in cs.carriers if c.kind == "native")
     members = {c.name: wheelio.read(wheels[c.name]) for c in cs.part_carriers}
     entries = dict(archived)
-    entries.update(take_kernel_cuda(members[native.name], pol))
+    kernel_cuda = take_kernel_cuda(members[native.name], pol)
+    entries.update(kernel_cuda)
+    sibling_members = {s: wheelio.read(s) for s in siblings}
+    for s, sm in sibling_members.items():
+        theirs = take_kernel_cuda(sm, pol)
+        if theirs != kernel_cuda:
+            differ = sorted(n for n in set(theirs) | set(kernel_cuda) if theirs.get(n) != kernel_cuda.get(n))
+            raise InputError(
+                f"{s.name} and {wheels[native.name].name} hold different CUDA libraries ({differ}); the release "
+                "archive holds one copy: build every Python's wheel from one source"
+            )
     archive = build_archive(entries, pp.zstd_level, pp.zstd_window_log, cache)
     platform = archive_platform([*sources, wheels[native.name]])
     # Each carrier's size without its part: write it once, retagged, and measure.
@@ -371,12 +385,21 @@ def attach(
         names[c.name] = wheelio.wheel_name(c.name, versions[c.name], compressed_tag(tags))
         probe = wheels[c.name].with_name(names[c.name] + ".probe")
         wheelio.write(probe, members[c.name], _executable(members[c.name]))
-        bases.append((c.name, probe.stat().st_size))
+        size = probe.stat().st_size
         probe.unlink()
+        if c.name == native.name:  # the part must fit beside the largest of kt-kernel's wheels
+            for s, sm in sibling_members.items():
+                wheelio.set_tags(sm, retag(s.name, platform))
+                sprobe = s.with_name(s.name + ".probe")
+                wheelio.write(sprobe, sm, _executable(sm))
+                size = max(size, sprobe.stat().st_size)
+                sprobe.unlink()
+        bases.append((c.name, size))
     sizes = plan_parts(archive.size, bases, pol.wheel_budget_bytes, pp.headroom_bytes)
     count = len(sizes)
     parts: list[dict[str, Any]] = []
     out: dict[str, Path] = {}
+    moved: dict[Path, Path] = {}
     for i, (c, blob) in enumerate(zip(cs.part_carriers, _slices(archive.path, sizes), strict=True), 1):
         member = part_member(c, i, count)
         if not any(n.startswith(f"{c.import_package}/") for n in members[c.name]):
@@ -392,6 +415,19 @@ def attach(
                 f"{pol.wheel_budget_bytes / 2**20:.0f} MiB budget"
             )
         out[c.name] = dest
+        if c.name == native.name:
+            for s, sm in sibling_members.items():
+                sm[member] = blob
+                sdest = s.with_name(
+                    wheelio.wheel_name(c.name, versions[c.name], compressed_tag(retag(s.name, platform)))
+                )
+                wheelio.write(sdest, sm, _executable(sm), stored=frozenset({member}))
+                if sdest != s:
+                    s.unlink()
+                if sdest.stat().st_size > pol.wheel_budget_bytes:
+                    raise ConsistencyError(f"{sdest.name} is {sdest.stat().st_size / 2**20:.1f} MiB with its part, "
+                                           f"over the {pol.wheel_budget_bytes / 2**20:.0f} MiB budget")  # fmt: skip
+                moved[s] = sdest
         parts.append(
             {
                 "index": i,
@@ -425,7 +461,7 @@ def attach(
     out[provider.name] = _finish_provider(
         provider, wheels[provider.name], manifest, pp.manifest_member, cs, versions, platform
     )
-    return PayloadResult(manifest, out)
+    return PayloadResult(manifest, out, moved)
 
 
 def _executable(members: Mapping[str, bytes]) -> frozenset[str]:

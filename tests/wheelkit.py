@@ -11,6 +11,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
+from packaging.utils import parse_wheel_filename
 
 
 def record_hash(data: bytes) -> str:
@@ -74,3 +75,21 @@ def compile_so(tmp: Path, name: str, source: str, *flags: str, lang: str = "c") 
     if proc.returncode != 0:
         pytest.fail(f"compiling fixture {name} failed:\n{proc.stderr}")
     return out.read_bytes()
+
+
+def python_sibling(wheel: Path, out: Path, python: str = "cp312") -> Path:
+    """TEST FIXTURE, not a build: the kt-kernel wheel relabelled for another CPython (tags, WHEEL,
+    extension suffix, RECORD), so the several-wheels-per-release path runs where only one
+    interpreter exists. Its extension is still the cp311 binary: never install it. CI builds the
+    real cp312 wheel (release.yml, kernel matrix)."""
+    tags = parse_wheel_filename(wheel.name)[3]
+    here = {t.interpreter for t in tags}
+    assert len(here) == 1, f"{wheel.name}: expected one interpreter tag"
+    (old,) = here
+    members = {}
+    for name, data in read_members(wheel).items():
+        new = name.replace(f".cpython-{old[2:]}-", f".cpython-{python[2:]}-")
+        tag = (f"Tag: {old}-{old}-".encode(), f"Tag: {python}-{python}-".encode())
+        members[new] = data.replace(*tag) if name.endswith(".dist-info/WHEEL") else data
+    out.mkdir(parents=True, exist_ok=True)
+    return write_wheel(out / wheel.name.replace(f"-{old}-{old}-", f"-{python}-{python}-"), members)

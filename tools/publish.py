@@ -36,11 +36,14 @@ class PublishError(Exception):
 
 
 def upload_order(dist: Path, files: list[str]) -> list[str]:
-    """Wheel filenames, each after every carrier it requires (any extra)."""
-    by_name: dict[str, str] = {str(canonicalize_name(parse_wheel_filename(f)[0])): f for f in files}
+    """Wheel filenames, each after every carrier it requires (any extra). A distribution with one
+    wheel per Python (kt-kernel: cp311, cp312) uploads all of them at its place."""
+    by_name: dict[str, list[str]] = {}
+    for f in sorted(files):
+        by_name.setdefault(str(canonicalize_name(parse_wheel_filename(f)[0])), []).append(f)
     graph: dict[str, set[str]] = {}
-    for name, fname in by_name.items():
-        with zipfile.ZipFile(dist / fname) as zf:
+    for name, fnames in by_name.items():
+        with zipfile.ZipFile(dist / fnames[0]) as zf:
             meta = next(n for n in zf.namelist() if n.endswith(".dist-info/METADATA"))
             reqs = HeaderParser().parsestr(zf.read(meta).decode()).get_all("Requires-Dist", [])
         deps = {str(canonicalize_name(Requirement(r).name)) for r in reqs} & set(by_name)
@@ -59,7 +62,7 @@ def upload_order(dist: Path, files: list[str]) -> list[str]:
         for g in ready:
             order += sorted(n for n in graph if group[n] == g)
         sorter.done(*ready)
-    return [by_name[n] for n in order]
+    return [f for n in order for f in by_name[n]]
 
 
 def _cycles(graph: dict[str, set[str]]) -> dict[str, str]:

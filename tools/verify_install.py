@@ -28,6 +28,9 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from packaging.tags import sys_tags  # noqa: E402
+from packaging.utils import parse_wheel_filename  # noqa: E402
+
 from tools import indexes  # noqa: E402
 from tools.profiles import carrier_metadata, closure  # noqa: E402
 
@@ -59,9 +62,10 @@ def carrier_lines(dist: Path, names: list[str], extras: dict[str, str] | None = 
     extras = extras or {}
     by_file = sums(dist)
     lines = []
+    supported = set(sys_tags())  # kt-kernel ships one wheel per Python: the one this interpreter takes
     for fname, digest in sorted(by_file.items()):
         name = fname.split("-")[0].replace("_", "-").lower()
-        if name in names:
+        if name in names and supported & set(parse_wheel_filename(fname)[3]):
             extra = f"[{extras[name]}]" if name in extras else ""
             lines.append(f"{name}{extra} @ {(dist / fname).resolve().as_uri()} --hash=sha256:{digest}")
     return lines

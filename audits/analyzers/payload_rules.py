@@ -64,7 +64,10 @@ def _reach(wheels: dict[str, WheelSummary], root: str) -> set[str]:
     return seen
 
 
-def _parts_and_manifest(provider: WheelSummary, m: dict[str, Any], wheels: dict[str, WheelSummary]) -> list[Finding]:
+def _parts_and_manifest(provider: WheelSummary, m: dict[str, Any],
+                        groups: dict[str, list[WheelSummary]]) -> list[Finding]:  # fmt: skip
+    """Every wheel of a part's distribution (one per Python of the matrix for kt-kernel) carries
+    exactly that part."""
     out: list[Finding] = []
     pf = provider.filename
     parts: list[dict[str, Any]] = m.get("parts", [])
@@ -94,9 +97,8 @@ def _parts_and_manifest(provider: WheelSummary, m: dict[str, Any], wheels: dict[
                 )
             )
         seen_members[key] = int(p.get("index", 0) or 0)
-        w = wheels.get(key[0])
         label = f"part {p.get('index')} ({key[0]} {p.get('version')}, {key[1]})"
-        if w is None:
+        if not groups.get(key[0]):
             out.append(
                 finding(
                     "payload.part-missing",
@@ -107,65 +109,69 @@ def _parts_and_manifest(provider: WheelSummary, m: dict[str, Any], wheels: dict[
                 )
             )
             continue
-        if w.version != str(p.get("version")):
-            out.append(
-                finding(
-                    "payload.part-version",
-                    w.filename,
-                    key[1],
-                    f"{label}: the manifest is release "
-                    f"{m.get('release')} and wants {key[0]} {p.get('version')}, the release has "
-                    f"{w.version}: parts from two releases",
-                    _FIX_REBUILD,
-                )
-            )
-        carried = {pm.name: pm for pm in w.parts}
-        pm = carried.get(key[1])
-        if pm is None:
-            out.append(
-                finding(
-                    "payload.part-missing", w.filename, key[1], f"{label}: the wheel does not carry it", _FIX_REBUILD
-                )
-            )
-            continue
-        if pm.size != p.get("size") or pm.sha256 != p.get("sha256"):
-            out.append(
-                finding(
-                    "payload.part-mismatch",
-                    w.filename,
-                    key[1],
-                    f"{label} is {pm.size} bytes, sha256 "
-                    f"{pm.sha256}; the manifest says {p.get('size')} bytes, {p.get('sha256')}",
-                    _FIX_REBUILD,
-                )
-            )
-    for w in wheels.values():
-        for pm in w.parts:
-            if (canonicalize_name(w.name), pm.name) not in seen_members:
-                out.append(
-                    finding(
-                        "payload.part-duplicate",
-                        w.filename,
-                        pm.name,
-                        "an archive part the manifest does not list: a leftover or a second copy",
-                        _FIX_REBUILD,
+        for w in groups[key[0]]:
+            out += _part_in(w, p, key[1], label, m)
+    for ws in groups.values():
+        for w in ws:
+            for pm in w.parts:
+                if (canonicalize_name(w.name), pm.name) not in seen_members:
+                    out.append(
+                        finding(
+                            "payload.part-duplicate",
+                            w.filename,
+                            pm.name,
+                            "an archive part the manifest does not list: a leftover or a second copy",
+                            _FIX_REBUILD,
+                        )
                     )
-                )
     return out
 
 
-def _carriers(provider: WheelSummary, m: dict[str, Any], wheels: dict[str, WheelSummary]) -> list[Finding]:
+def _part_in(w: WheelSummary, p: dict[str, Any], member: str, label: str, m: dict[str, Any]) -> list[Finding]:
+    """One wheel of the part's distribution against the manifest's entry for the part."""
     out: list[Finding] = []
+    name = canonicalize_name(w.name)
+    if w.version != str(p.get("version")):
+        out.append(
+            finding(
+                "payload.part-version",
+                w.filename,
+                member,
+                f"{label}: the manifest is release {m.get('release')} and wants {name} {p.get('version')}, the "
+                f"release has {w.version}: parts from two releases",
+                _FIX_REBUILD,
+            )
+        )
+    pm = {x.name: x for x in w.parts}.get(member)
+    if pm is None:
+        return [*out, finding("payload.part-missing", w.filename, member, f"{label}: the wheel does not carry it",
+                              _FIX_REBUILD)]  # fmt: skip
+    if pm.size != p.get("size") or pm.sha256 != p.get("sha256"):
+        out.append(
+            finding(
+                "payload.part-mismatch",
+                w.filename,
+                member,
+                f"{label} is {pm.size} bytes, sha256 {pm.sha256}; the manifest says {p.get('size')} bytes, "
+                f"{p.get('sha256')}",
+                _FIX_REBUILD,
+            )
+        )
+    return out
+
+
+def _carriers(provider: WheelSummary, m: dict[str, Any], groups: dict[str, list[WheelSummary]]) -> list[Finding]:
+    out: list[Finding] = []
+    wheels = {n: ws[0] for n, ws in groups.items()}
     carriers = [canonicalize_name(str(p.get("distribution", ""))) for p in m.get("parts", [])]
-    for name in [*carriers, canonicalize_name(provider.name)]:
-        w = wheels.get(name)
-        if w is not None and any(t.endswith("-any") for t in w.tags):
+    for w in (w for name in dict.fromkeys([*carriers, canonicalize_name(provider.name)]) for w in groups.get(name, [])):
+        if any(t.endswith("-any") for t in w.tags):
             out.append(
                 finding(
                     "payload.carrier-any",
                     w.filename,
                     "",
-                    f"{name} carries the CUDA payload (a part or "
+                    f"{w.name} carries the CUDA payload (a part or "
                     f"its manifest) but is tagged {', '.join(w.tags)}: an `any` wheel must not carry "
                     "Linux ELF payload",
                     "tag it for the archive's platform (carriers/payload.py retags part carriers)",
@@ -337,7 +343,9 @@ def analyze(
     """Every payload rule over the release. `archive` is None when the parts could not be streamed."""
     if policy.payload is None:
         return [], {}
-    wheels: dict[str, WheelSummary] = {canonicalize_name(w.name): w for w in summaries}
+    groups: dict[str, list[WheelSummary]] = {}
+    for w in summaries:  # kt-kernel: one wheel per Python of the matrix
+        groups.setdefault(canonicalize_name(w.name), []).append(w)
     providers = [w for w in summaries if w.manifest is not None or w.manifest_error]
     carrying = [w for w in summaries if w.parts]
     if not providers:
@@ -375,8 +383,8 @@ def analyze(
             )
         ], {}
     m = provider.manifest
-    out += _parts_and_manifest(provider, m, wheels)
-    out += _carriers(provider, m, wheels)
+    out += _parts_and_manifest(provider, m, groups)
+    out += _carriers(provider, m, groups)
     section: dict[str, Any] = {
         "manifest": f"{provider.filename}!{policy.payload.manifest_member}",
         "archive_bytes": m.get("archive", {}).get("size"),

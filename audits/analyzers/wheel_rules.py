@@ -420,12 +420,16 @@ def collisions(installed: dict[str, tuple[str, ...]]) -> list[Finding]:
     `installed`: wheel filename -> its member paths."""
     owner: dict[str, str] = {}
     out: list[Finding] = []
+
+    def dist(wheel: str) -> str:  # wheels of one distribution (cp311, cp312) never install together
+        return wheel.split("-", 1)[0].lower()
+
     for wheel, names in sorted(installed.items()):
         for name in names:
             top = name.split("/", 1)[0]
             if top.endswith((".dist-info", ".data")):
                 continue
-            if name in owner and owner[name] != wheel:
+            if name in owner and dist(owner[name]) != dist(wheel):
                 out.append(finding("release.path-collision", wheel, name, f"{owner[name]} installs {name} too: "
                                    "whichever installs last wins, and uninstalling either breaks the other",
                                    "ship the file from one distribution only"))  # fmt: skip

@@ -7,6 +7,7 @@ clean, and a corrupted part caught by exactly the payload rules."""
 from __future__ import annotations
 
 import ctypes
+import hashlib
 import json
 import shutil
 import subprocess
@@ -23,7 +24,7 @@ from carriers.assemble import assemble
 from tests.conftest import KT_SRC, ROOT, load_source_module
 from tests.integration.conftest import make_venv
 from tests.payloadkit import compressible, make_release, validate_manifest
-from tests.wheelkit import compile_so
+from tests.wheelkit import compile_so, python_sibling, read_members, write_wheel
 from tools.lock import parse_lock
 
 payload: Any = load_source_module("kt_payload_integration", KT_SRC / "payload.py")
@@ -80,7 +81,9 @@ def test_wheel_relative_layout_loads_and_the_flattened_one_fails(
 @pytest.fixture(scope="module")
 def release(tmp_path_factory: pytest.TempPathFactory, kt_wheel: Path) -> tuple[Path, dict[str, Any]]:
     dist = tmp_path_factory.mktemp("release") / "dist"
-    manifest = assemble(load(), kt_wheel, dist)
+    # Two kernel wheels, as CI's matrix gives: the built cp311 one and a relabelled cp312 fixture.
+    sibling = python_sibling(kt_wheel, tmp_path_factory.mktemp("cp312"))
+    manifest = assemble(load(), [kt_wheel, sibling], dist)
     return dist, manifest
 
 
@@ -131,7 +134,7 @@ def test_every_carrier_holds_one_part_and_stays_under_the_budget(release: tuple[
 def test_installed_carriers_materialize_without_torch(release: tuple[Path, dict[str, Any]], tmp_path: Path) -> None:
     dist, _ = release
     wanted = ["kt_kernel", "ktransformers", "sglang_kt", "transformers_kt", "accelerate_kt", "sglang_kernel_kt"]
-    wheels = [str(next(dist.glob(f"{n}-*.whl"))) for n in wanted]
+    wheels = [str(min(dist.glob(f"{n}-*.whl"))) for n in wanted]  # kt-kernel: cp311 (cp312 is a fixture)
     zstd = parse_lock(ROOT / "lockfiles" / "audit.txt")["zstandard"]
     venv = make_venv(
         tmp_path / "venv", [f"zstandard=={zstd.version} " + " ".join(f"--hash=sha256:{h}" for h in zstd.hashes)]
@@ -164,7 +167,7 @@ def test_installed_carriers_materialize_without_torch(release: tuple[Path, dict[
     # kt-kernel's own CUDA libraries come from the release payload too; its build manifest says so
     import jsonschema
 
-    (kt,) = dist.glob("kt_kernel-*.whl")
+    kt = min(dist.glob("kt_kernel-*.whl"))
     with zipfile.ZipFile(kt) as zf:
         build = json.loads(zf.read("kt_kernel/_build.json"))
     schema = json.loads((ROOT / "kernel" / "cmake" / "build-manifest.schema.json").read_text())
@@ -221,3 +224,50 @@ def test_a_partial_kernel_build_never_reaches_dist(release: tuple[Path, dict[str
     with pytest.raises(InputError, match=r"partial build.*CPU variants \['amx'\] are not built.*dist/ was not touched"):
         assemble(load(), shard, dist)
     assert {p.name: p.read_bytes() for p in sorted(dist.iterdir())} == before
+
+
+@pytest.mark.network
+def test_every_python_gets_a_kernel_wheel_carrying_the_same_part(release: tuple[Path, dict[str, Any]]) -> None:
+    """One kt-kernel wheel per Python of the matrix reaches dist/, SHA256SUMS, the audit and the
+    install: each carries part 1 byte for byte, the audit passes with both, and an install on this
+    interpreter is offered only the wheel its tags accept."""
+    from tools.verify_install import carrier_lines
+
+    dist, summary = release
+    kernels = sorted(p.name for p in dist.glob("kt_kernel-*.whl"))
+    assert [k.split("-")[2] for k in kernels] == ["cp311", "cp312"]
+    sums = (dist / "SHA256SUMS").read_text()
+    assert all(k in sums for k in kernels)
+    assert sorted(w["filename"] for w in summary["wheels"] if w["name"] == "kt-kernel") == kernels
+    part = _manifest(dist)["parts"][0]
+    for k in kernels:
+        with zipfile.ZipFile(dist / k) as zf:
+            blob = zf.read(part["member"])
+        assert hashlib.sha256(blob).hexdigest() == part["sha256"], k
+    report = core.run([dist], load_policy())
+    assert [f for f in report["findings"] if f["severity"] == "error"] == []
+    (line,) = carrier_lines(dist, ["kt-kernel"])
+    assert f"-cp{sys.version_info.major}{sys.version_info.minor}-" in line
+
+
+@pytest.mark.network
+def test_kernel_wheels_with_different_cuda_libraries_are_refused(tmp_path: Path, kt_wheel: Path) -> None:
+    members = read_members(kt_wheel)
+    build = json.loads(members["kt_kernel/_build.json"])
+    blob = members[build["cuda"]["payload"]]
+    import io
+    import tarfile
+
+    out = io.BytesIO()
+    with tarfile.open(fileobj=io.BytesIO(blob), mode="r:xz") as src, tarfile.open(fileobj=out, mode="w:xz") as dst:
+        for info in src:
+            data = src.extractfile(info).read() + (b"\0" if info.name.endswith("libkt_cuda.so") else b"")  # type: ignore[union-attr]
+            info.size = len(data)
+            dst.addfile(info, io.BytesIO(data))
+    members[build["cuda"]["payload"]] = out.getvalue()
+    (tmp_path / "src").mkdir()
+    other = python_sibling(write_wheel(tmp_path / "src" / kt_wheel.name, members), tmp_path / "cp312")
+    dist = tmp_path / "dist"
+    with pytest.raises(InputError, match=r"hold different CUDA libraries \(\['kt_kernel/cuda/lib/libkt_cuda.so'\]\)"):
+        assemble(load(), [kt_wheel, other], dist)
+    assert not dist.exists()

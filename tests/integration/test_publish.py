@@ -81,3 +81,14 @@ def test_a_requirement_cycle_is_uploaded_as_one_group_after_its_dependencies(tmp
     order = upload_order(dist, sorted(p.name for p in dist.glob("*.whl"))[::-1])
     names = [f.split("-")[0] for f in order]
     assert names == ["a_part", "loop_a", "loop_b", "z_user"]
+
+
+def test_every_python_wheel_of_a_distribution_is_uploaded(tmp_path: Path) -> None:
+    """kt-kernel ships one wheel per Python: both go up, at kt-kernel's place in the order."""
+    dist = _dist(tmp_path, "p", {"base_kt": (), "top_kt": ("base-kt==1.0",)})
+    (cp311,) = dist.glob("base_kt-*.whl")
+    shutil.copy(cp311, dist / "base_kt-1.0-cp312-cp312-manylinux_2_28_x86_64.whl")
+    cp311.rename(dist / "base_kt-1.0-cp311-cp311-manylinux_2_28_x86_64.whl")
+    order = upload_order(dist, sorted(p.name for p in dist.glob("*.whl"))[::-1])
+    assert order == ["base_kt-1.0-cp311-cp311-manylinux_2_28_x86_64.whl",
+                     "base_kt-1.0-cp312-cp312-manylinux_2_28_x86_64.whl", "top_kt-1.0-py3-none-any.whl"]  # fmt: skip
