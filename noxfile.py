@@ -180,6 +180,15 @@ def verify_install(session: nox.Session) -> None:
     session.run("python", "-m", "tools.verify_install", "--dist", str(DIST), "--json", report, *profiles)
 
 
+@nox.session(python=PYTHON, tags=["ci"])
+def ci_local(session: nox.Session) -> None:
+    """Run .github/workflows/release.yml here: jobs in dependency order, each in a fresh clone of HEAD, artifacts
+    handed on as declared, `if:` evaluated for the event, publish to a 127.0.0.1 index (build/ci-local/).
+    `-- --event push --ref refs/tags/v0.6.1`, `-- --event workflow_dispatch --input target=testpypi`, `-- --plan`."""
+    _install_lock(session, "ci")
+    session.run("python", "-m", "tools.ci_local", *session.posargs)
+
+
 @nox.session(venv_backend="none", tags=["release"])
 def release(session: nox.Session) -> None:
     """The whole candidate: build_all, audit, verify_install, then a one-screen summary and report."""

@@ -7,11 +7,8 @@ import hashlib
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
-import time
-import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,7 +17,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import ROOT
-from tools import indexes
+from tools import ci_local, indexes
 
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
 
@@ -102,39 +99,11 @@ def host_report(fresh_venv: Venv) -> dict[str, Any]:
     return report
 
 
-def _pypi_server() -> str:
-    """The session venv's pypi-server (lockfiles/test.txt pins pypiserver): missing is an error, not a skip."""
-    beside = Path(sys.executable).with_name("pypi-server")
-    found = str(beside) if beside.is_file() else shutil.which("pypi-server")
-    if found is None:
-        pytest.fail("pypi-server is missing; lockfiles/test.txt pins pypiserver: run the tests through nox -s tests")
-    return found
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture
 def index(tmp_path: Path) -> Iterator[tuple[str, Path]]:
-    packages = tmp_path / "packages"
-    packages.mkdir()
-    port = _free_port()
-    server = _pypi_server()
-    proc = subprocess.Popen([server, "run", "-i", "127.0.0.1", "-p", str(port), "-a", ".", "-P", ".",
-                             str(packages)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
-    url = f"http://127.0.0.1:{port}/"
-    for _ in range(100):
-        try:
-            urllib.request.urlopen(url + "simple/", timeout=1)  # noqa: S310 (http on 127.0.0.1)
-            break
-        except OSError:
-            time.sleep(0.1)
-    else:
-        proc.kill()
-        pytest.fail("pypiserver did not start")
-    yield url, packages
-    proc.terminate()
-    proc.wait(timeout=10)
+    """A real index server on 127.0.0.1 (pypiserver, pinned by lockfiles/test.txt): (url, its package dir)."""
+    try:
+        with ci_local.local_index(tmp_path) as url:
+            yield url, tmp_path / "index"
+    except ci_local.WorkflowError as exc:
+        pytest.fail(str(exc))

@@ -1,0 +1,158 @@
+"""The local workflow runner (tools/ci_local.py): the real release.yml planned for each event, and
+a small workflow executed end to end in fresh clones - matrix, artifacts handed on by name and by
+pattern, the step summary, `if:` conditions, and a failing job stopping its dependants."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from tools import ci_local
+
+REAL = ci_local.load()
+
+
+def _plan(event: str, ref: str = "refs/heads/main", **inputs: str) -> dict[str, str]:
+    ctx = ci_local.event_context(REAL, event, ref, inputs)
+    return {r.key: r.status for r in ci_local.execute(REAL, ctx, Path("/nonexistent"), plan_only=True)}
+
+
+def test_the_release_workflow_plan_per_event() -> None:
+    tag = _plan("push", "refs/tags/v0.6.1")
+    assert list(tag)[:4] == ["preflight", "kernel (cp311)", "kernel (cp312)", "carriers"]  # dependency order
+    assert sorted(list(tag)[4:6]) == ["audit", "verify"]
+    assert tag["publish-pypi"] == "success"
+    assert tag["publish-testpypi"] == "skipped"
+    test = _plan("workflow_dispatch", target="testpypi")
+    assert (test["publish-testpypi"], test["publish-pypi"]) == ("success", "skipped")
+    pr = _plan("pull_request")
+    assert (pr["publish-testpypi"], pr["publish-pypi"]) == ("skipped", "skipped")
+    assert pr["verify"] == "success"
+    default = _plan("workflow_dispatch")  # target defaults to build-only
+    assert (default["publish-testpypi"], default["publish-pypi"]) == ("skipped", "skipped")
+
+
+def test_unknown_inputs_and_actions_are_errors(tmp_path: Path) -> None:
+    with pytest.raises(ci_local.WorkflowError, match="unknown workflow_dispatch inputs"):
+        ci_local.event_context(REAL, "workflow_dispatch", "refs/heads/main", {"traget": "pypi"})
+    wf = tmp_path / "wf.yml"
+    wf.write_text("on: push\njobs:\n  a:\n    runs-on: x\n    steps:\n      - uses: someone/deploy@v1\n")
+    with pytest.raises(ci_local.WorkflowError, match="someone/deploy@v1"):
+        ci_local.expand(ci_local.load(wf))
+
+
+def test_expressions() -> None:
+    ctx = {"github": {"event_name": "push", "ref": "refs/tags/v1"}, "inputs": {"target": "pypi"}}
+    ev = ci_local.evaluate
+    assert ev("github.event_name == 'push' && startsWith(github.ref, 'refs/tags/v')", ctx) is True
+    assert ev("!(inputs.target == 'pypi') || github.event_name != 'push'", ctx) is False
+    assert ev("'it''s' == 'IT''S'", ctx) is True  # quotes escaped by doubling; == ignores case
+    with pytest.raises(ci_local.WorkflowError, match="unknown context"):
+        ev("secrets.TOKEN == 'x'", ctx)
+
+
+WORKFLOW = textwrap.dedent("""\
+    name: demo
+    on:
+      push:
+    env:
+      GREETING: hello
+    jobs:
+      build:
+        strategy:
+          matrix:
+            py: [a, b]
+        runs-on: ubuntu-24.04
+        steps:
+          - uses: actions/checkout@v4
+          - uses: actions/setup-python@v5
+            with:
+              python-version: "PYVER"
+          - run: |
+              mkdir -p out
+              python -c "import sys; print(sys.prefix)" > out/${{ matrix.py }}.txt
+              echo "$GREETING ${{ matrix.py }}" >> out/${{ matrix.py }}.txt
+              echo "built ${{ matrix.py }}" >> "$GITHUB_STEP_SUMMARY"
+          - uses: actions/upload-artifact@v4
+            with:
+              name: w-${{ matrix.py }}
+              path: out/*.txt
+              if-no-files-found: error
+      collect:
+        needs: build
+        runs-on: ubuntu-24.04
+        steps:
+          - uses: actions/checkout@v4
+          - uses: actions/download-artifact@v4
+            with:
+              pattern: w-*
+              merge-multiple: true
+              path: got
+          - run: test "$(cat got/a.txt got/b.txt | grep -c hello)" = 2 && cat VERSION got/*.txt > all.txt
+          - uses: actions/upload-artifact@v4
+            with:
+              name: all
+              path: all.txt
+      tag-only:
+        needs: collect
+        if: startsWith(github.ref, 'refs/tags/')
+        runs-on: ubuntu-24.04
+        steps:
+          - run: exit 9
+      broken:
+        needs: collect
+        runs-on: ubuntu-24.04
+        steps:
+          - uses: actions/checkout@v4
+          - run: exit 3
+      after-broken:
+        needs: broken
+        runs-on: ubuntu-24.04
+        steps:
+          - run: echo never
+      report:
+        needs: broken
+        if: always()
+        runs-on: ubuntu-24.04
+        steps:
+          - uses: actions/download-artifact@v4
+            with:
+              name: all
+              path: final
+          - run: grep -q "hello a" final/all.txt
+    """)
+
+
+def test_a_workflow_runs_end_to_end_in_fresh_clones(tmp_path: Path) -> None:
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    (repo / "VERSION").write_text("v-demo\n")
+    for cmd in (
+        ["init", "-q"],
+        ["add", "VERSION"],
+        ["-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "x"],
+    ):
+        subprocess.run(["git", "-C", str(repo), *cmd], check=True)
+    wf = tmp_path / "wf.yml"
+    wf.write_text(WORKFLOW.replace("PYVER", f"{sys.version_info.major}.{sys.version_info.minor}"))
+    workflow = ci_local.load(wf)
+    work = tmp_path / "work"
+    runs = {r.key: r for r in ci_local.execute(workflow, ci_local.event_context(workflow, "push", "refs/heads/main",
+                                                                                {}), work, repo)}  # fmt: skip
+    assert {k: r.status for k, r in runs.items()} == {
+        "build (a)": "success", "build (b)": "success", "collect": "success", "tag-only": "skipped",
+        "broken": "failure", "after-broken": "skipped", "report": "success"}  # fmt: skip
+    assert runs["tag-only"].reason.startswith("if: startsWith")
+    assert runs["broken"].reason == "step 2 (exit 3) exited 3"
+    assert runs["after-broken"].reason == "needs broken (failure)"
+    merged = (work / "artifacts" / "all" / "all.txt").read_text()
+    assert merged.startswith("v-demo\n")  # the checkout is a clone of the repo's HEAD
+    assert str(work / "python") in merged  # setup-python put a fresh venv first on PATH
+    summary = (work / "summary.md").read_text()
+    assert "built a" in summary
+    assert "built b" in summary
+    assert not (work / "jobs" / "tag-only").exists()
