@@ -4,8 +4,9 @@
 
 #include <cstring>
 
-#if defined(__AMX_TILE__) && defined(__AMX_INT8__)
-#include <immintrin.h>
+#include "isa.h"
+
+#if defined(KT_ISA_AMX_TILE) && defined(KT_ISA_AMX_INT8)
 
 namespace kt {
 

@@ -9,20 +9,21 @@
 #ifndef KT_DOT_H
 #define KT_DOT_H
 
-#include <immintrin.h>
-
 #include <cstdint>
+#include <cstring>
 
-#if !defined(__AVX2__) || !defined(__FMA__)
+#include "isa.h"
+
+#if !defined(KT_ISA_AVX2) || !defined(KT_ISA_FMA)
 #error "CPU variants need at least AVX2 and FMA; check add_cpu_variant() in kernel/CMakeLists.txt"
 #endif
 
-#if defined(__AVX512F__) && defined(__AVX512BW__)
+#if defined(KT_ISA_AVX512F) && defined(KT_ISA_AVX512BW)
 #define KT_ZMM 1
 #else
 #define KT_ZMM 0
 #endif
-#if defined(__AVX512BF16__)
+#if defined(KT_ISA_AVX512_BF16)
 #define KT_BF16_DOT 1
 #else
 #define KT_BF16_DOT 0
@@ -37,7 +38,7 @@ static inline __m512i dot_step(__m512i acc, __m512i w, __m512i x) {
   // Signed x signed through the unsigned x signed instructions: |w| * (x * sign(w)).
   const __m512i aw = _mm512_abs_epi8(w);
   const __m512i sx = _mm512_mask_sub_epi8(x, _mm512_movepi8_mask(w), _mm512_setzero_si512(), x);
-#if defined(__AVX512VNNI__)
+#if defined(KT_ISA_AVX512_VNNI)
   return _mm512_dpbusd_epi32(acc, aw, sx);
 #else
   return _mm512_add_epi32(acc, _mm512_madd_epi16(_mm512_maddubs_epi16(aw, sx), _mm512_set1_epi16(1)));
@@ -54,7 +55,7 @@ static inline __m512i unpack64_u4(const uint8_t* p) {
   const __m256i ab = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
   __m512i t = _mm512_inserti64x4(_mm512_castsi256_si512(ab), _mm256_srli_epi16(ab, 4), 1);
   t = _mm512_shuffle_i64x2(t, t, _MM_SHUFFLE(3, 1, 2, 0));  // [A, A>>4, B, B>>4]
-#if defined(__AVX512VBMI__)
+#if defined(KT_ISA_AVX512_VBMI)
   // vpermb reads index bits 0..5 only: a 64-entry table repeating every 16
   // entries masks the nibble and offsets it (n ^ 8) in one instruction.
   const __m512i lut = _mm512_set_epi8(7, 6, 5, 4, 3, 2, 1, 0, 15, 14, 13, 12, 11, 10, 9, 8,  //
@@ -69,7 +70,7 @@ static inline __m512i unpack64_u4(const uint8_t* p) {
 
 // unsigned (u) x signed (x) byte dot products into 16 int32 lanes.
 static inline __m512i dot_step_u(__m512i acc, __m512i u, __m512i x) {
-#if defined(__AVX512VNNI__)
+#if defined(KT_ISA_AVX512_VNNI)
   return _mm512_dpbusd_epi32(acc, u, x);
 #else
   return _mm512_add_epi32(acc, _mm512_madd_epi16(_mm512_maddubs_epi16(u, x), _mm512_set1_epi16(1)));
@@ -175,6 +176,17 @@ static inline float dot_i4(const uint8_t* w, const float* s, const int8_t* x, co
 // exactly 16 + u', so the dot product over a group is
 //   sum (value + 24) * x  -  24 * sum x,
 // and `gsum` carries sum x per group (computed from the same bf16 values).
+// The same 512 bits seen as 32 bf16 values (a register reinterpretation: no instruction).
+static inline __m512bh as_bh(__m512i v) {
+#if defined(KT_EMULATE)
+  __m512bh r;
+  std::memcpy(&r, &v, sizeof r);
+  return r;
+#else
+  return (__m512bh)v;
+#endif
+}
+
 static inline float dot_i4_bf16(const uint8_t* w, const float* s, const uint16_t* xb, const float* gsum,
                                 int64_t n, int g) {
   __m512 facc = _mm512_setzero_ps();
@@ -189,7 +201,7 @@ static inline float dot_i4_bf16(const uint8_t* w, const float* s, const uint16_t
       v = _mm256_xor_si256(_mm256_and_si256(v, lo), eight);
       const __m512i wb = _mm512_or_si512(_mm512_slli_epi16(_mm512_cvtepu8_epi16(v), 3), magic);
       const __m512i xv = _mm512_loadu_si512(xb + i);
-      gacc = _mm512_dpbf16_ps(gacc, (__m512bh)wb, (__m512bh)xv);
+      gacc = _mm512_dpbf16_ps(gacc, as_bh(wb), as_bh(xv));
     }
     facc = _mm512_fmadd_ps(gacc, _mm512_set1_ps(s[gi]), facc);
     corr += s[gi] * gsum[gi];

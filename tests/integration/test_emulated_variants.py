@@ -1,0 +1,131 @@
+"""Every CPU variant's numerics on any x86-64 host: test-only builds of the six variants whose
+intrinsics SIMDe provides in portable code (and amx_model.h the AMX tiles) run the numerics suite
+against the same bounds as the real variants; on a host that has a variant's features the emulated
+and native results are compared case by case; a deliberately broken VBMI permute is caught. The
+shipped wheel never holds emulated code (test_kernel_wheel and the ISA audit check the real one)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import ROOT
+from tests.integration.conftest import SCRIPTS, Venv
+from tests.integration.test_kernel_wheel import E2E_TOL, MAX_TOL, QUANT_TOL, REL_TOL, VARIANTS, missing_on_host
+
+CACHE = ROOT / "build" / "cache" / "simde"
+
+
+def _tool(name: str) -> str:
+    beside = Path(sys.executable).with_name(name)
+    found = str(beside) if beside.is_file() else shutil.which(name)
+    if found is None:
+        pytest.fail(f"{name} is missing: lockfiles/test.txt (via toolchain.txt) pins it; run nox -s tests")
+    return found
+
+
+@pytest.fixture(scope="session")
+def simde() -> Path:
+    """SIMDe's headers from the simde-py sdist, fetched by the hash lockfiles/emulation.txt pins."""
+    include = CACHE / "simde_py-0.8.2.post1" / "simde_py" / "simde"
+    if not (include / "simde" / "x86" / "avx512.h").is_file():
+        CACHE.mkdir(parents=True, exist_ok=True)
+        proc = subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--no-binary",
+                               ":all:", "--require-hashes", "-r", str(ROOT / "lockfiles" / "emulation.txt"), "-d",
+                               str(CACHE)], capture_output=True, text=True, check=False)  # fmt: skip
+        if proc.returncode != 0:
+            pytest.fail(f"fetching SIMDe (lockfiles/emulation.txt) failed:\n{proc.stderr[-2000:]}")
+        (sdist,) = CACHE.glob("simde_py-*.tar.gz")
+        with tarfile.open(sdist) as tar:
+            tar.extractall(CACHE, filter="data")
+    return include
+
+
+def build_emulated(src: Path, out: Path, simde: Path, targets: tuple[str, ...] = ("kt_emulated_variants",)) -> Path:
+    """The emulated variants of the kernel source tree `src`, built with its own CMakeLists."""
+    pybind = subprocess.run([sys.executable, "-m", "pybind11", "--cmakedir"], capture_output=True, text=True,
+                            check=True).stdout.strip()  # fmt: skip
+    env = {**os.environ, "CMAKE_BUILD_PARALLEL_LEVEL": str(os.cpu_count() or 2)}
+    configure = [_tool("cmake"), "-S", str(src), "-B", str(out), "-G", "Ninja",
+                 f"-DCMAKE_MAKE_PROGRAM={_tool('ninja')}", "-DCMAKE_BUILD_TYPE=Release", "-DKT_EMULATED_VARIANTS=ON",
+                 f"-DKT_SIMDE_INCLUDE={simde}", f"-Dpybind11_DIR={pybind}",
+                 f"-DPython_EXECUTABLE={sys.executable}"]  # fmt: skip
+    for cmd in (configure, [_tool("cmake"), "--build", str(out), "--target", *targets]):
+        proc = subprocess.run(cmd, capture_output=True, text=True, check=False, env=env)
+        if proc.returncode != 0:
+            pytest.fail(f"{' '.join(cmd[:4])} ... failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+    return out / "emulated"
+
+
+@pytest.fixture(scope="session")
+def emulated(simde: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    t0 = time.perf_counter()
+    libs = build_emulated(ROOT / "kernel", ROOT / "build" / "emulated", simde)
+    print(f"emulated variants built in {time.perf_counter() - t0:.1f}s: {sorted(p.name for p in libs.glob('*.so'))}")
+    return libs
+
+
+def _numerics(venv: Venv, lib: Path, *args: str) -> dict[str, Any]:
+    result: dict[str, Any] = venv.json(str(SCRIPTS / "emulated_numerics.py"), *args,
+                                       env={"KT_TEST_VARIANT_LIBRARY": str(lib)})  # fmt: skip
+    return result
+
+
+def _out_of_bounds(cases: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [c for c in cases if not (c["rel_err"] < REL_TOL and c["max_err"] < MAX_TOL
+                                     and c["quant_err"] < QUANT_TOL[(c["fmt"], c["group"])]
+                                     and c["e2e_err"] < E2E_TOL[(c["fmt"], c["group"])])]  # fmt: skip
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_emulated_variant_matches_the_reference(variant: str, emulated: Path, fresh_venv: Venv) -> None:
+    lib = emulated / f"libkt_cpu_{variant}.so"
+    assert lib.is_file(), f"{lib} was not built"
+    t0 = time.perf_counter()
+    result = _numerics(fresh_venv, lib)
+    took = time.perf_counter() - t0
+    assert result["variant"] == f"{variant}-emulated"
+    cases = result["cases"]
+    assert len(cases) == 4 * 5 * 4 * 2  # formats x expert counts x token counts x fp32/bf16
+    worst = {k: max(c[k] for c in cases) for k in ("rel_err", "max_err", "e2e_err")}
+    print(f"{variant} (emulated): {len(cases)} cases in {took:.1f}s; worst " +
+          ", ".join(f"{k} {v:.4f}" for k, v in worst.items()))  # fmt: skip
+    bad = _out_of_bounds(cases)
+    assert not bad, f"{len(bad)} cases out of bounds; first: {bad[:3]}"
+    if missing_on_host(variant):
+        return  # nothing native to compare with here
+    native: dict[str, Any] = fresh_venv.json(str(SCRIPTS / "numerics.py"), env={"KT_KERNEL_CPU_VARIANT": variant})
+    assert native["variant"] == variant
+    for e, n in zip(cases, native["cases"], strict=True):
+        key = (e["fmt"], e["group"], e["experts"], e["tokens"], e["dtype"])
+        assert key == (n["fmt"], n["group"], n["experts"], n["tokens"], n["dtype"])
+        # same algorithm, rounding may differ (FMA contraction, reduction order): far below the bounds
+        assert abs(e["rel_err"] - n["rel_err"]) < 2e-3, (key, e["rel_err"], n["rel_err"])
+
+
+def test_a_wrong_vbmi_permute_is_caught(simde: Path, tmp_path: Path, fresh_venv: Venv) -> None:
+    """The nibble-unpacking permute of avx512_vbmi with two table entries swapped: the numerics
+    of every RAWINT4 case leave their bounds (that path has no other coverage on most hosts)."""
+    src = tmp_path / "kernel"
+    shutil.copytree(ROOT / "kernel", src, ignore=shutil.ignore_patterns("build", "__pycache__", "python"))
+    (src / "python").mkdir()
+    shutil.copytree(ROOT / "kernel" / "python" / "kt_kernel", src / "python" / "kt_kernel",
+                    ignore=shutil.ignore_patterns("__pycache__"))  # fmt: skip
+    dot = src / "src" / "cpu" / "dot.h"
+    text = dot.read_text()
+    good = "_mm512_set_epi8(7, 6, 5, 4, 3, 2, 1, 0, 15, 14, 13, 12, 11, 10, 9, 8,"
+    assert good in text, "the VBMI lookup table moved; update this mutation"
+    dot.write_text(text.replace(good, "_mm512_set_epi8(6, 7, 5, 4, 3, 2, 1, 0, 15, 14, 13, 12, 11, 10, 9, 8,", 1))
+    libs = build_emulated(src, tmp_path / "build", simde, ("kt_cpu_avx512_vbmi_emulated",))
+    cases = _numerics(fresh_venv, libs / "libkt_cpu_avx512_vbmi.so", "--quick")["cases"]
+    broken = _out_of_bounds(cases)
+    assert broken, "a wrong permute went unnoticed"
+    assert {c["fmt"] for c in broken} == {"rawint4"}
