@@ -69,3 +69,26 @@ def test_sft_cpu_profile_end_to_end(tmp_path: Path, kt_wheel: Path) -> None:
     assert result["train_resume"]["optimizer_bit_identical"] is True
     assert result["train_resume"]["trained"] is True
     assert json.dumps(result)
+
+
+def test_extracted_libraries_resolve_beside_them_in_the_env_or_the_system(tmp_path: Path) -> None:
+    """verify_serve's DT_NEEDED check on real ELF files: one found through $ORIGIN, one in the
+    venv (torch/lib), one a system library, the driver always external, and one missing."""
+    from tests.wheelkit import compile_so
+
+    root = tmp_path / "payload"
+    (root / "pkg").mkdir(parents=True)
+    (root / "pkg" / "libdep.so").write_bytes(compile_so(tmp_path, "libdep.so", "int dep(void) { return 1; }"))
+    venv = tmp_path / "venv"
+    torch_lib = venv / "lib" / "python3.11" / "site-packages" / "torch" / "lib"
+    torch_lib.mkdir(parents=True)
+    (torch_lib / "libc10.so").write_bytes(compile_so(tmp_path, "libc10.so", "int c10(void) { return 2; }"))
+    for name in ("libdep.so", "libc10.so", "libcuda.so.1", "libmissing.so"):  # link stubs for each
+        (tmp_path / name).write_bytes(compile_so(tmp_path, name, "int stub(void) { return 0; }",
+                                                 f"-Wl,-soname,{name}"))  # fmt: skip
+    ext = compile_so(tmp_path, "ext.so", "int ext(void) { return 0; }", "-Wl,--no-as-needed", f"-L{tmp_path}",
+                     "-l:libdep.so", "-l:libc10.so", "-l:libcuda.so.1", "-l:libmissing.so", "-lm",
+                     "-Wl,-rpath,$ORIGIN")  # fmt: skip
+    (root / "pkg" / "ext.so").write_bytes(ext)
+    missing = vi.unresolved_needed(root, venv, {"libcuda.so.1"})
+    assert missing == {"pkg/ext.so": ["libmissing.so"]}
