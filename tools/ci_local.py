@@ -323,7 +323,7 @@ def relabel(src_dir: Path, python: str, out: Path) -> Path:
     return dest
 
 
-def run_job(run: JobRun, context: Mapping[str, Any], work: Path, repo: Path, local: Local) -> None:
+def run_job(run: JobRun, context: Mapping[str, Any], work: Path, repo: Path, local: Local, commit: str) -> None:
     job_dir = work / "jobs" / re.sub(r"[^\w.-]+", "_", run.key)
     shutil.rmtree(job_dir, ignore_errors=True)
     job_dir.parent.mkdir(parents=True, exist_ok=True)
@@ -344,8 +344,9 @@ def run_job(run: JobRun, context: Mapping[str, Any], work: Path, repo: Path, loc
         t0 = time.perf_counter()
         if uses == "actions/checkout":
             subprocess.run(["git", "clone", "-q", "--no-hardlinks", str(repo), str(job_dir)], check=True)
+            subprocess.run(["git", "-C", str(job_dir), "checkout", "-q", "--detach", commit], check=True)
             cwd = job_dir
-            what = f"fresh clone of {repo} at {_head(repo)[:12]}"
+            what = f"fresh clone of {repo} at {commit[:12]}"
         elif uses == "actions/setup-python":
             want = with_.get("python-version", "")
             have = f"{sys.version_info.major}.{sys.version_info.minor}"
@@ -421,6 +422,7 @@ def execute(workflow: Mapping[str, Any], context: Mapping[str, Any], work: Path,
         return runs
     work.mkdir(parents=True, exist_ok=True)
     shutil.rmtree(work / "artifacts", ignore_errors=True)
+    commit = _head(repo)  # every job checks out this commit, whatever lands meanwhile
     with local_index(work) as url:
         local = Local(index_url=url)
         for r in runs:
@@ -432,7 +434,7 @@ def execute(workflow: Mapping[str, Any], context: Mapping[str, Any], work: Path,
             _say(f"{r.key}: {r.name}")
             t0 = time.perf_counter()
             try:
-                run_job(r, context, work, repo, local)
+                run_job(r, context, work, repo, local, commit)
                 r.status = "success"
             except (RuntimeError, OSError, subprocess.CalledProcessError) as exc:
                 r.status, r.reason = "failure", str(exc)

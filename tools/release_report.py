@@ -11,12 +11,16 @@ from __future__ import annotations
 import argparse
 import html
 import json
+import re
+import subprocess
 import sys
+import time
 import zipfile
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
+VERSION_FILE = ROOT / "kernel" / "python" / "kt_kernel" / "_version.py"
 
 
 def _load(path: Path) -> Any:
@@ -34,7 +38,7 @@ def kernel_breakdown(dist: Path, manifest: dict[str, Any]) -> dict[str, int]:
                 "CPU variants"
                 if "/cpu/" in i.filename
                 else "CUDA payload"
-                if "cuda_archive" in i.filename
+                if "cuda_archive" in i.filename or "/_kt_payload/" in i.filename
                 else "baseline core"
                 if "_core." in i.filename
                 else "other"
@@ -62,23 +66,189 @@ def svg_bars(items: list[tuple[str, int]], title: str) -> str:
     )
 
 
+def torch_summary(spec: str, candidates: list[str] | None = None) -> str:
+    """The torch requirement every carrier allows, simplified: an exact pin that satisfies the
+    whole intersection stands for it ("==2.14.1" rather than "==2.14.1,>=1.10.0,>=2.4,...")."""
+    from packaging.specifiers import InvalidSpecifier, SpecifierSet
+
+    try:
+        specs = SpecifierSet(spec)
+    except InvalidSpecifier:
+        return spec
+    pins = [s.version for s in specs if s.operator == "=="]
+    if len(pins) == 1 and specs.contains(pins[0], prereleases=True):
+        return f"=={pins[0]}"
+    return str(specs) or "any"
+
+
+def _git_commit() -> str:
+    proc = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True, check=False)
+    return proc.stdout.strip() if proc.returncode == 0 else "unknown (not a git checkout)"
+
+
+def _release_date() -> str:
+    m = re.search(r'^__release_date__ = "([^"]+)"', VERSION_FILE.read_text(), re.MULTILINE) if VERSION_FILE.exists() \
+        else None  # fmt: skip
+    return m.group(1) if m else "unknown"
+
+
+CSS = """
+body{font:14px/1.45 system-ui,sans-serif;margin:2em auto;max-width:1200px;color:#222}
+h1{margin-bottom:.2em} .meta{color:#555} table{border-collapse:collapse;margin:.6em 0 1.4em}
+th,td{border:1px solid #ccc;padding:3px 8px;text-align:left;vertical-align:top} th{background:#f3f3f3}
+td.num{text-align:right;font-variant-numeric:tabular-nums} code{font-size:12px}
+.pass{background:#d9f2d9;color:#14571a} .fail{background:#f9d6d5;color:#8a1410} .warn{background:#fff1c9;color:#6b4e00}
+.info{color:#555} .none{color:#aaa} .badge{display:inline-block;padding:2px 10px;border-radius:4px;font-weight:bold}
+.bar{background:#4a7bd0;height:10px;display:inline-block} .over{background:#c0392b}
+table.findings td:nth-child(3){max-width:330px;word-break:break-all} table.findings td:nth-child(4){min-width:360px}
+"""
+
+
+def _cls(verdict: str) -> str:
+    return {"pass": "pass", "PASSED": "pass", "FAIL": "fail", "FAILED": "fail", "error": "fail",
+            "warning": "warn", "info": "info"}.get(verdict, "none")  # fmt: skip
+
+
+def render_html(manifest: dict[str, Any], audit: dict[str, Any], verify: dict[str, Any],
+                baseline: dict[str, Any] | None, dist: Path) -> str:  # fmt: skip
+    """The release candidate as one self-contained page (no network, no script)."""
+    e = html.escape
+    errors: dict[str, int] = {w["filename"]: w["errors"] for w in audit.get("wheels", [])}
+    passed = bool(audit.get("passed")) and all(not r.get("error") for r in verify.values())
+    verdict = "PASSED" if passed else "FAILED" if audit else "NOT AUDITED"
+    budget = 100 << 20
+    parts = {p["distribution"]: p["size"] for p in (manifest.get("payload") or {}).get("parts", [])}
+    old = {w["filename"].split("-")[0]: w["size"] for w in (baseline or {}).get("wheels", [])}
+    out = [f"<!doctype html><html lang=en><meta charset=utf-8><title>KT release {e(manifest['kt_version'])}</title>",
+           f"<style>{CSS}</style><body>",
+           f"<h1>KT release {e(manifest['kt_version'])}</h1>",
+           f"<p class=meta>commit <code>{e(_git_commit())}</code> &middot; release date {e(_release_date())} &middot; "
+           f"report {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}</p>",
+           f'<p id=verdict><span class="badge {_cls(verdict)}">{verdict}</span> audit: '
+           f"{'passed' if audit.get('passed') else 'failed or missing'}, "
+           f"{sum(f.get('severity') == 'error' for f in audit.get('findings', []))} errors; install verification: "
+           f"{', '.join(verify) or 'not run'}</p>",
+           f"<p>torch: the carriers allow <code>{e(torch_summary(str(manifest.get('torch', ''))))}</code>"
+           + "".join(f"; {e(p)} installed <code>{e(str(r.get('torch', '?')))}</code>" for p, r in verify.items())
+           + "</p>"]  # fmt: skip
+    out.append(
+        "<h2 id=wheels>Wheels</h2><table><tr><th>wheel</th><th>version</th><th>kind</th><th>size</th>"
+        "<th>of which CUDA payload part</th><th>budget</th><th>change</th><th>sha256</th><th>audit</th></tr>"
+    )
+    for w in manifest["wheels"]:
+        v = "pass" if errors.get(w["filename"]) == 0 else "FAIL" if w["filename"] in errors else "not audited"
+        share = w["size"] / budget
+        prev = old.get(w["filename"].split("-")[0])
+        change = f"{100 * (w['size'] - prev) / prev:+.1f}%" if prev else "new" if baseline else ""
+        part = f"{parts[w['name']] / 2**20:.1f} MiB" if w["name"] in parts else ""
+        over = " over" if share > 1 else ""
+        out.append(
+            f"<tr><td><a href='{e(w['filename'])}'>{e(w['name'])}</a></td><td>{e(w['version'])}</td>"
+            f"<td>{e(w['kind'])}</td><td class=num>{w['size'] / 2**20:.2f} MiB</td>"
+            f"<td class=num>{part}</td>"
+            f"<td><span class='bar{over}' style='width:{min(share, 1) * 120:.0f}px'></span> "
+            f"{100 * share:.0f}%</td><td class=num>{change}</td>"
+            f"<td title='{e(w['sha256'])}'><code>{e(w['sha256'][:16])}</code></td><td class={_cls(v)}>{v}</td></tr>"
+        )
+    out.append("</table>")
+    findings = audit.get("findings", [])
+    out.append(f"<h2 id=findings>Findings ({len(findings)})</h2>")
+    loud = [f for f in findings if f.get("severity") in ("error", "warning")]
+    quiet = [f for f in findings if f not in loud]
+    out.append(_findings_table(loud) if loud else "<p>no errors or warnings</p>")
+    if quiet:  # waived, or information the policy keeps visible: folded
+        out.append(f"<details><summary>{len(quiet)} info finding(s): waived or by policy, with the reason"
+                   f"</summary>{_findings_table(quiet)}</details>")  # fmt: skip
+    out.append(_cpu_matrix(audit))
+    out.append(_cuda_matrix(audit))
+    sizes = [(w["name"], int(w["size"])) for w in manifest["wheels"]]
+    breakdown = [(f"kt-kernel: {k}", v) for k, v in kernel_breakdown(dist, manifest).items()]
+    out.append("<h2 id=sizes>Sizes</h2>" + svg_bars(sorted(sizes, key=lambda x: -x[1]), "Wheel sizes")
+               + svg_bars(breakdown, "kt-kernel, compressed"))  # fmt: skip
+    links = ["SHA256SUMS", "manifest.json", "audit-report.json", "audit-report.md", "release-report.md"]
+    out.append("<h2 id=artifacts>Artifacts</h2><ul>" + "".join(
+        f"<li><a href='{e(n)}'>{e(n)}</a>{'' if (dist / n).exists() or n == 'release-report.md' else ' (missing)'}</li>"
+        for n in links) + "</ul></body></html>\n")  # fmt: skip
+    return "".join(out)
+
+
+def _findings_table(findings: list[dict[str, Any]]) -> str:
+    e = html.escape
+    order = {"error": 0, "warning": 1, "info": 2}
+    rows = ["<table class=findings><tr><th>severity</th><th>rule</th><th>wheel / member</th><th>message</th>"
+            "<th>fix</th></tr>"]  # fmt: skip
+    for f in sorted(findings, key=lambda f: (order.get(f.get("severity", ""), 3), f.get("rule", ""))):
+        g = {k: str(f.get(k, "")) for k in ("severity", "rule", "wheel", "member", "message", "fix")}
+        rows.append(f"<tr class={_cls(g['severity'])}><td>{e(g['severity'])}</td><td><code>{e(g['rule'])}</code>"
+                    f"</td><td>{e(g['wheel'])}<br><code>{e(g['member'])}</code></td><td>{e(g['message'])}</td>"
+                    f"<td>{e(g['fix'])}</td></tr>")  # fmt: skip
+    return "".join(rows) + "</table>"
+
+
+def _cpu_matrix(audit: dict[str, Any]) -> str:
+    """CPU variant x ISA feature: instructions used (count), the marker, anything forbidden."""
+    e = html.escape
+    rows = []
+    for wheel, variants in audit.get("cpu_variants", {}).items():
+        names = [n for n in variants if n != "loader"]
+        features = sorted(
+            {f for n in names for f in variants[n].get("features_used", {})}
+            - {"INTEL8086", "INTEL186", "INTEL286", "INTEL386", "X64", "CMOV", "SSE", "SSE2", "FPU", "MULTIBYTENOP"}
+        )
+        head = "".join(f"<th>{e(f)}</th>" for f in features)
+        rows.append(f"<h3>{e(wheel)}</h3><table><tr><th>variant</th><th>marker</th>{head}<th>forbidden</th></tr>")
+        for n in names:
+            v = variants[n]
+            used = v.get("features_used", {})
+            cells = "".join(
+                f"<td class='num {'pass' if f == v.get('marker') and f in used else ''}'>{used.get(f, '')}</td>"
+                for f in features)  # fmt: skip
+            marker = f"{v.get('marker')} {'yes' if v.get('marker_present') else 'NO'}"
+            rows.append(f"<tr><td>{e(n)}</td><td class={'pass' if v.get('marker_present') else 'fail'}>{e(marker)}"
+                        f"</td>{cells}<td class={'fail' if v.get('forbidden') else 'pass'}>"
+                        f"{len(v.get('forbidden', []))}</td></tr>")  # fmt: skip
+        rows.append("</table>")
+    return "<h2 id=cpu-matrix>CPU variants x ISA features</h2>" + ("".join(rows) or "<p>no kt-kernel wheel</p>")
+
+
+def _cuda_matrix(audit: dict[str, Any]) -> str:
+    """Archived CUDA binary x compute capability: the SASS or PTX that runs there."""
+    e = html.escape
+    coverage = (audit.get("payload") or {}).get("coverage") or {}
+    if not coverage:
+        return "<h2 id=cuda-matrix>CUDA coverage</h2><p>no CUDA payload in this release</p>"
+    targets = sorted({t for by in coverage.values() for t in by}, key=lambda t: tuple(int(x) for x in t.split(".")))
+    out = ["<h2 id=cuda-matrix>CUDA binaries x compute capability</h2><table><tr><th>archived binary</th>"
+           + "".join(f"<th>{e(t)}</th>" for t in targets) + "</tr>"]  # fmt: skip
+    for binary, by in sorted(coverage.items()):
+        cells = "".join(f"<td class={'pass' if by.get(t) else 'none'}>{e(by.get(t) or '-')}</td>" for t in targets)
+        out.append(f"<tr><td><code>{e(binary)}</code></td>{cells}</tr>")
+    return "".join(out) + "</table>"
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="nox -s release_report --")
     p.add_argument("--dist", type=Path, default=ROOT / "dist")
     p.add_argument("--verify", type=Path, default=ROOT / "build" / "verify.json")
+    p.add_argument("--baseline", type=Path, help="a previous release's manifest.json, for the size change per wheel")
     args = p.parse_args(argv)
     manifest = _load(args.dist / "manifest.json")
     if manifest is None:
         print(f"error: {args.dist}/manifest.json is missing; run nox -s build_all", file=sys.stderr)
         return 1
+    baseline = _load(args.baseline) if args.baseline else None
+    if args.baseline and baseline is None:
+        print(f"error: {args.baseline}: no such baseline manifest", file=sys.stderr)
+        return 1
     audit = _load(args.dist / "audit-report.json") or {}
     verify = _load(args.verify) or {}
     errors: dict[str, int] = {w["filename"]: w["errors"] for w in audit.get("wheels", [])}
-    lines = [f"KT release {manifest['kt_version']}  (torch {manifest['torch']})", ""]
+    torch = torch_summary(str(manifest.get("torch", "")))
+    lines = [f"KT release {manifest['kt_version']}  (torch {torch})", ""]
     md = [
         f"# KT release {manifest['kt_version']}",
         "",
-        f"torch: `{manifest['torch']}`",
+        f"torch: `{torch}`" + "".join(f"; {p} installed `{r.get('torch', '?')}`" for p, r in verify.items()),
         "",
         "| carrier | version | kind | size (MiB) | sha256 | audit |",
         "| --- | --- | --- | ---: | --- | --- |",
@@ -108,6 +278,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     for prof, res in verify.items():
         detail = ", ".join(f"{k}={v}" for k, v in res.items() if k in ("install_s", "resolved", "elapsed_s"))
+        forks = res.get("distributions") or {}
+        if forks:  # what actually provides each module (trl comes from trl-kt)
+            detail += "; " + ", ".join(f"{m}: {d}" for m, d in forks.items())
         lines.append(f"verify_install {prof}: ok ({detail})")
         md.append(f"\n- verify_install **{prof}**: ok ({detail})")
     if not verify:
@@ -116,10 +289,7 @@ def main(argv: list[str] | None = None) -> int:
     breakdown = [(f"kt-kernel: {k}", v) for k, v in kernel_breakdown(args.dist, manifest).items()]
     chart = svg_bars(sorted(sizes, key=lambda x: -x[1]), "Wheel sizes") + svg_bars(breakdown, "kt-kernel, compressed")
     (args.dist / "release-report.md").write_text("\n".join(md) + "\n\n" + chart + "\n")
-    (args.dist / "release-report.html").write_text(
-        f"<!doctype html><meta charset=utf-8><title>KT release {manifest['kt_version']}</title>"
-        f"<pre>{html.escape(chr(10).join(lines))}</pre>{chart}\n"
-    )
+    (args.dist / "release-report.html").write_text(render_html(manifest, audit, verify, baseline, args.dist))
     print("\n".join(lines))
     print(f"\nreport: {args.dist / 'release-report.html'}")
     return 0 if audit.get("passed") else 1

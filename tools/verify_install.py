@@ -131,12 +131,18 @@ print(json.dumps(out))
 """
 SMOKE = """
 import importlib, json
-out = {"imports": {}}
-for mod in ("kt_kernel", "transformers", "accelerate", "peft", "trl"):
+from importlib.metadata import packages_distributions, version
+out = {"imports": {}, "distributions": {}}
+owners = packages_distributions()
+for mod in ("kt_kernel", "transformers", "accelerate", "peft", "trl", "torch"):
     m = importlib.import_module(mod)
     out["imports"][mod] = getattr(m, "__version__", "?")
-import kt_kernel
+    # the distribution that installed the module (a fork: trl-kt), with its own version
+    dist = sorted(owners.get(mod, []))
+    out["distributions"][mod] = f"{dist[0]} {version(dist[0])}" if dist else "?"
+import kt_kernel, torch
 out["cpu_variant"] = kt_kernel.__cpu_variant__
+out["torch"] = torch.__version__
 print(json.dumps(out))
 """
 
@@ -329,6 +335,8 @@ def verify_serve(dist: Path, work: Path) -> dict[str, Any]:
         re.split(r"[=@ ]", line[3:], maxsplit=1)[0].lower().replace("_", "-")
         for line in (proc.stdout + proc.stderr).splitlines() if line.startswith(" + ")
     )  # fmt: skip
+    torch = next((line.split("==", 1)[1].strip() for line in (proc.stdout + proc.stderr).splitlines()
+                  if line.startswith(" + torch==")), "?")  # fmt: skip
     upstream = [n for n in names if n in UPSTREAM]
     if upstream:
         raise VerifyError(f"the serve closure installs upstream {upstream} beside the forks")
@@ -363,7 +371,7 @@ def verify_serve(dist: Path, work: Path) -> dict[str, Any]:
     return {"resolved": len(names), "carriers": sorted(set(reached)), "upstream": upstream,
             "install_s": round(install_s, 1), "materialize_s": round(materialize_s, 1),
             "payload_files": sum(1 for p in root.rglob("*") if p.is_file() and p.name != ".complete"),
-            "needed_unresolved": unresolved, "imports": probe, "shared_paths": shared}  # fmt: skip
+            "needed_unresolved": unresolved, "imports": probe, "shared_paths": shared, "torch": torch}  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:
