@@ -64,9 +64,8 @@ def build_cpu(session: nox.Session) -> None:
     p.add_argument("--variant", action="append", default=[], choices=CPU_VARIANTS, help="CI shard: only this variant")
     args = p.parse_args(session.posargs)
     _install_lock(session, "toolchain")
-    session.run(
-        "python", "kernel/tools/build_wheel.py", "--dist", str(KERNEL_OUT), *(f"--variant={v}" for v in args.variant)
-    )
+    out = [] if args.variant else ["--dist", str(KERNEL_OUT)]  # shards go to build/kt-kernel/shards/<tag>
+    session.run("python", "kernel/tools/build_wheel.py", *out, *(f"--variant={v}" for v in args.variant))
 
 
 @nox.session(python=PYTHON, tags=["build"])
@@ -77,14 +76,8 @@ def build_cuda(session: nox.Session) -> None:
     args = p.parse_args(session.posargs)
     _install_lock(session, "toolchain")
     _install_lock(session, "cuda")
-    session.run(
-        "python",
-        "kernel/tools/build_wheel.py",
-        "--dist",
-        str(KERNEL_OUT),
-        "--cuda",
-        *(f"--cuda-arch={a}" for a in args.arch),
-    )
+    out = [] if args.arch else ["--dist", str(KERNEL_OUT)]  # shards go to build/kt-kernel/shards/<tag>
+    session.run("python", "kernel/tools/build_wheel.py", *out, "--cuda", *(f"--cuda-arch={a}" for a in args.arch))
 
 
 @nox.session(python=PYTHON, tags=["build"])
@@ -124,8 +117,8 @@ def tests(session: nox.Session) -> None:
     p.add_argument("pytest_args", nargs="*")
     args = p.parse_args(session.posargs)
     _install_lock(session, "test")
-    if not args.no_build:
-        session.run("python", "kernel/tools/build_wheel.py", "--dist", str(KERNEL_OUT), "--cuda")
+    if not args.no_build:  # rebuilt only if its inputs changed since the last build (nox -s release made one)
+        session.run("python", "kernel/tools/build_wheel.py", "--dist", str(KERNEL_OUT), "--cuda", "--if-stale")
     session.run("pytest", *args.pytest_args, env={"KT_DIST": str(KERNEL_OUT)})
 
 
@@ -178,6 +171,27 @@ def verify_install(session: nox.Session) -> None:
     report = str(ROOT / "build" / "verify.json")
     profiles = (f"--profile={x}" for x in args.profile)
     session.run("python", "-m", "tools.verify_install", "--dist", str(DIST), "--json", report, *profiles)
+
+
+@nox.session(venv_backend="none", default=False)
+def clean(session: nox.Session) -> None:
+    """Remove build leftovers: install-verification venvs, local CI runs, CMake trees, shards, reports.
+    Downloads stay cached (build/cache) and dist/ stays; `-- --all` removes those and .nox/ too."""
+    import shutil
+
+    p = _parser("clean")
+    p.add_argument("--all", action="store_true", help="also build/cache, dist/ and the nox venvs")
+    args = p.parse_args(session.posargs)
+    targets = [ROOT / "build" / n for n in ("verify", "ci-local", "emulated", "locks", "lock")]
+    targets += [ROOT / "build" / "kt-kernel" / n for n in ("raw", "repaired", "shards")]
+    targets += [ROOT / "kernel" / "build"]
+    if args.all:
+        targets += [ROOT / "build", DIST, ROOT / ".nox"]
+    for t in targets:
+        if t.exists():
+            size = sum(f.stat().st_size for f in t.rglob("*") if f.is_file() and not f.is_symlink())
+            session.log(f"removing {t.relative_to(ROOT)} ({size / 2**30:.2f} GiB)")
+            shutil.rmtree(t)
 
 
 @nox.session(python=PYTHON, tags=["ci"])

@@ -88,16 +88,13 @@ def build(dist: Path, work: Path, variants: list[str], cuda_archs: list[str] | N
         env["CUDA_HOME"] = str(home)
         env["CUDACXX"] = str(home / "bin" / "nvcc")
         env["KT_CUDA"] = "ON"
-        if cuda_archs:
-            env["KT_CUDA_ARCHS"] = ";".join(cuda_archs)
+        env["KT_CUDA_ARCHS"] = ";".join(cuda_archs or policy_archs())
     else:
         env["KT_CUDA"] = "OFF"
     env.setdefault("CMAKE_BUILD_PARALLEL_LEVEL", str(os.cpu_count() or 2))
     # Each configuration gets its own CMake build dir, so a sharded build never
     # reuses a full build's cache (and the reverse).
-    tag = "all" if not variants else "-".join(variants)
-    if cuda_archs is not None:
-        tag += "-cuda" + ("-" + "-".join(cuda_archs) if cuda_archs else "")
+    tag = config_tag(variants, cuda_archs)
     raw, repaired = work / "raw", work / "repaired"
     for d in (raw, repaired):
         shutil.rmtree(d, ignore_errors=True)
@@ -143,21 +140,98 @@ def place(wheel: Path, dist: Path) -> Path:
     return dist / wheel.name
 
 
+RELEASE_OUT = ROOT / "build" / "kt-kernel" / "out"  # the release's kernel input: complete builds only
+SHARDS = ROOT / "build" / "kt-kernel" / "shards"  # CI shards (--variant, --cuda-arch): never assembled
+POLICY = ROOT / "audits" / "policy" / "default.toml"
+
+
+def policy_archs() -> list[str]:
+    """The SASS architectures of libkt_cuda.so, from the audit policy (the one owner of the matrix)."""
+    import tomllib
+
+    data = tomllib.loads(POLICY.read_text())
+    sass = data["cuda"]["libraries"]["lib/libkt_cuda.so"]["sass"]
+    return [a.removeprefix("sm_") for a in sass]
+
+
+def config_tag(variants: list[str], cuda_archs: list[str] | None) -> str:
+    tag = "all" if not variants else "-".join(variants)
+    if cuda_archs is not None:
+        tag += "-cuda" + ("-" + "-".join(cuda_archs) if cuda_archs else "")
+    return tag
+
+
+def inputs_digest(variants: list[str], cuda_archs: list[str] | None) -> str:
+    """sha256 over everything the wheel is built from: kernel/ (not its build trees), the toolchain
+    locks, the policy's CUDA matrix, the configuration and SOURCE_DATE_EPOCH."""
+    import hashlib
+
+    h = hashlib.sha256()
+    files = [p for p in sorted(KERNEL.rglob("*")) if p.is_file()
+             and not {"build", "__pycache__"} & set(p.relative_to(KERNEL).parts)]  # fmt: skip
+    files += [ROOT / "lockfiles" / "toolchain.txt", ROOT / "lockfiles" / "cuda.txt", POLICY]
+    for f in files:
+        h.update(str(f.relative_to(ROOT)).encode() + b"\0" + f.read_bytes() + b"\0")
+    h.update(f"{config_tag(variants, cuda_archs)}|{source_date_epoch()}".encode())
+    return h.hexdigest()
+
+
+STAMP = ".kt-kernel-inputs.sha256"
+
+
+def up_to_date(dist: Path, digest: str) -> Path | None:
+    """The wheel in `dist` built from exactly these inputs, if there is one."""
+    stamp = dist / STAMP
+    wheels = sorted(dist.glob("kt_kernel-*.whl"))
+    if len(wheels) == 1 and stamp.is_file() and stamp.read_text().split() == [digest, wheels[0].name]:
+        return wheels[0]
+    return None
+
+
+def output_dir(given: Path | None, variants: list[str], cuda_archs: list[str] | None) -> Path:
+    """Where the wheel goes: a shard build (some variants or archs) into build/kt-kernel/shards/<tag>,
+    never into the release's input directory, from which only complete builds are assembled."""
+    shard = bool(variants) or bool(cuda_archs)
+    if not shard:
+        return (given or RELEASE_OUT).resolve()
+    if given is not None and given.resolve() == RELEASE_OUT.resolve():
+        raise BuildError(f"a shard build ({config_tag(variants, cuda_archs)}) cannot go to {RELEASE_OUT}: that "
+                         "directory feeds the release, which needs every variant and architecture")  # fmt: skip
+    return (given or SHARDS / config_tag(variants, cuda_archs)).resolve()
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="build_wheel", description=__doc__.splitlines()[0])
-    p.add_argument("--dist", type=Path, default=ROOT / "dist")
+    p.add_argument("--dist", type=Path, help=f"output directory (default: {RELEASE_OUT}; shards: {SHARDS}/<tag>)")
     p.add_argument("--work", type=Path, default=ROOT / "build" / "kt-kernel")
     p.add_argument("--variant", action="append", default=[], help="build only this CPU variant (repeatable)")
     p.add_argument("--cuda", action="store_true", help="also build the CUDA archive")
     p.add_argument("--cuda-arch", action="append", default=[], help="only this SASS arch, e.g. 90 (repeatable)")
+    p.add_argument(
+        "--if-stale",
+        action="store_true",
+        help="reuse the wheel in --dist if it was built from exactly these inputs (sources, locks, flags)",
+    )
     args = p.parse_args(argv)
     names = known_variants()
     for v in args.variant:
         if v not in names:
             p.error(f"--variant {v!r} is not a CPU variant; valid: {', '.join(names)}")
+    archs = policy_archs()
+    for a in args.cuda_arch:
+        if a not in archs:
+            p.error(f"--cuda-arch {a!r} is not in the release's matrix; valid: {', '.join(archs)} ({POLICY})")
     try:
         cuda = args.cuda_arch if (args.cuda or args.cuda_arch) else None
-        build(args.dist.resolve(), args.work.resolve(), args.variant, cuda)
+        dist = output_dir(args.dist, args.variant, cuda)
+        digest = inputs_digest(args.variant, cuda)
+        fresh = up_to_date(dist, digest) if args.if_stale else None
+        if fresh is not None:
+            print(f"kt-kernel: {fresh} was built from these inputs (sha256 {digest[:16]}): reused, not rebuilt")
+            return 0
+        (dist / STAMP).unlink(missing_ok=True)
+        wheel = build(dist, args.work.resolve(), args.variant, cuda)
+        (dist / STAMP).write_text(f"{digest} {wheel.name}\n")
     except BuildError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1

@@ -124,3 +124,38 @@ def test_a_failed_copy_leaves_the_previous_kernel_wheel(tmp_path: Path, monkeypa
         bw.place(new, out)
     assert [p.name for p in out.iterdir()] == [old.name]
     assert old.read_bytes() == b"older"
+
+
+def test_shard_builds_never_reach_the_release_input(tmp_path: Path) -> None:
+    bw = _build_wheel_module()
+    assert bw.output_dir(None, [], []) == bw.RELEASE_OUT.resolve()  # a complete build
+    assert bw.output_dir(None, ["avx2"], None) == (bw.SHARDS / "avx2").resolve()
+    assert bw.output_dir(None, [], ["90"]) == (bw.SHARDS / "all-cuda-90").resolve()
+    with pytest.raises(bw.BuildError, match=r"cannot go to .*build/kt-kernel/out"):
+        bw.output_dir(bw.RELEASE_OUT, [], ["90"])
+    assert bw.output_dir(tmp_path, ["avx2"], None) == tmp_path.resolve()  # an explicit elsewhere is fine
+
+
+def test_an_unknown_cuda_arch_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    bw = _build_wheel_module()
+    assert bw.policy_archs() == ["80", "86", "89", "90", "120"]
+    with pytest.raises(SystemExit) as exc:
+        bw.main(["--cuda-arch", "75"])
+    assert exc.value.code == 2
+    assert "--cuda-arch '75' is not in the release's matrix; valid: 80, 86, 89, 90, 120" in capsys.readouterr().err
+
+
+def test_a_wheel_is_reused_only_for_identical_inputs(tmp_path: Path) -> None:
+    bw = _build_wheel_module()
+    digest = bw.inputs_digest([], [])
+    assert digest == bw.inputs_digest([], [])
+    assert digest != bw.inputs_digest(["avx2"], [])
+    assert digest != bw.inputs_digest([], None)
+    wheel = tmp_path / "kt_kernel-0.6.1-cp311-cp311-manylinux_2_34_x86_64.whl"
+    wheel.write_bytes(b"w")
+    assert bw.up_to_date(tmp_path, digest) is None  # no stamp
+    (tmp_path / bw.STAMP).write_text(f"{digest} {wheel.name}\n")
+    assert bw.up_to_date(tmp_path, digest) == wheel
+    assert bw.up_to_date(tmp_path, "0" * 64) is None
+    (tmp_path / "kt_kernel-0.6.0-cp311-cp311-manylinux_2_34_x86_64.whl").write_bytes(b"old")
+    assert bw.up_to_date(tmp_path, digest) is None  # two wheels: not a build of ours
