@@ -10,6 +10,9 @@ import argparse
 import importlib.util
 import json
 import os
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from types import ModuleType
 
@@ -37,6 +40,17 @@ def _load(name: str, path: Path) -> ModuleType:
 
 
 indexes = _load("kt_release_indexes", ROOT / "tools" / "indexes.py")  # where locked wheels come from
+TIMINGS = ROOT / "build" / "timings"  # each release stage's wall time, for release_report's table
+
+
+@contextmanager
+def _timed(name: str) -> Iterator[None]:
+    t0 = time.time()
+    yield
+    TIMINGS.mkdir(parents=True, exist_ok=True)
+    (TIMINGS / f"{name}.json").write_text(json.dumps({"start": t0, "seconds": round(time.time() - t0, 1)}) + "\n")
+
+
 DIST = ROOT / "dist"
 KERNEL_OUT = ROOT / "build" / "kt-kernel" / "out"
 CPU_VARIANTS = tuple(
@@ -102,11 +116,12 @@ def assemble(session: nox.Session) -> None:
 @nox.session(python=PYTHON, tags=["build"])
 def build_all(session: nox.Session) -> None:
     """Build the release into dist/: kt-kernel (CPU variants + CUDA archive), then every carrier, atomically."""
-    _install_lock(session, "toolchain")
-    _install_lock(session, "cuda")
-    _install_lock(session, "audit")  # the payload packer reads the policy and runs cuobjdump
-    session.run("python", "kernel/tools/build_wheel.py", "--dist", str(KERNEL_OUT), "--cuda")
-    session.run("python", "-m", "carriers", "assemble", "--kernel", str(KERNEL_OUT), "--dist", str(DIST))
+    with _timed("build_all"):
+        _install_lock(session, "toolchain")
+        _install_lock(session, "cuda")
+        _install_lock(session, "audit")  # the payload packer reads the policy and runs cuobjdump
+        session.run("python", "kernel/tools/build_wheel.py", "--dist", str(KERNEL_OUT), "--cuda")
+        session.run("python", "-m", "carriers", "assemble", "--kernel", str(KERNEL_OUT), "--dist", str(DIST))
 
 
 @nox.session(python=PYTHON)
@@ -157,8 +172,9 @@ def audit(session: nox.Session) -> None:
     extra = ["--baseline", args.baseline] if args.baseline else []
     summary = os.environ.get("GITHUB_STEP_SUMMARY")  # CI: the Markdown report goes into the job summary
     summary_args = ["--summary", summary] if summary else []
-    session.run("python", "-m", "audits", *args.paths, "--json", str(DIST / "audit-report.json"),
-                "--markdown", str(DIST / "audit-report.md"), *summary_args, *extra)  # fmt: skip
+    with _timed("audit"):
+        session.run("python", "-m", "audits", *args.paths, "--json", str(DIST / "audit-report.json"),
+                    "--markdown", str(DIST / "audit-report.md"), *summary_args, *extra)  # fmt: skip
 
 
 @nox.session(python=PYTHON, tags=["verify"])
@@ -167,10 +183,11 @@ def verify_install(session: nox.Session) -> None:
     p = _parser("verify_install")
     p.add_argument("--profile", action="append", default=[], choices=["sft-cpu", "serve"])
     args = p.parse_args(session.posargs)
-    _install_lock(session, "verify")
     report = str(ROOT / "build" / "verify.json")
     profiles = (f"--profile={x}" for x in args.profile)
-    session.run("python", "-m", "tools.verify_install", "--dist", str(DIST), "--json", report, *profiles)
+    with _timed("verify_install"):
+        _install_lock(session, "verify")
+        session.run("python", "-m", "tools.verify_install", "--dist", str(DIST), "--json", report, *profiles)
 
 
 @nox.session(venv_backend="none", default=False)
@@ -206,6 +223,8 @@ def ci_local(session: nox.Session) -> None:
 @nox.session(venv_backend="none", tags=["release"])
 def release(session: nox.Session) -> None:
     """The whole candidate: build_all, audit, verify_install, then a one-screen summary and report."""
+    TIMINGS.mkdir(parents=True, exist_ok=True)
+    (TIMINGS / ".release-start").write_text(f"{time.time()}\n")  # release_report prints this run's stages
     for name in ("build_all", "audit", "verify_install"):
         session.notify(name)
     session.notify("release_report")

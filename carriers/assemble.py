@@ -15,6 +15,8 @@ from typing import Any
 
 from packaging.utils import parse_wheel_filename
 
+from tools import progress
+
 from . import consistency, inputs, payload, transform, wheelio
 from .errors import ConsistencyError, InputError
 from .model import CarrierSet
@@ -77,9 +79,8 @@ def build_set(cs: CarrierSet, kernel: Path | Sequence[Path], out: Path, *, lock:
         assert pol is not None  # only hooked in when the set has a payload
         archived.update(payload.take_archived(members, pol.payload.include, pol.payload.min_bytes))
 
-    for c in cs.carriers:
-        if only is not None and c.name not in only:
-            continue
+    todo = [c for c in cs.carriers if only is None or c.name in only]
+    for c in progress.each(todo, "assemble", describe=lambda c: f"{c.name} ({c.kind})"):
         if c.kind == "native":
             for k in kernels:
                 dest = out / k.name

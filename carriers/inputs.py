@@ -15,6 +15,9 @@ from pathlib import Path
 from packaging.utils import canonicalize_name, parse_wheel_filename
 from packaging.version import Version
 
+from tools import progress
+from tools.lock import parse_lock
+
 from .errors import InputError
 from .model import ROOT, Source
 
@@ -46,11 +49,6 @@ def default_cache() -> Path:
 
 def locked_pins(lock: Path = LOCK) -> dict[str, tuple[str, tuple[str, ...]]]:
     """name -> (version, allowed sha256s) from the hash-locked inputs."""
-    sys.path.insert(0, str(ROOT))
-    try:
-        from tools.lock import parse_lock
-    finally:
-        sys.path.pop(0)
     return {n: (str(p.version), p.hashes) for n, p in parse_lock(lock).items()}
 
 
@@ -73,7 +71,8 @@ def fetch(name: str, lock: Path = LOCK, cache: Path | None = None) -> Input:
                "--index-url", os.environ.get("KT_INPUT_INDEX_URL", "https://pypi.org/simple"),
                "--python-version", "3.11", "--implementation", "cp", "--abi", "cp311",
                *(f"--platform={p}" for p in PLATFORMS), "-d", tmp, f"{name}=={version}"]  # fmt: skip
-        proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+        progress.say("inputs", f"downloading {name}=={version} (locked by hash) ...")
+        proc = progress.run_quiet(cmd, f"inputs: {name}")
         wheels = sorted(Path(tmp).glob("*.whl"))
         if proc.returncode != 0 or len(wheels) != 1:
             raise InputError(f"downloading {name}=={version} failed:\n{proc.stderr.strip()[-2000:]}")

@@ -19,6 +19,8 @@ import zipfile
 from pathlib import Path
 from typing import Any
 
+from tools import progress
+
 ROOT = Path(__file__).resolve().parent.parent
 VERSION_FILE = ROOT / "kernel" / "python" / "kt_kernel" / "_version.py"
 
@@ -226,11 +228,26 @@ def _cuda_matrix(audit: dict[str, Any]) -> str:
     return "".join(out) + "</table>"
 
 
+def release_timings(directory: Path) -> list[tuple[str, float]]:
+    """The stages `nox -s release` ran this time (started after its .release-start stamp)."""
+    start_file = directory / ".release-start"
+    if not start_file.is_file():
+        return []
+    start = float(start_file.read_text())
+    rows = []
+    for name in ("build_all", "audit", "verify_install"):
+        data = _load(directory / f"{name}.json")
+        if data and data["start"] >= start:
+            rows.append((name, float(data["seconds"])))
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="nox -s release_report --")
     p.add_argument("--dist", type=Path, default=ROOT / "dist")
     p.add_argument("--verify", type=Path, default=ROOT / "build" / "verify.json")
     p.add_argument("--baseline", type=Path, help="a previous release's manifest.json, for the size change per wheel")
+    p.add_argument("--timings", type=Path, default=ROOT / "build" / "timings", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     manifest = _load(args.dist / "manifest.json")
     if manifest is None:
@@ -291,6 +308,9 @@ def main(argv: list[str] | None = None) -> int:
     (args.dist / "release-report.md").write_text("\n".join(md) + "\n\n" + chart + "\n")
     (args.dist / "release-report.html").write_text(render_html(manifest, audit, verify, baseline, args.dist))
     print("\n".join(lines))
+    timings = release_timings(args.timings)
+    if timings:
+        print("\n" + progress.table(timings, "this release's stages"))
     print(f"\nreport: {args.dist / 'release-report.html'}")
     return 0 if audit.get("passed") else 1
 

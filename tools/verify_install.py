@@ -31,7 +31,7 @@ sys.path.insert(0, str(ROOT))
 from packaging.tags import sys_tags  # noqa: E402
 from packaging.utils import parse_wheel_filename  # noqa: E402
 
-from tools import indexes  # noqa: E402
+from tools import indexes, progress  # noqa: E402
 from tools.profiles import carrier_metadata, closure  # noqa: E402
 
 UPSTREAM = ("transformers", "accelerate", "peft", "trl", "sglang", "compressed-tensors", "xgrammar")
@@ -79,7 +79,7 @@ def pip(venv: Path, *args: str) -> subprocess.CompletedProcess[str]:
     base = [str(venv / "bin" / "python"), "-m", "pip", "--disable-pip-version-check"]
     if os.environ.get("PIP_CERT"):
         base += ["--cert", os.environ["PIP_CERT"]]
-    return subprocess.run([*base, *args], capture_output=True, text=True, check=False, env=env)
+    return progress.run_quiet([*base, *args], f"verify {venv.name}: pip {args[0]}", env=env)
 
 
 def install(venv: Path, req: Path) -> None:
@@ -325,9 +325,9 @@ def verify_serve(dist: Path, work: Path) -> dict[str, Any]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PIP_", "UV_"))}
     t0 = time.perf_counter()
     print(f"serve: installing {len(reached)} carriers and the locked closure into {venv} (several GB) ...", flush=True)
-    proc = subprocess.run([uv, "pip", "install", "--python", str(venv / "bin" / "python"),
-                           "--require-hashes", "--only-binary", ":all:", "--index-url", "https://pypi.org/simple",
-                           "-r", str(req)], capture_output=True, text=True, check=False, env=env)  # fmt: skip
+    proc = progress.run_quiet([uv, "pip", "install", "--python", str(venv / "bin" / "python"),
+                               "--require-hashes", "--only-binary", ":all:", "--index-url", "https://pypi.org/simple",
+                               "-r", str(req)], "verify serve: uv pip install", env=env)  # fmt: skip
     if proc.returncode != 0:
         raise VerifyError(f"installing the serve closure failed:\n{proc.stderr[-3000:]}")
     install_s = time.perf_counter() - t0

@@ -101,7 +101,8 @@ def build(dist: Path, work: Path, variants: list[str], cuda_archs: list[str] | N
         d.mkdir(parents=True)
     t0 = time.perf_counter()
     run(
-        [sys.executable, "-m", "pip", "wheel", "--no-build-isolation", "--no-deps", "--no-index",
+        # -v: CMake's and ninja's own progress ([12/40] Building CXX ...) reaches the log
+        [sys.executable, "-m", "pip", "wheel", "-v", "--no-build-isolation", "--no-deps", "--no-index",
          "-w", str(raw), f"--config-settings=build-dir=build/{{wheel_tag}}-{tag}", str(KERNEL)],
         "scikit-build-core wheel build", env,
     )  # fmt: skip

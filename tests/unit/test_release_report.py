@@ -90,3 +90,18 @@ def test_a_failed_or_missing_audit_exits_1(tmp_path: Path, capsys: pytest.Captur
 def test_no_manifest_is_an_error_naming_the_session(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert release_report.main(["--dist", str(tmp_path)]) == 1
     assert "manifest.json is missing; run nox -s build_all" in capsys.readouterr().err
+
+
+def test_the_stage_timing_table_of_this_release_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    dist = _candidate(tmp_path, audit_passed=True)
+    timings = tmp_path / "timings"
+    timings.mkdir()
+    (timings / ".release-start").write_text("1000.0\n")
+    (timings / "build_all.json").write_text(json.dumps({"start": 1001.0, "seconds": 70.5}))
+    (timings / "audit.json").write_text(json.dumps({"start": 900.0, "seconds": 17.0}))  # an earlier run: left out
+    assert release_report.main(["--dist", str(dist), "--timings", str(timings)]) == 0
+    out = capsys.readouterr().out
+    assert "this release's stages:" in out
+    assert "build_all" in out
+    assert "70.5 s" in out
+    assert "audit  " not in out.split("this release's stages:")[1]
