@@ -322,10 +322,12 @@ def verify_serve(dist: Path, work: Path) -> dict[str, Any]:
     uv = shutil.which("uv")
     if uv is None:
         raise VerifyError("uv is not on PATH; install lockfiles/verify.txt (nox -s verify_install does)")
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PIP_", "UV_"))}
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PIP_", "UV_", "FORCE_COLOR", "CLICOLOR"))}
     t0 = time.perf_counter()
     print(f"serve: installing {len(reached)} carriers and the locked closure into {venv} (several GB) ...", flush=True)
-    proc = progress.run_quiet([uv, "pip", "install", "--python", str(venv / "bin" / "python"),
+    # --color never: the resolved names are read from uv's output, and CI sets FORCE_COLOR (release.yml env),
+    # which colours every line (a local run of the workflow found the verify job failing on that)
+    proc = progress.run_quiet([uv, "pip", "install", "--color", "never", "--python", str(venv / "bin" / "python"),
                                "--require-hashes", "--only-binary", ":all:", "--index-url", "https://pypi.org/simple",
                                "-r", str(req)], "verify serve: uv pip install", env=env)  # fmt: skip
     if proc.returncode != 0:
