@@ -5,20 +5,22 @@ from __future__ import annotations
 import fnmatch
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from packaging.utils import InvalidWheelFilename, parse_wheel_filename
 
-from .analyzers import cuda_rules, elf_rules, isa_rules, payload_rules, size_manifest, wheel_rules
+from . import manylinux
+from .analyzers import cuda_rules, elf_rules, isa_rules, manifest_rules, payload_rules, size_rules, wheel_rules
 from .analyzers._common import finding
-from .analyzers.size_manifest import MANIFEST
+from .analyzers.manifest_rules import MANIFEST
 from .errors import AuditError
 from .model import Finding
-from .policy import Policy
-from .readers import ElfFacts, read_wheel
-from .readers._cuda import find_cuobjdump
+from .policy import ExternalProvider, Policy
+from .readers import ElfFacts, FeatureUse, WheelFacts, read_wheel
+from .readers._cuda import KernelPayload, find_cuobjdump, read_kernel_payload
 from .readers._payload import ArchiveFacts, WheelSummary, read_archive, summarize
 from .readers._wheel import ReadOptions, file_digest
 
@@ -54,54 +56,94 @@ def read_options(policy: Policy, dist_name: str = "") -> ReadOptions:
                        exports=dist_name in policy.exports_applies_to, cuobjdump=find_cuobjdump())  # fmt: skip
 
 
-def audit_wheel(path: Path, policy: Policy, baseline: dict[str, Any] | None = None) -> WheelResult:
+@dataclass(frozen=True)
+class WheelContext:
+    """Every fact the wheel analyzers read, collected (all I/O, disassembly and cuobjdump) before
+    any analyzer runs; the analyzers are pure functions of it and the policy."""
+
+    w: WheelFacts
+    elfs: tuple[ElfFacts, ...]
+    tree: tuple[str, ...]  # member paths: where the ELF files live
+    system: frozenset[str]  # the claimed tag's system libraries
+    external: tuple[ExternalProvider, ...]  # providers the wheel requires whose libraries live outside it
+    chains: dict[tuple[str, str], str | None]  # elf_rules.load_chains
+    uses: dict[str, dict[str, FeatureUse]]  # feature use of the CPU variants and loaders
+    kernel_payload: KernelPayload | None  # kt-kernel's own CUDA archive
+    baseline: dict[str, Any] | None
+    arch: str  # the architecture the verdict is computed for
+
+
+def read_context(path: Path, policy: Policy, baseline: dict[str, Any] | None) -> WheelContext:
+    """Read one wheel for the analyzers (raises AuditError if it is not a readable wheel)."""
     try:
         dist_name = str(parse_wheel_filename(path.name)[0])
     except InvalidWheelFilename:
         dist_name = ""
+    w = read_wheel(path, read_options(policy, dist_name))
+    elfs = tuple(w.elfs.values())
+    tree = tuple(m.name for m in w.members)
+    required = wheel_rules.required_names(w)
+    payload_member = w.member(policy.cuda_payload_member) if policy.cuda_payload_member else None
+    kp = None
+    if payload_member is not None:
+        kp = read_kernel_payload(payload_member.name, payload_member.data or b"", payload_member.sha256,
+                                 find_cuobjdump(), [lib.member for lib in policy.cuda_libraries])  # fmt: skip
+    arch = next(iter(sorted(manylinux.tag_architectures(w))), None) or _arch_of(list(elfs))
+    return WheelContext(
+        w=w, elfs=elfs, tree=tree, system=manylinux.system_libraries(w),
+        external=tuple(p for p in policy.external if p.provider in required),
+        chains=elf_rules.load_chains(list(elfs), tree), uses=isa_rules.disassembled_members(w.elfs, policy),
+        kernel_payload=kp, baseline=baseline, arch=arch,
+    )  # fmt: skip
+
+
+Analyzer = Callable[[WheelContext, Policy], list[Finding]]
+
+# Every per-wheel rule, in report order: pure functions of the facts and the policy.
+ANALYZERS: tuple[tuple[str, Analyzer], ...] = (
+    ("limits", lambda c, p: wheel_rules.limits(c.w)),
+    ("safety", lambda c, p: wheel_rules.safety(c.w)),
+    ("layout", lambda c, p: wheel_rules.layout(c.w, {n: m.sha256 for m in c.w.members if (n := m.name) in c.w.elfs},
+                                               p.top_level_forbidden)),
+    ("architecture", lambda c, p: wheel_rules.architecture(c.w, list(c.elfs), list(c.w.non_elf))),
+    ("integrity", lambda c, p: wheel_rules.integrity(c.w)),
+    ("wheel-file", lambda c, p: wheel_rules.wheel_file(c.w, list(c.elfs))),
+    ("metadata", lambda c, p: wheel_rules.metadata(c.w)),
+    ("tags", lambda c, p: wheel_rules.tags(c.w, list(c.elfs))),
+    ("elf-abi", lambda c, p: elf_rules.elf_abi(c.w.filename, str(c.w.name), list(c.elfs), p)),
+    ("rpath", lambda c, p: elf_rules.rpath(c.w.filename, list(c.elfs), c.tree, c.system, c.external,
+                                           p.always_external)),
+    ("isa", lambda c, p: isa_rules.isa(c.w.filename, c.uses, p)[0]),
+    ("build-manifest", lambda c, p: manifest_rules.manifest(c.w, c.w.elfs, p, c.uses)),
+    ("cuda", lambda c, p: cuda_rules.cuda(c.w, c.kernel_payload, p, c.system)[0]),
+    ("cuda-listing", lambda c, p: cuda_rules.listing(c.w)[0]),
+    ("size", lambda c, p: size_rules.size(c.w, p, c.baseline)[0]),
+)  # fmt: skip
+
+
+def audit_wheel(path: Path, policy: Policy, baseline: dict[str, Any] | None = None) -> WheelResult:
     try:
-        w = read_wheel(path, read_options(policy, dist_name))
+        ctx = read_context(path, policy, baseline)
     except AuditError as exc:
         size, digest = file_digest(path)
         res = WheelResult(path.name, digest, size)
         res.findings.append(finding("wheel.unreadable", path.name, "", str(exc), "rebuild the wheel"))
         return res
+    w = ctx.w
     res = WheelResult(path.name, w.sha256, w.size)
     if policy.payload is not None:
         res.summary = summarize(w, policy.payload.manifest_member)
-    elfs = w.elfs
-    elf_list = list(elfs.values())
-    res.findings += wheel_rules.limits(w)
-    res.findings += wheel_rules.safety(w)
-    res.installed = tuple(m.name for m in w.members)
-    res.findings += wheel_rules.layout(w, {n: m.sha256 for m in w.members if (n := m.name) in elfs},
-                                       policy.top_level_forbidden)  # fmt: skip
-    res.findings += wheel_rules.architecture(w, elf_list, list(w.non_elf))
-    res.findings += wheel_rules.integrity(w)
-    res.findings += wheel_rules.wheel_file(w, elf_list)
-    res.findings += wheel_rules.metadata(w)
-    res.findings += wheel_rules.tags(w, elf_list)
-    res.findings += elf_rules.elf_abi(w.filename, str(w.name), elf_list, policy)
-    system = wheel_rules.system_libraries(w)
-    required = wheel_rules.required_names(w)
-    external = [p for p in policy.external if p.provider in required]
-    tree = [m.name for m in w.members]
-    res.findings += elf_rules.rpath(w.filename, elf_list, tree, system, external, policy.always_external)
-    uses = isa_rules.disassembled_members(elfs, policy)
-    isa_findings, res.cpu = isa_rules.isa(w.filename, uses, policy)
-    res.findings += isa_findings
-    res.findings += size_manifest.manifest(w, elfs, policy, uses)
-    cuda_findings, res.cuda = cuda_rules.cuda(w, policy, system)
-    res.findings += cuda_findings
-    listing_findings, listing = cuda_rules.listing(w)
-    res.findings += listing_findings
+    res.installed = ctx.tree
+    for _name, analyze in ANALYZERS:
+        res.findings += analyze(ctx, policy)
+    # the report's sections: the same pure functions' descriptive half
+    res.cpu = isa_rules.isa(w.filename, ctx.uses, policy)[1]
+    res.cuda = cuda_rules.cuda(w, ctx.kernel_payload, policy, ctx.system)[1]
+    listing = cuda_rules.listing(w)[1]
     if listing:
         res.cuda = {**res.cuda, "embedded": listing}
-    arch = next(iter(sorted(wheel_rules.tag_architectures(w))), None) or _arch_of(elf_list)
-    res.platform, res.platform_reason = wheel_rules.honest_platform(elf_list, elf_rules.load_chains(elf_list, tree),
-                                                                    arch)  # fmt: skip
-    size_findings, res.sizes = size_manifest.size(w, policy, baseline)
-    res.findings += size_findings
+    res.sizes = size_rules.size(w, policy, baseline)[1]
+    res.platform, res.platform_reason = manylinux.honest_platform(list(ctx.elfs), ctx.chains, ctx.arch)
     res.findings = [_waive(f, str(w.name), policy) for f in res.findings]
     return res
 
@@ -109,7 +151,7 @@ def audit_wheel(path: Path, policy: Policy, baseline: dict[str, Any] | None = No
 def _arch_of(elfs: list[ElfFacts]) -> str:
     """The platform-tag architecture of the first host ELF (a wheel tagged `any` or unknown)."""
     for e in elfs:
-        for arch, (machine, cls, little) in wheel_rules.ARCH.items():
+        for arch, (machine, cls, little) in manylinux.ARCH.items():
             if (e.machine, e.elfclass, e.little_endian) == (machine, cls, little):
                 return arch
     return "x86_64"
@@ -212,7 +254,7 @@ def _release_payload(results: list[WheelResult], policy: Policy) -> dict[str, An
     if policy.payload is None or not any(s.parts or s.manifest or s.manifest_error for s in summaries):
         return {}
     provider = next((s for s in summaries if s.manifest is not None), summaries[0])
-    system = wheel_rules.system_libraries_for([t.rsplit("-", 1)[-1] for t in provider.tags])
+    system = manylinux.system_libraries_for([t.rsplit("-", 1)[-1] for t in provider.tags])
     findings, section = payload_rules.analyze(summaries, _stream_archive(summaries, policy), policy, system)
     by_file = {r.wheel: r for r in results}
     for f in findings:

@@ -26,7 +26,7 @@ from typing import Any
 
 from packaging.utils import parse_wheel_filename
 
-from audits.analyzers.wheel_rules import glibc_of
+from audits.manylinux import glibc_of
 from audits.readers._cuda import find_cuobjdump, list_archs
 
 from . import wheelio

@@ -22,7 +22,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 ENV = "KT_AUDIT_MUTANT"
-ANALYZERS = ("cuda_rules", "elf_rules", "isa_rules", "payload_rules", "size_manifest", "wheel_rules")
+ANALYZERS = ("cuda_rules", "elf_rules", "isa_rules", "manifest_rules", "payload_rules", "size_rules", "wheel_rules")
 
 
 def pytest_configure(config: Any) -> None:

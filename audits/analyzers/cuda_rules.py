@@ -10,41 +10,39 @@ from typing import Any
 
 from ..model import Finding
 from ..policy import Policy
-from ..readers import ElfFacts, WheelFacts, read_elf
-from ..readers._cuda import CudaFacts, find_cuobjdump, read_cuda, read_payload
+from ..readers import WheelFacts
+from ..readers._cuda import CudaFacts, KernelPayload
 from . import elf_rules, wheel_rules
 from ._common import finding
+from .manifest_rules import MANIFEST
 
 
 def _version_key(v: str) -> tuple[int, ...]:
     return tuple(int(x) for x in v.split("."))
 
 
-def cuda(w: WheelFacts, policy: Policy, system: frozenset[str]) -> tuple[list[Finding], dict[str, Any]]:
+def cuda(w: WheelFacts, kp: KernelPayload | None, policy: Policy,
+         system: frozenset[str]) -> tuple[list[Finding], dict[str, Any]]:  # fmt: skip
+    """The rules over kt-kernel's own CUDA archive, from facts its reader collected."""
     fn = w.filename
-    member = w.member(policy.cuda_payload_member) if policy.cuda_payload_member else None
-    if member is None:
+    if kp is None:
         return [], {}
+    if kp.error:
+        return [finding("cuda.payload", fn, kp.member, f"unreadable payload: {kp.error}", "rebuild the wheel")], {}
     out: list[Finding] = []
-    try:
-        entries = read_payload(member.data or b"")
-    except ValueError as exc:
-        return [finding("cuda.payload", fn, member.name, f"unreadable payload: {exc}", "rebuild the wheel")], {}
-    files: dict[str, bytes] = {}
-    for e in entries:
-        norm = posixpath.normpath(e.name)
-        if e.name.startswith("/") or norm == ".." or norm.startswith("../"):
-            out.append(finding("cuda.payload", fn, member.name, f"member {e.name!r} escapes the archive root",
+    for name, kind, linkname in kp.entries:
+        norm = posixpath.normpath(name)
+        if name.startswith("/") or norm == ".." or norm.startswith("../"):
+            out.append(finding("cuda.payload", fn, kp.member, f"member {name!r} escapes the archive root",
                                "pack the payload with kernel/cmake/pack_cuda_payload.py only"))  # fmt: skip
-        elif e.kind == "special":
-            out.append(finding("cuda.payload", fn, member.name, f"member {e.name!r} is a special file",
+        elif kind == "special":
+            out.append(finding("cuda.payload", fn, kp.member, f"member {name!r} is a special file",
                                "the payload holds regular files only"))  # fmt: skip
-        elif e.kind == "link":
-            out.append(finding("cuda.payload", fn, member.name, f"member {e.name!r} is a link to {e.linkname!r}",
+        elif kind == "link":
+            out.append(finding("cuda.payload", fn, kp.member, f"member {name!r} is a link to {linkname!r}",
                                "the payload holds regular files only; the loader refuses links"))  # fmt: skip
-        elif e.kind == "file":
-            files[norm] = e.data
-    manifest = w.member("kt_kernel/_build.json")
+    files = set(kp.files)
+    manifest = w.member(MANIFEST)
     claimed: dict[str, Any] = {}
     if manifest is not None:
         try:
@@ -52,38 +50,24 @@ def cuda(w: WheelFacts, policy: Policy, system: frozenset[str]) -> tuple[list[Fi
         except ValueError:
             claimed = {}
     if claimed:
-        actual = member.sha256
-        if claimed.get("sha256") != actual:
-            out.append(finding("manifest.claim", fn, member.name, f"payload sha256 {actual} differs from the "
+        if claimed.get("sha256") != kp.sha256:
+            out.append(finding("manifest.claim", fn, kp.member, f"payload sha256 {kp.sha256} differs from the "
                                f"claimed {claimed.get('sha256')}", "rebuild the wheel"))  # fmt: skip
-        for name in sorted(set(claimed.get("files", {})) ^ set(files)):
+        for name in sorted(set(claimed.get("files", {})) ^ files):
             where = "listed in _build.json but not in the payload" if name not in files else "not in _build.json"
-            out.append(finding("manifest.claim", fn, f"{member.name}!{name}", f"{name} is {where}",
+            out.append(finding("manifest.claim", fn, f"{kp.member}!{name}", f"{name} is {where}",
                                "rebuild the wheel"))  # fmt: skip
-    elfs: list[ElfFacts] = []
-    for name, blob in sorted(files.items()):
-        facts = read_elf(f"{member.name}!{name}", blob)
-        if facts is not None:
-            elfs.append(facts)
+    elfs = list(kp.elfs)
     out += elf_rules.elf_abi(fn, str(w.name), elfs, policy)
     # The payload's libraries load on the user's system too: the platform tag must cover them.
     out += wheel_rules.platform_overclaims(w, elfs)
-    out += elf_rules.rpath(fn, elfs, list(files), system, (), policy.always_external)
-    tool = find_cuobjdump()
-    section: dict[str, Any] = {"payload": member.name, "payload_bytes": member.size, "libraries": {}}
-    if tool is None:
-        out.append(finding("cuda.tool-missing", fn, member.name, "cuobjdump not found: SASS/PTX were not checked",
+    out += elf_rules.rpath(fn, elfs, sorted(files), system, (), policy.always_external)
+    section: dict[str, Any] = {"payload": kp.member, "payload_bytes": kp.size, "libraries": {}}
+    if not kp.cuda_inspected:
+        out.append(finding("cuda.tool-missing", fn, kp.member, "cuobjdump not found: SASS/PTX were not checked",
                            "install nvidia-cuda-cuobjdump (lockfiles/audit.txt) or set KT_CUOBJDUMP"))  # fmt: skip
         return out, section
-    lib_facts: dict[str, tuple[int, CudaFacts | str]] = {}
-    for lib in policy.cuda_libraries:
-        lib_data = files.get(lib.member)
-        if lib_data is not None:
-            try:
-                lib_facts[lib.member] = (len(lib_data), read_cuda(tool, lib_data))
-            except ValueError as exc:
-                lib_facts[lib.member] = (len(lib_data), str(exc))
-    lib_findings, section["libraries"] = check_libraries(fn, f"{member.name}!", lib_facts, policy)
+    lib_findings, section["libraries"] = check_libraries(fn, f"{kp.member}!", kp.cuda, policy)
     out += lib_findings
     return out, section
 

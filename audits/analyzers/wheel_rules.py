@@ -3,26 +3,21 @@
 from __future__ import annotations
 
 import csv
-import importlib.resources
 import io
-import json
 import re
 from email.message import Message
 from email.parser import HeaderParser
-from functools import cache
-from typing import Any
 
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
+from ..manylinux import ARCH, admits, glibc_of, most_portable_first, policy_for, tag_architectures, version_key
 from ..model import Finding
 from ..readers import ElfFacts, WheelFacts
-from ..readers._elf import is_loader
 from ._common import finding
 
 _STRAY = re.compile(r"(^|/)(__pycache__/|CMakeFiles/|\.git/)|\.(pyc|pyo|o|obj)$|(^|/)build/(temp|lib)\.")
-_LEGACY = {"manylinux1": (2, 5), "manylinux2010": (2, 12), "manylinux2014": (2, 17)}
 
 
 def integrity(w: WheelFacts) -> list[Finding]:
@@ -161,93 +156,6 @@ def required_names(w: WheelFacts) -> frozenset[str]:
     return frozenset(names)
 
 
-@cache
-def _manylinux_policies() -> list[dict[str, Any]]:
-    """auditwheel's manylinux policy data (symbol versions, library whitelist)."""
-    path = importlib.resources.files("auditwheel.policy") / "manylinux-policy.json"
-    data: list[dict[str, Any]] = json.loads(path.read_text())
-    return data
-
-
-def glibc_of(platform: str) -> tuple[int, int] | None:
-    for legacy, ver in _LEGACY.items():
-        if platform.startswith(legacy + "_"):
-            return ver
-    m = re.match(r"manylinux_(\d+)_(\d+)_", platform)
-    return (int(m.group(1)), int(m.group(2))) if m else None
-
-
-def policy_for(glibc: tuple[int, int]) -> dict[str, Any] | None:
-    """The auditwheel policy for the newest manylinux_X_Y not above `glibc`."""
-    best = None
-    for p in _manylinux_policies():
-        ver = glibc_of(p["name"] + "_")
-        if ver and ver <= glibc and (best is None or ver > glibc_of(best["name"] + "_")):  # type: ignore[operator]
-            best = p
-    return best
-
-
-def system_libraries(w: WheelFacts) -> frozenset[str]:
-    return system_libraries_for([t.platform for t in w.tags])
-
-
-def system_libraries_for(platforms: list[str]) -> frozenset[str]:
-    """The manylinux policy's system libraries for the most portable of `platforms`."""
-    claimed = [g for p in platforms if (g := glibc_of(p))]
-    pol = policy_for(min(claimed)) if claimed else None
-    libs = set(pol["lib_whitelist"]) if pol else set(_manylinux_policies()[-1]["lib_whitelist"])
-    return frozenset(libs | {"ld-linux-x86-64.so.2"})
-
-
-def _admits(pol: dict[str, Any], version: str, arch: str = "x86_64") -> bool:
-    """Whether manylinux policy `pol` allows the symbol version, e.g. "GLIBC_2.34", on `arch`."""
-    prefix, _, num = version.partition("_")
-    allowed = pol["symbol_versions"].get(arch, {})
-    return prefix not in allowed or num in allowed[prefix]
-
-
-@cache
-def _most_portable_first() -> tuple[dict[str, Any], ...]:
-    return tuple(sorted(_manylinux_policies(), key=lambda p: p["priority"], reverse=True))
-
-
-def honest_platform(
-    elfs: list[ElfFacts], where: dict[tuple[str, str], str | None] | None = None, arch: str = "x86_64"
-) -> tuple[str | None, str]:
-    """(the most portable manylinux tag for `arch` the ELF files allow, what keeps a more portable
-    one out), by auditwheel's policy data and rules: every symbol version needed from a library
-    outside the wheel is allowed, and every library outside the wheel is a system library of that
-    tag (one that resolves nowhere, or only elsewhere on this machine, makes it linux_<arch>).
-    `where`: elf_rules.load_chains (None: every DT_NEEDED counts as outside). No ELF: (None, "")."""
-    if not elfs:
-        return None, ""
-    where = where or {}
-    outside = [(e.member, lib) for e in elfs for lib in e.needed
-               if where.get((e.member, lib)) is None and not is_loader(lib)]  # fmt: skip
-    inside_names = {(e.member, lib) for e in elfs for lib in e.needed if where.get((e.member, lib)) is not None}
-    versions = [(e.member, lib, v) for e in elfs for lib, vs in e.version_needs if (e.member, lib) not in inside_names
-                for v in vs]  # fmt: skip
-    reason = ""
-    for pol in _most_portable_first():
-        if pol["name"] == "linux" or arch not in pol["symbol_versions"]:
-            continue
-        bad_lib = next(((m, lib) for m, lib in outside if lib not in pol["lib_whitelist"]), None)
-        bad_sym = next(((m, lib, v) for m, lib, v in versions if not _admits(pol, v, arch)), None)
-        if bad_lib is None and bad_sym is None:
-            return f"{pol['name']}_{arch}", reason
-        # Kept from the last failure before the verdict: what the next more portable tag lacks.
-        if bad_lib is not None:
-            reason = (f"{bad_lib[1]} (needed by {bad_lib[0]}) is neither in the wheel nor a system library "
-                      f"of {pol['name']}")  # fmt: skip
-        elif bad_sym is not None:
-            reason = f"{bad_sym[2]} from {bad_sym[1]} (needed by {bad_sym[0]}) is newer than {pol['name']} allows"
-    return f"linux_{arch}", reason
-
-
-def _version_key(v: str) -> tuple[int, ...]:
-    return tuple(int(x) for x in re.findall(r"\d+", v))
-
-
 def tags(w: WheelFacts, elfs: list[ElfFacts]) -> list[Finding]:
     out: list[Finding] = []
     fn = w.filename
@@ -290,15 +198,15 @@ def platform_overclaims(w: WheelFacts, elfs: list[ElfFacts]) -> list[Finding]:
     for e in elfs:
         for lib, versions in e.version_needs:
             for v in versions:
-                if _admits(pol, v, arch):
+                if admits(pol, v, arch):
                     continue
                 prefix = v.partition("_")[0]
-                need = next((p["name"] for p in _most_portable_first() if arch in p["symbol_versions"]
-                             and _admits(p, v, arch)), "none known to auditwheel")  # fmt: skip
+                need = next((p["name"] for p in most_portable_first() if arch in p["symbol_versions"]
+                             and admits(p, v, arch)), "none known to auditwheel")  # fmt: skip
                 out.append(finding(
                     "tag.manylinux-overclaim", w.filename, e.member,
                     f"needs {v} from {lib}, which {platform} does not allow (its newest {prefix} is "
-                    f"{max(newest[prefix], key=_version_key)}); the lowest tag allowing it is {need}",
+                    f"{max(newest[prefix], key=version_key)}); the lowest tag allowing it is {need}",
                     "let `auditwheel repair` choose the tag, or build in an older manylinux image",
                 ))  # fmt: skip
     return out
@@ -346,25 +254,9 @@ def safety(w: WheelFacts) -> list[Finding]:
     return out
 
 
-# platform-tag architecture -> (e_machine, ELF class, little endian)
-ARCH = {
-    "x86_64": ("EM_X86_64", 64, True), "i686": ("EM_386", 32, True), "aarch64": ("EM_AARCH64", 64, True),
-    "ppc64le": ("EM_PPC64", 64, True), "ppc64": ("EM_PPC64", 64, False), "s390x": ("EM_S390", 64, False),
-    "armv7l": ("EM_ARM", 32, True), "riscv64": ("EM_RISCV", 64, True),
-}  # fmt: skip
 _LINUX_ABIS = {"ELFOSABI_SYSV", "ELFOSABI_LINUX"}
 # ELF machines of GPU code (sglang ships AMD gfx950 code objects; cubins are EM_CUDA)
 _DEVICE_CODE = {"EM_AMDGPU", "EM_CUDA"}
-
-
-def tag_architectures(w: WheelFacts) -> set[str]:
-    """The architectures the platform tags name (x86_64, aarch64, ...)."""
-    out = set()
-    for t in w.tags:
-        for arch in ARCH:
-            if t.platform.endswith("_" + arch):
-                out.add(arch)
-    return out
 
 
 def architecture(w: WheelFacts, elfs: list[ElfFacts], non_elf: list[str]) -> list[Finding]:

@@ -10,8 +10,10 @@ import shutil
 import subprocess
 import tarfile
 import tempfile
+from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 CUOBJDUMP_ENV = "KT_CUOBJDUMP"
 
@@ -128,3 +130,48 @@ def read_cuda(tool: str, data: bytes) -> CudaFacts:
     return CudaFacts(
         frozenset(sass), frozenset(ptx), {a: frozenset(k) for a, k in kernels.items()}, frozenset(versions), sizes
     )
+
+
+@dataclass(frozen=True)
+class KernelPayload:
+    """kt-kernel's own CUDA archive (a tar.xz member of its wheel), read once: its entries (file
+    bytes dropped), the ELF facts of its files, and cuobjdump's facts of the libraries asked for."""
+
+    member: str
+    size: int
+    sha256: str
+    error: str  # "" when the archive read to its end
+    entries: tuple[tuple[str, str, str], ...]  # (name, kind, linkname)
+    files: tuple[str, ...]  # normalized paths of the regular files that stay inside the root
+    elfs: tuple[Any, ...]  # ElfFacts of those files, named "<member>!<path>"
+    cuda: dict[str, tuple[int, CudaFacts | str]]  # library path -> (bytes, facts or cuobjdump's error)
+    cuda_inspected: bool
+
+
+def read_kernel_payload(member: str, data: bytes, sha256: str, tool: str | None,
+                        detailed: Collection[str]) -> KernelPayload:  # fmt: skip
+    """Everything the CUDA rules need of the archive, with cuobjdump run here (not in the analyzer)."""
+    import posixpath
+
+    from ._elf import read_elf
+
+    try:
+        entries = read_payload(data)
+    except ValueError as exc:
+        return KernelPayload(member, len(data), sha256, str(exc), (), (), (), {}, tool is not None)
+    files: dict[str, bytes] = {}
+    for e in entries:
+        norm = posixpath.normpath(e.name)
+        if e.kind == "file" and not (e.name.startswith("/") or norm == ".." or norm.startswith("../")):
+            files[norm] = e.data
+    elfs = tuple(f for name, blob in sorted(files.items()) if (f := read_elf(f"{member}!{name}", blob)) is not None)
+    cuda: dict[str, tuple[int, CudaFacts | str]] = {}
+    if tool is not None:
+        for lib in detailed:
+            if lib in files:
+                try:
+                    cuda[lib] = (len(files[lib]), read_cuda(tool, files[lib]))
+                except ValueError as exc:
+                    cuda[lib] = (len(files[lib]), str(exc))
+    return KernelPayload(member, len(data), sha256, "", tuple((e.name, e.kind, e.linkname) for e in entries),
+                         tuple(sorted(files)), elfs, cuda, tool is not None)  # fmt: skip

@@ -13,7 +13,7 @@ import pytest
 from audits import __main__ as cli
 from audits import audit_wheel, load_policy
 from audits.analyzers.elf_rules import load_chains, rpath
-from audits.analyzers.wheel_rules import honest_platform
+from audits.manylinux import honest_platform
 from audits.policy import POLICY_DIR
 from audits.readers._elf import ElfFacts
 from audits.readers._wheel import ReadOptions, read_wheel
@@ -208,3 +208,28 @@ def test_a_policy_that_extends_itself_is_an_error(tmp_path: Path, capsys: pytest
         loop.unlink()
     assert code == 2
     assert "loops back" in capsys.readouterr().err
+
+
+def test_every_analyzer_in_the_table_is_a_pure_function_of_the_facts(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    """Read once, then analyze with the file system and subprocesses switched off: no analyzer
+    does I/O (cuobjdump, disassembly and file reads all happen in the readers)."""
+    import builtins
+    import subprocess
+
+    from audits import core
+
+    members = pure_wheel_members("demo", "1.0")
+    members["demo/libx.a"] = b"!<arch>\n"
+    ctx = core.read_context(write_wheel(tmp_path / "demo-1.0-py3-none-any.whl", members), DEFAULT, None)
+    honest_platform([], None)  # auditwheel's policy data, cached before the switch-off
+
+    def no_io(*_: object, **__: object) -> None:
+        raise AssertionError("an analyzer did I/O")
+
+    monkeypatch.setattr(builtins, "open", no_io)
+    monkeypatch.setattr(subprocess, "run", no_io)
+    monkeypatch.setattr(subprocess, "Popen", no_io)
+    found = [f for _name, analyze in core.ANALYZERS for f in analyze(ctx, DEFAULT)]
+    assert {f.rule for f in found} == {"wheel.static-library"}
+    assert len({name for name, _ in core.ANALYZERS}) == len(core.ANALYZERS) >= 15

@@ -1,4 +1,4 @@
-"""Rules 7-8: size budget and growth; the build manifest's claims."""
+"""Rule 8: every claim of kt_kernel/_build.json against the wheel's binaries."""
 
 from __future__ import annotations
 
@@ -12,40 +12,6 @@ from ..readers import ElfFacts, FeatureUse, WheelFacts
 from ._common import finding
 
 MANIFEST = "kt_kernel/_build.json"
-
-
-def size(w: WheelFacts, policy: Policy, baseline: dict[str, Any] | None) -> tuple[list[Finding], dict[str, Any]]:
-    out: list[Finding] = []
-    total = w.path.stat().st_size
-    members = sorted(((m.name, m.size) for m in w.members), key=lambda x: -x[1])
-    breakdown: dict[str, Any] = {
-        "wheel_bytes": total,
-        "installed_bytes": sum(s for _, s in members),
-        "members": dict(members[:25]),
-    }
-    variants = {v.name: m.size for v in policy.variants if (m := w.member(v.member)) is not None}
-    if variants:
-        breakdown["cpu_variants"] = variants
-    if total > policy.wheel_budget_bytes:
-        top = ", ".join(f"{n} ({s / 2**20:.1f} MiB)" for n, s in members[:3])
-        out.append(finding(
-            "size.wheel-budget", w.filename, "",
-            f"{total / 2**20:.1f} MiB is over the {policy.wheel_budget_bytes / 2**20:.0f} MiB budget; largest: {top}",
-            "shrink the largest members (compress the CUDA payload, drop debug info) or raise the budget "
-            f"in {policy.source.name} with a reason",
-        ))  # fmt: skip
-    if baseline is not None:
-        old = baseline.get(str(w.name))
-        if old:
-            growth = 100.0 * (total - old) / old
-            breakdown["growth_pct"] = growth
-            if growth > policy.growth_threshold_pct:
-                out.append(finding(
-                    "size.growth", w.filename, "",
-                    f"grew {growth:.1f}% ({old} -> {total} bytes), above {policy.growth_threshold_pct}%",
-                    "find the member that grew in the report's size breakdown; update the baseline if intended",
-                ))  # fmt: skip
-    return out, breakdown
 
 
 def manifest(w: WheelFacts, elfs: dict[str, ElfFacts], policy: Policy,
