@@ -210,8 +210,7 @@ def test_a_policy_that_extends_itself_is_an_error(tmp_path: Path, capsys: pytest
     assert "loops back" in capsys.readouterr().err
 
 
-def test_every_analyzer_in_the_table_is_a_pure_function_of_the_facts(tmp_path: Path,
-                                                                     monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+def test_every_analyzer_in_the_table_is_pure(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Read once, then analyze with the file system and subprocesses switched off: no analyzer
     does I/O (cuobjdump, disassembly and file reads all happen in the readers)."""
     import builtins
