@@ -6,7 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from . import assemble, model
+from . import assemble, consistency, model
 from .errors import CarrierError, InputError
 
 
@@ -31,7 +31,10 @@ def main(argv: list[str] | None = None) -> int:
     width = max(len(w["filename"]) for w in manifest["wheels"])
     for w in manifest["wheels"]:
         print(f"{w['filename']:<{width}}  {w['size'] / 2**20:8.2f} MiB  {w['sha256'][:16]}  {w['kind']}")
-    print(f"torch: {manifest['torch']} (e.g. {', '.join(manifest['torch_candidates'])})")
+    print(
+        f"torch: {consistency.torch_summary(manifest['torch'])} (every carrier's requirement; released: "
+        f"{', '.join(manifest['torch_candidates'])})"
+    )
     print(f"assembled {len(manifest['wheels'])} wheels into {args.dist} in {manifest['elapsed_s']:.1f}s")
     return 0
 
@@ -40,7 +43,6 @@ def _check_dist(cs: model.CarrierSet, dist: Path) -> int:
     """The consistency check over the wheels in `dist`, from their own metadata."""
     from packaging.utils import canonicalize_name, parse_wheel_filename
 
-    from . import consistency
     from .assemble import read_metadata
 
     wheels = sorted(dist.glob("*.whl"))
@@ -52,7 +54,7 @@ def _check_dist(cs: model.CarrierSet, dist: Path) -> int:
     report = consistency.check(cs, meta)
     for problem in report.problems:
         print(f"error: {problem}", file=sys.stderr)
-    print(f"{dist}: torch {report.torch}; installs that can import the CUDA payload: "
+    print(f"{dist}: torch {consistency.torch_summary(report.torch)}; installs that can import the CUDA payload: "
           f"{', '.join(report.payload_roots) or 'none'}")  # fmt: skip
     print("every one of them pulls all part carriers" if not report.problems else f"{len(report.problems)} problems")
     return 1 if report.problems else 0

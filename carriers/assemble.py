@@ -8,7 +8,7 @@ import json
 import os
 import shutil
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -19,7 +19,7 @@ from tools import progress
 
 from . import consistency, inputs, payload, transform, wheelio
 from .errors import ConsistencyError, InputError
-from .model import CarrierSet
+from .model import Carrier, CarrierSet
 
 
 @dataclass
@@ -38,6 +38,49 @@ def read_metadata(path: Path) -> tuple[str, list[str]]:
     members = wheelio.read(path)
     text = members[f"{wheelio.dist_info(members)}/METADATA"].decode("utf-8")
     return wheelio.metadata_field(text, "Version")[0], wheelio.metadata_field(text, "Requires-Dist")
+
+
+@dataclass(frozen=True)
+class _Job:
+    """What every carrier builder reads."""
+
+    cs: CarrierSet
+    out: Path
+    versions: Mapping[str, str]
+    sources: Mapping[str, inputs.Input]
+    upstream_of: Mapping[str, str]
+    kernels: Sequence[Path]
+    take: Callable[[dict[str, bytes]], None] | None  # the payload hook, for the carrier that provides it
+
+
+def _native(job: _Job, c: Carrier) -> list[Built]:
+    """kt-kernel: the built wheel(s), one per Python, as they are."""
+    out = []
+    for k in job.kernels:
+        dest = job.out / k.name
+        shutil.copyfile(k, dest)
+        out.append(Built(c.name, job.versions[c.name], c.kind, dest))
+    return out
+
+
+def _umbrella(job: _Job, c: Carrier) -> list[Built]:
+    return [Built(c.name, job.versions[c.name], c.kind, transform.umbrella(c, job.cs, job.versions, job.out))]
+
+
+def _derived(job: _Job, c: Carrier) -> list[Built]:
+    """A fork (patched, renamed) or a repack (renamed requirements only) of its hash-checked input."""
+    src = job.sources[c.name]
+    hook = job.take if c.payload_manifest else None
+    path = transform.derive(c, job.cs, src.path, job.out, job.versions, job.upstream_of, take=hook)
+    return [Built(c.name, job.versions[c.name], c.kind, path,
+                  inputs=[{"name": src.name, "version": src.version, "filename": src.path.name, "sha256": src.sha256}],
+                  patches=[{"file": p.name, "sha256": inputs.sha256(p)} for p in c.patches])]  # fmt: skip
+
+
+# carrier kind -> how it is built (carriers.toml `kind`; the model refuses any other)
+BUILDERS: dict[str, Callable[[_Job, Carrier], list[Built]]] = {
+    "native": _native, "umbrella": _umbrella, "fork": _derived, "repack": _derived,
+}  # fmt: skip
 
 
 def build_set(cs: CarrierSet, kernel: Path | Sequence[Path], out: Path, *, lock: Path = inputs.LOCK,
@@ -79,23 +122,10 @@ def build_set(cs: CarrierSet, kernel: Path | Sequence[Path], out: Path, *, lock:
         assert pol is not None  # only hooked in when the set has a payload
         archived.update(payload.take_archived(members, pol.payload.include, pol.payload.min_bytes))
 
+    job = _Job(cs, out, versions, sources, upstream_of, kernels, take if with_payload else None)
     todo = [c for c in cs.carriers if only is None or c.name in only]
     for c in progress.each(todo, "assemble", describe=lambda c: f"{c.name} ({c.kind})"):
-        if c.kind == "native":
-            for k in kernels:
-                dest = out / k.name
-                shutil.copyfile(k, dest)
-                built.append(Built(c.name, versions[c.name], c.kind, dest))
-        elif c.kind == "umbrella":
-            built.append(Built(c.name, versions[c.name], c.kind, transform.umbrella(c, cs, versions, out)))
-        else:
-            src = sources[c.name]
-            hook = take if with_payload and c.payload_manifest else None
-            path = transform.derive(c, cs, src.path, out, versions, upstream_of, take=hook)
-            built.append(Built(c.name, versions[c.name], c.kind, path,
-                               inputs=[{"name": src.name, "version": src.version, "filename": src.path.name,
-                                        "sha256": src.sha256}],
-                               patches=[{"file": p.name, "sha256": inputs.sha256(p)} for p in c.patches]))  # fmt: skip
+        built += BUILDERS[c.kind](job, c)
     if with_payload:
         provider = cs.payload_provider
         assert provider is not None

@@ -105,3 +105,18 @@ def check(cs: CarrierSet, metadata: Mapping[str, tuple[str, list[str]]]) -> Repo
     closure_problems, roots = payload_closure(cs, {n: r for n, (_, r) in metadata.items()})
     problems += closure_problems
     return Report(tuple(problems), str(combined) or "(unconstrained)", ok, tuple(roots))
+
+
+def torch_summary(spec: str, candidates: list[str] | None = None) -> str:
+    """The torch requirement every carrier allows, simplified: an exact pin that satisfies the
+    whole intersection stands for it ("==2.14.1" rather than "==2.14.1,>=1.10.0,>=2.4,...")."""
+    from packaging.specifiers import InvalidSpecifier, SpecifierSet
+
+    try:
+        specs = SpecifierSet(spec)
+    except InvalidSpecifier:
+        return spec
+    pins = [s.version for s in specs if s.operator == "=="]
+    if len(pins) == 1 and specs.contains(pins[0], prereleases=True):
+        return f"=={pins[0]}"
+    return str(specs) or "any"

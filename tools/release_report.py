@@ -19,6 +19,7 @@ import zipfile
 from pathlib import Path
 from typing import Any
 
+from carriers.consistency import torch_summary
 from tools import progress
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -66,21 +67,6 @@ def svg_bars(items: list[tuple[str, int]], title: str) -> str:
         f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{h}" font-family="sans-serif">'
         f'<text x="0" y="16" font-size="14" font-weight="bold">{html.escape(title)}</text>{"".join(rows)}</svg>'
     )
-
-
-def torch_summary(spec: str, candidates: list[str] | None = None) -> str:
-    """The torch requirement every carrier allows, simplified: an exact pin that satisfies the
-    whole intersection stands for it ("==2.14.1" rather than "==2.14.1,>=1.10.0,>=2.4,...")."""
-    from packaging.specifiers import InvalidSpecifier, SpecifierSet
-
-    try:
-        specs = SpecifierSet(spec)
-    except InvalidSpecifier:
-        return spec
-    pins = [s.version for s in specs if s.operator == "=="]
-    if len(pins) == 1 and specs.contains(pins[0], prereleases=True):
-        return f"=={pins[0]}"
-    return str(specs) or "any"
 
 
 def _git_commit() -> str:

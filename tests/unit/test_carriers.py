@@ -89,3 +89,20 @@ def test_edit_metadata_touches_only_named_lines() -> None:
     assert out == text.replace("Name: peft", "Name: peft-kt", 1).replace(
         "Requires-Dist: transformers", "Requires-Dist: transformers-kt"
     )
+
+
+def test_every_carrier_kind_has_a_builder() -> None:
+    from typing import get_args
+
+    from carriers.assemble import BUILDERS
+    from carriers.model import Kind
+
+    assert set(BUILDERS) == set(get_args(Kind))
+
+
+def test_the_torch_line_is_the_pin_every_carrier_allows() -> None:
+    from carriers.consistency import torch_summary
+
+    assert torch_summary("==2.14.1,>=1.10.0,>=1.13.0,>=2.0.0,>=2.10.0,>=2.4,>=2.5") == "==2.14.1"
+    assert torch_summary(">=2.4,<2.15") == "<2.15,>=2.4"
+    assert torch_summary("==2.3.0,>=2.4") == "==2.3.0,>=2.4"  # a pin outside the rest is not hidden
