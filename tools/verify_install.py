@@ -29,13 +29,30 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from packaging.tags import sys_tags  # noqa: E402
-from packaging.utils import parse_wheel_filename  # noqa: E402
+from packaging.utils import canonicalize_name, parse_wheel_filename  # noqa: E402
 
+from carriers import load as load_carriers  # noqa: E402
 from tools import indexes, progress  # noqa: E402
+from tools.lock import directive  # noqa: E402
 from tools.profiles import carrier_metadata, closure  # noqa: E402
 
-UPSTREAM = ("transformers", "accelerate", "peft", "trl", "sglang", "compressed-tensors", "xgrammar")
-PROFILES = {"sft-cpu": "ktransformers[sft]", "serve": "ktransformers[serve]"}
+
+def _profiles() -> dict[str, str]:
+    """Install profile -> its root requirement: the `#:carriers` line of lockfiles/<profile>.in (the one owner)."""
+    out = {}
+    for name in ("sft-cpu", "serve"):
+        roots = directive(ROOT / "lockfiles" / f"{name}.in", "carriers")
+        if len(roots) != 1:
+            raise RuntimeError(f"lockfiles/{name}.in must name exactly one `#:carriers` root, not {roots}")
+        out[name] = roots[0]
+    return out
+
+
+# The upstream projects the forks and repacks replace: from carriers/carriers.toml.
+UPSTREAM = tuple(sorted(str(canonicalize_name(u)) for u in load_carriers().by_upstream()))
+PROFILES = _profiles()
+# The carriers a plain `ktransformers` install brings (sft-cpu checks that adding the sft extra's
+# peft-kt/trl-kt leaves their files untouched): the umbrella, kt-kernel and the forks it requires.
 CORE = ("kt-kernel", "ktransformers", "transformers-kt", "accelerate-kt")
 
 
