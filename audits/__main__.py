@@ -41,7 +41,7 @@ def _write(path: Path, text: str, what: str) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
-        prog="python -m audits",
+        prog=Path(sys.argv[0]).name if Path(sys.argv[0]).name == "kt-audit" else "python -m audits",
         description="Audit built wheels (any wheel, not only ours).",
         epilog=_rules_epilog(),
         formatter_class=argparse.RawDescriptionHelpFormatter,

@@ -15,6 +15,7 @@ from audits.policy import DEFAULT_POLICY
 from tests.wheelkit import compile_so, pure_wheel_members, read_members, retag, write_wheel
 
 POLICY = load_policy()
+LADDER = DEFAULT_POLICY.parent / "cpu_variants.json"  # a policy copied elsewhere names the ladder absolutely
 TAG = "manylinux_2_34_x86_64"
 AVX2_LOOP = """
 #include <immintrin.h>
@@ -259,7 +260,7 @@ def test_variant_missing(members: dict[str, bytes], out: Path) -> None:
 def test_over_budget(members: dict[str, bytes], out: Path, tmp_path: Path) -> None:
     policy_file = tmp_path / "policy.toml"
     text = DEFAULT_POLICY.read_text().replace("wheel_budget_mib = 100", "wheel_budget_mib = 1")
-    policy_file.write_text(text.replace('ladder = "../../', f'ladder = "{DEFAULT_POLICY.parent.parent.parent}/'))
+    policy_file.write_text(text.replace('ladder = "cpu_variants.json"', f'ladder = "{LADDER}"'))
     m = _with_lib(members, "kt_kernel/blob.bin", os.urandom(2 << 20))
     res = audit_wheel(write_wheel(out, m), load_policy(policy_file))
     over = [f for f in res.findings if f.rule == "size.wheel-budget"]
@@ -410,7 +411,7 @@ def test_cuda_library_missing_an_arch_and_kernels(members: dict[str, bytes], out
 def test_ptx_newer_than_the_driver_floor(kt_wheel: Path, tmp_path: Path) -> None:
     policy_file = tmp_path / "policy.toml"
     text = DEFAULT_POLICY.read_text().replace('min_driver_ptx_isa = "9.5"', 'min_driver_ptx_isa = "8.0"')
-    policy_file.write_text(text.replace('ladder = "../../', f'ladder = "{DEFAULT_POLICY.parent.parent.parent}/'))
+    policy_file.write_text(text.replace('ladder = "cpu_variants.json"', f'ladder = "{LADDER}"'))
     assert rules_of(kt_wheel, load_policy(policy_file)) == {"cuda.ptx-version"}
 
 

@@ -15,7 +15,7 @@ ROOT_LADDER = DEFAULT_POLICY.parent.parent.parent / "kernel/python/kt_kernel/cpu
 
 def _write(tmp_path: Path, text: str, ladder: Path = ROOT_LADDER) -> Path:
     p = tmp_path / "policy.toml"
-    p.write_text(text.replace('ladder = "../../kernel/python/kt_kernel/cpu_variants.json"', f'ladder = "{ladder}"'))
+    p.write_text(text.replace('ladder = "cpu_variants.json"', f'ladder = "{ladder}"'))
     return p
 
 
