@@ -298,8 +298,9 @@ def replace_run(script: str, env: Mapping[str, str], local: Local) -> tuple[str,
             raise RuntimeError("a publish job runs, but no local index was started")
         notes.append(f"publishing to the local index {local.index_url} instead of {m.group(0).split()[5]}; "
                      "attestations off (they need the CI's OIDC identity)")  # fmt: skip
+        # tools.publish gives a 127.0.0.1 index throwaway credentials itself
         script = script.replace(m.group(0), f"nox -s publish -- --repository-url {local.index_url} "
-                                             f"--index-url {local.index_url}simple/ -- -u kt -p kt")  # fmt: skip
+                                             f"--index-url {local.index_url}simple/")  # fmt: skip
     return script, notes
 
 
@@ -410,7 +411,9 @@ def local_index(work: Path) -> Iterator[str]:
 
 
 def execute(workflow: Mapping[str, Any], context: Mapping[str, Any], work: Path, repo: Path = ROOT,
-            *, plan_only: bool = False) -> list[JobRun]:  # fmt: skip
+            *, plan_only: bool = False, only: frozenset[str] = frozenset()) -> list[JobRun]:  # fmt: skip
+    """Run (or with plan_only, plan) the workflow. `only`: re-run just these jobs, taking the others'
+    artifacts from the previous run in `work` (GitHub's "re-run failed jobs")."""
     runs = order(expand(workflow))
     by_job: dict[str, list[JobRun]] = {}
     for r in runs:
@@ -420,12 +423,19 @@ def execute(workflow: Mapping[str, Any], context: Mapping[str, Any], work: Path,
             go, why = decide(r, by_job, context)
             r.status, r.reason = ("success", "planned") if go else ("skipped", why)
         return runs
+    unknown = sorted(only - {r.job_id for r in runs})
+    if unknown:
+        raise WorkflowError(f"--only names jobs the workflow lacks: {unknown}")
     work.mkdir(parents=True, exist_ok=True)
-    shutil.rmtree(work / "artifacts", ignore_errors=True)
+    if not only:
+        shutil.rmtree(work / "artifacts", ignore_errors=True)
     commit = _head(repo)  # every job checks out this commit, whatever lands meanwhile
     with local_index(work) as url:
         local = Local(index_url=url)
         for r in runs:
+            if only and r.job_id not in only:
+                r.status, r.reason = "success", "not re-run (--only): its artifacts are the previous run's"
+                continue
             go, why = decide(r, by_job, context)
             if not go:
                 r.status, r.reason = "skipped", why
@@ -453,6 +463,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--input", action="append", default=[], metavar="KEY=VALUE", help="workflow_dispatch input")
     p.add_argument("--work", type=Path, default=ROOT / "build" / "ci-local")
     p.add_argument("--plan", action="store_true", help="print which jobs would run, run nothing")
+    p.add_argument(
+        "--only",
+        action="append",
+        default=[],
+        metavar="JOB",
+        help="re-run only this job (repeatable), with the other jobs' artifacts from the last run",
+    )
     p.add_argument("--relabel", nargs=3, metavar=("SRC_DIR", "PYTHON", "OUT_DIR"), help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.relabel:
@@ -463,7 +480,7 @@ def main(argv: list[str] | None = None) -> int:
         workflow = load(args.workflow)
         inputs = dict(kv.split("=", 1) for kv in args.input)
         context = event_context(workflow, args.event, args.ref, inputs)
-        runs = execute(workflow, context, args.work, plan_only=args.plan)
+        runs = execute(workflow, context, args.work, plan_only=args.plan, only=frozenset(args.only))
     except WorkflowError as exc:
         print(f"error: {args.workflow}: {exc}", file=sys.stderr)
         return 2
