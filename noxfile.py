@@ -101,8 +101,14 @@ def build_wheels(session: nox.Session) -> None:
     p.add_argument("--python", default="cp311", help="cibuildwheel identifier prefix, e.g. cp312")
     args = p.parse_args(session.posargs)
     _install_lock(session, "cibuildwheel")
-    session.run("cibuildwheel", "kernel", "--output-dir", str(ROOT / "build" / "wheelhouse"),
-                env={"CIBW_BUILD": f"{args.python}-manylinux_x86_64"})  # fmt: skip
+    build_wheel = _load("kt_build_wheel", ROOT / "kernel" / "tools" / "build_wheel.py")
+    env = {
+        "CIBW_BUILD": f"{args.python}-manylinux_x86_64",
+        "KT_CUDA_ARCHS": ";".join(build_wheel.policy_archs()),
+        "SOURCE_DATE_EPOCH": build_wheel.source_date_epoch(),
+        "CIBW_ENVIRONMENT_PASS_LINUX": "KT_CUDA_ARCHS SOURCE_DATE_EPOCH",
+    }  # the policy's matrix, the release date
+    session.run("cibuildwheel", "kernel", "--output-dir", str(ROOT / "build" / "wheelhouse"), env=env)
 
 
 @nox.session(python=PYTHON, tags=["build"])
