@@ -307,7 +307,6 @@ def replace_run(script: str, env: Mapping[str, str], local: Local) -> tuple[str,
 def relabel(src_dir: Path, python: str, out: Path) -> Path:
     """FIXTURE: the host kt-kernel wheel relabelled for another CPython (tags, WHEEL, extension
     suffix, RECORD). Its extension is the host's binary: it must never be installed."""
-    sys.path.insert(0, str(ROOT)) if str(ROOT) not in sys.path else None
     from packaging.utils import parse_wheel_filename
 
     from carriers import wheelio

@@ -54,7 +54,6 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rule", action="append", default=[], help="only these rule ids")
     p.add_argument("--json", type=Path, default=ROOT / "build" / "mutants.json")
     args = p.parse_args(argv)
-    sys.path.insert(0, str(ROOT))
     from audits.model import RULES
 
     rules = args.rule or sorted(RULES)

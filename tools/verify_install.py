@@ -25,16 +25,15 @@ import time
 from pathlib import Path
 from typing import Any
 
+from packaging.tags import sys_tags
+from packaging.utils import canonicalize_name, parse_wheel_filename
+
+from carriers import load as load_carriers
+from tools import indexes, progress
+from tools.lock import directive
+from tools.profiles import carrier_metadata, closure
+
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from packaging.tags import sys_tags  # noqa: E402
-from packaging.utils import canonicalize_name, parse_wheel_filename  # noqa: E402
-
-from carriers import load as load_carriers  # noqa: E402
-from tools import indexes, progress  # noqa: E402
-from tools.lock import directive  # noqa: E402
-from tools.profiles import carrier_metadata, closure  # noqa: E402
 
 
 def _profiles() -> dict[str, str]:
