@@ -26,6 +26,7 @@ from typing import Any
 
 from packaging.utils import parse_wheel_filename
 
+from audits.analyzers.manifest_rules import MANIFEST as BUILD_MANIFEST  # one owner of the member path
 from audits.manylinux import glibc_of
 from audits.readers._cuda import find_cuobjdump, list_archs
 
@@ -37,7 +38,6 @@ SCHEMA_VERSION = 1
 # Bump when the archive's layout changes: it is part of the cache key.
 FORMAT = 3
 COMPRESSION = "zstd"
-BUILD_MANIFEST = "kt_kernel/_build.json"
 # What the manifest's provider needs at run time to read the archive.
 RUNTIME_REQUIRES = ("zstandard>=0.22",)
 # Zip local header + central directory entry + RECORD line for one part, generously.
