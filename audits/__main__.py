@@ -40,6 +40,7 @@ def _write(path: Path, text: str, what: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The audit CLI; returns the exit status (0 pass, 1 errors, 2 bad input, 3 internal error)."""
     p = argparse.ArgumentParser(
         prog=Path(sys.argv[0]).name if Path(sys.argv[0]).name == "kt-audit" else "python -m audits",
         description="Audit built wheels (any wheel, not only ours).",

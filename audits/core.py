@@ -29,6 +29,8 @@ SCHEMA_VERSION = 1
 
 @dataclass
 class WheelResult:
+    """One wheel's audit: its findings and the report sections it contributes."""
+
     wheel: str
     sha256: str
     size: int
@@ -122,6 +124,7 @@ ANALYZERS: tuple[tuple[str, Analyzer], ...] = (
 
 
 def audit_wheel(path: Path, policy: Policy, baseline: dict[str, Any] | None = None) -> WheelResult:
+    """Read one wheel, run every analyzer of ANALYZERS over its facts, apply waivers and severities."""
     try:
         ctx = read_context(path, policy, baseline)
     except AuditError as exc:
@@ -169,6 +172,7 @@ def _waive(f: Finding, dist_name: str, policy: Policy) -> Finding:
 
 
 def expand(paths: list[Path]) -> list[Path]:
+    """Wheel files from paths (files, or directories of .whl files); unusable paths raise AuditError."""
     out: list[Path] = []
     for p in paths:
         if p.is_dir() and p.suffix == ".whl":

@@ -25,6 +25,7 @@ def _manylinux_policies() -> list[dict[str, Any]]:
 
 
 def glibc_of(platform: str) -> tuple[int, int] | None:
+    """The glibc (major, minor) a manylinux platform tag names, or None for other tags."""
     for legacy, ver in _LEGACY.items():
         if platform.startswith(legacy + "_"):
             return ver
@@ -43,6 +44,7 @@ def policy_for(glibc: tuple[int, int]) -> dict[str, Any] | None:
 
 
 def system_libraries(w: WheelFacts) -> frozenset[str]:
+    """The system libraries the wheel's most portable claimed tag allows to need."""
     return system_libraries_for([t.platform for t in w.tags])
 
 
@@ -63,6 +65,7 @@ def admits(pol: dict[str, Any], version: str, arch: str = "x86_64") -> bool:
 
 @cache
 def most_portable_first() -> tuple[dict[str, Any], ...]:
+    """auditwheel's manylinux policies, most portable first."""
     return tuple(sorted(_manylinux_policies(), key=lambda p: p["priority"], reverse=True))
 
 
@@ -100,6 +103,7 @@ def honest_platform(
 
 
 def version_key(v: str) -> tuple[int, ...]:
+    """A version string as a tuple of its numbers, for ordering."""
     return tuple(int(x) for x in re.findall(r"\d+", v))
 
 

@@ -12,6 +12,8 @@ Section = Literal["wheel", "cpu", "cuda"]
 
 @dataclass(frozen=True)
 class Finding:
+    """One problem an analyzer found: rule id, severity, wheel, member, message and fix."""
+
     rule: str
     severity: Severity
     wheel: str
@@ -48,6 +50,8 @@ class Limits:
 
 @dataclass(frozen=True)
 class Rule:
+    """An audit rule of the catalogue: its stable id, report section and one-line summary."""
+
     id: str
     section: Section
     summary: str

@@ -72,6 +72,8 @@ def _check_keys(data: Mapping[str, Any], schema: Mapping[str, Any], where: str, 
 
 @dataclass(frozen=True)
 class ForbiddenNeeded:
+    """A DT_NEEDED pattern our libraries (`members`) must never carry, with the fix."""
+
     pattern: str
     fix: str
     members: tuple[str, ...] = ("*",)  # fnmatch patterns of the files the rule applies to
@@ -82,6 +84,8 @@ class ForbiddenNeeded:
 
 @dataclass(frozen=True)
 class Waiver:
+    """A known, explained finding reported as info instead of failing the audit."""
+
     rule: str
     wheel: str  # normalized distribution name
     member: str  # "" = any member
@@ -100,6 +104,8 @@ class SeverityRule:
 
 @dataclass(frozen=True)
 class ExternalProvider:
+    """A required distribution whose libraries resolve outside the wheel (torch/lib)."""
+
     provider: str
     path: str  # an RPATH entry ending in this reaches the provider's libraries ("" if preloaded)
     libraries: tuple[str, ...]
@@ -110,6 +116,8 @@ class ExternalProvider:
 
 @dataclass(frozen=True)
 class CpuVariantPolicy:
+    """One CPU variant of the ladder: its features, marker, allowed set and member path."""
+
     name: str
     features: frozenset[str]
     marker: str
@@ -119,6 +127,8 @@ class CpuVariantPolicy:
 
 @dataclass(frozen=True)
 class CudaLibraryPolicy:
+    """The SASS and PTX a CUDA library of kt-kernel's archive must hold."""
+
     member: str  # path inside the CUDA payload
     sass: frozenset[str]
     ptx: frozenset[str]
@@ -126,6 +136,8 @@ class CudaLibraryPolicy:
 
 @dataclass(frozen=True)
 class Coverage:
+    """A narrower set of compute capabilities for one archived binary, with the reason."""
+
     file: str  # path inside the release archive
     targets: tuple[str, ...]  # compute capabilities this file must run on
     reason: str
@@ -216,6 +228,8 @@ def _payload(data: Mapping[str, Any], source: Path) -> PayloadPolicy | None:
 
 @dataclass(frozen=True)
 class Policy:
+    """Every limit the audits enforce, loaded from a policy TOML and checked on load."""
+
     source: Path
     wheel_budget_bytes: int
     growth_threshold_pct: float
@@ -330,6 +344,7 @@ def _severity(entry: dict[str, Any], source: Path) -> SeverityRule:
 
 
 def load_policy(path: Path | str | None = None) -> Policy:
+    """Load a built-in policy by name (default, third-party) or a policy file; PolicyError if malformed."""
     path = resolve_policy(path).resolve()
     data = _read_toml(path)
     _check_types(data, path)

@@ -7,10 +7,12 @@ from typing import Any
 
 
 def to_json(report: dict[str, Any]) -> str:
+    """The report as stable, sorted JSON (audits/schemas/audit-report.schema.json)."""
     return json.dumps(report, indent=2, sort_keys=True) + "\n"
 
 
 def to_terminal(report: dict[str, Any]) -> str:
+    """The report as a terminal summary: verdict lines, findings with fixes, CPU and CUDA tables."""
     lines = []
     for w in report["wheels"]:
         lines.append(f"{'FAIL' if w['errors'] else 'ok  '} {w['filename']} ({w['size'] / 2**20:.1f} MiB)")
@@ -52,6 +54,7 @@ def _payload_lines(payload: dict[str, Any]) -> list[str]:
 
 
 def to_markdown(report: dict[str, Any]) -> str:
+    """The report as Markdown for a CI job summary."""
     out = [f"## Audit: {'passed' if report['passed'] else 'FAILED'}", "",
            "| wheel | size (MiB) | errors |", "| --- | ---: | ---: |"]  # fmt: skip
     out += [f"| `{w['filename']}` | {w['size'] / 2**20:.2f} | {w['errors']} |" for w in report["wheels"]]

@@ -11,6 +11,7 @@ from .errors import CarrierError, InputError
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The carriers CLI (assemble, check); returns the exit status."""
     p = argparse.ArgumentParser(prog="python -m carriers")
     sub = p.add_subparsers(dest="cmd", required=True)
     a = sub.add_parser("assemble", help="build every carrier into --dist (atomically)")

@@ -24,6 +24,8 @@ from .model import Carrier, CarrierSet
 
 @dataclass
 class Built:
+    """One wheel the assembly wrote, with its inputs and patches for manifest.json."""
+
     name: str
     version: str
     kind: str

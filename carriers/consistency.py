@@ -17,6 +17,8 @@ from .model import CarrierSet
 
 @dataclass(frozen=True)
 class Report:
+    """The carrier set's consistency problems, its torch intersection and payload closure roots."""
+
     problems: tuple[str, ...]
     torch: str  # the intersection of every carrier's torch specifiers
     torch_candidates: tuple[str, ...]

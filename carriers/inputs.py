@@ -29,6 +29,8 @@ PLATFORMS = ("manylinux_2_34_x86_64", "manylinux_2_28_x86_64", "manylinux_2_17_x
 
 @dataclass(frozen=True)
 class Input:
+    """A verified input wheel: name, version, path and sha256."""
+
     name: str
     version: str
     path: Path
@@ -36,6 +38,7 @@ class Input:
 
 
 def sha256(path: Path) -> str:
+    """The hex sha256 of a file, read in chunks."""
     h = hashlib.sha256()
     with path.open("rb") as fh:
         for chunk in iter(lambda: fh.read(1 << 20), b""):
@@ -44,6 +47,7 @@ def sha256(path: Path) -> str:
 
 
 def default_cache() -> Path:
+    """Where downloaded inputs are kept (KT_RELEASE_CACHE, else build/cache/inputs)."""
     return Path(os.environ.get(CACHE_ENV) or ROOT / "build" / "cache" / "inputs")
 
 

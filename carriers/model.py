@@ -31,12 +31,16 @@ _VERSION_RULES = {"native": {"kt"}, "umbrella": {"kt"}, "fork": {"kt", "post"}, 
 
 @dataclass(frozen=True)
 class Source:
+    """A carrier input built from a pinned source tree (git URL and commit) instead of a wheel."""
+
     git: str
     commit: str
 
 
 @dataclass(frozen=True)
 class Carrier:
+    """One release wheel as carriers.toml defines it: kind, upstream, version rule, patches, payload part."""
+
     name: str
     kind: Kind
     version_rule: str
@@ -59,6 +63,8 @@ class Carrier:
 
 @dataclass(frozen=True)
 class CarrierSet:
+    """Every carrier of the release and the KT version they share."""
+
     carriers: tuple[Carrier, ...]
     kt_version: str
 
@@ -84,6 +90,7 @@ class CarrierSet:
 
 
 def kt_version(path: Path = VERSION_FILE) -> str:
+    """The KT release version, read from kernel/python/kt_kernel/_version.py."""
     m = re.search(r'^__version__\s*=\s*"([^"]+)"', path.read_text(), re.MULTILINE)
     if not m:
         raise DefinitionError(f'{path}: no line __version__ = "..."; the KT version lives there')
@@ -96,6 +103,7 @@ def _hint(word: str, choices: set[str]) -> str:
 
 
 def load(path: Path = DEFINITIONS, patches_dir: Path | None = None, version: str | None = None) -> CarrierSet:
+    """Read and validate carriers.toml; DefinitionError naming the key and the fix."""
     patches_dir = patches_dir or path.parent / "patches"
     try:
         data: dict[str, Any] = tomllib.loads(path.read_text())

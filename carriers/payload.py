@@ -55,6 +55,7 @@ def policy() -> Any:
 
 
 def say(msg: str) -> None:
+    """A progress line of the payload packer."""
     print(f"[payload] {msg}", flush=True)
 
 
@@ -141,6 +142,8 @@ def _cuobjdump() -> str:
 
 @dataclass(frozen=True)
 class Archive:
+    """The packed archive: its file, size, sha256, frames and per-file facts."""
+
     path: Path
     sha256: str
     size: int
@@ -326,6 +329,7 @@ def compressed_tag(tags: list[str]) -> str:
 
 
 def part_member(c: Carrier, index: int, count: int) -> str:
+    """Where part i of n lives inside carrier c's import package."""
     return f"{c.import_package}/_kt_payload/cuda.tar.zst.{index:02d}-of-{count:02d}"
 
 
@@ -336,6 +340,8 @@ def _slices(path: Path, sizes: list[int]) -> list[bytes]:
 
 @dataclass
 class PayloadResult:
+    """The payload manifest and the rewritten wheels that carry its parts."""
+
     manifest: dict[str, Any]
     wheels: dict[str, Path]  # carrier -> rewritten wheel path
     siblings: dict[Path, Path] = field(default_factory=dict)  # kt-kernel's other-Python wheels: old -> new path

@@ -22,6 +22,7 @@ Rewrite = Callable[[str], str]
 
 
 def carrier_version(c: Carrier, cs: CarrierSet, upstream_version: str = "") -> str:
+    """A carrier's version from its rule: the KT version, upstream.postN, or the upstream's."""
     if c.version_rule == "kt":
         return cs.kt_version
     if c.version_rule == "post":
@@ -94,6 +95,7 @@ def _renamed_tree(members: Mapping[str, bytes], old: tuple[str, str], new: tuple
 
 
 def apply_patches(members: dict[str, bytes], patches: tuple[Path, ...], what: str) -> dict[str, bytes]:
+    """Apply a carrier's patch series to its members with GNU patch; PatchError names the hunk."""
     if not patches:
         return members
     if shutil.which("patch") is None:

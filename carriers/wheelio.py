@@ -22,6 +22,7 @@ _MIN_EPOCH = 315532800
 
 
 def read(path: Path) -> dict[str, bytes]:
+    """Every member of a wheel, by name."""
     try:
         with zipfile.ZipFile(path) as zf:
             return {i.filename: zf.read(i) for i in zf.infolist() if not i.filename.endswith("/")}
@@ -30,6 +31,7 @@ def read(path: Path) -> dict[str, bytes]:
 
 
 def dist_info(members: Mapping[str, bytes]) -> str:
+    """The .dist-info directory of a wheel's members."""
     found = {n.split("/", 1)[0] for n in members if n.split("/", 1)[0].endswith(".dist-info")}
     if len(found) != 1:
         raise InputError(f"expected one .dist-info directory, found {sorted(found) or 'none'}")
@@ -37,6 +39,7 @@ def dist_info(members: Mapping[str, bytes]) -> str:
 
 
 def record_hash(data: bytes) -> str:
+    """A sha256 in RECORD's form."""
     return "sha256=" + base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
 
 
@@ -80,6 +83,7 @@ def set_tags(members: dict[str, bytes], tags: list[str]) -> None:
 
 
 def wheel_name(name: str, version: str, tag: str) -> str:
+    """A wheel filename from name, version and compressed tag."""
     return f"{canonicalize_name(name).replace('-', '_')}-{version}-{tag}.whl"
 
 
@@ -99,5 +103,6 @@ def edit_metadata(text: str, *, name: str | None = None, version: str | None = N
 
 
 def metadata_field(text: str, key: str) -> list[str]:
+    """Every value of one METADATA header."""
     head = text.partition("\n\n")[0]
     return [m.group(1) for m in re.finditer(rf"^{re.escape(key)}: (.*)$", head, re.MULTILINE)]

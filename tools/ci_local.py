@@ -129,6 +129,7 @@ def evaluate(expr: str, context: Mapping[str, Any], statuses: Mapping[str, str] 
 
 
 def interpolate(text: str, context: Mapping[str, Any]) -> str:
+    """A string with every ${{ expression }} evaluated."""
     return re.sub(r"\$\{\{(.*?)\}\}", lambda m: str(evaluate(m.group(1), context)), text)
 
 
@@ -137,6 +138,8 @@ def interpolate(text: str, context: Mapping[str, Any]) -> str:
 
 @dataclass
 class JobRun:
+    """One job of the workflow (one matrix combination) and how it ended."""
+
     key: str  # job id, plus the matrix values: "kernel (cp311)"
     job_id: str
     name: str
@@ -152,6 +155,7 @@ class JobRun:
 
 
 def load(path: Path = WORKFLOW) -> dict[str, Any]:
+    """The workflow file, with YAML's `on: true` key put back as `on`."""
     import yaml  # type: ignore[import-untyped]
 
     raw: dict[Any, Any] = yaml.safe_load(path.read_text())
@@ -183,6 +187,7 @@ def expand(workflow: Mapping[str, Any]) -> list[JobRun]:
 
 
 def event_context(workflow: Mapping[str, Any], event: str, ref: str, inputs: Mapping[str, str]) -> dict[str, Any]:
+    """The github and inputs contexts of an event (dispatch inputs with their defaults)."""
     declared = ((workflow["on"] or {}).get("workflow_dispatch") or {}).get("inputs") or {}
     values = {k: str(v.get("default", "")) for k, v in declared.items()} if event == "workflow_dispatch" else {}
     unknown = set(inputs) - set(declared)
@@ -211,6 +216,7 @@ def decide(run: JobRun, by_job: Mapping[str, list[JobRun]], context: Mapping[str
 
 
 def order(runs: list[JobRun]) -> list[JobRun]:
+    """The runs in dependency order (unknown needs are errors)."""
     graph = {r.job_id: set(r.needs) for r in runs}
     missing = sorted({n for deps in graph.values() for n in deps} - set(graph))
     if missing:
@@ -234,6 +240,7 @@ def _copy_into(files: list[Path], base: Path, dest: Path) -> None:
 
 
 def upload(job_dir: Path, spec: Mapping[str, Any], artifacts: Path) -> str:
+    """actions/upload-artifact: copy the matched files into the run's artifact store."""
     name, pattern = str(spec["name"]), str(spec["path"]).strip()
     matches = sorted(job_dir.glob(pattern.rstrip("/"))) if any(c in pattern for c in "*?[") else \
         [job_dir / pattern.rstrip("/")]  # fmt: skip
@@ -253,6 +260,7 @@ def upload(job_dir: Path, spec: Mapping[str, Any], artifacts: Path) -> str:
 
 
 def download(job_dir: Path, spec: Mapping[str, Any], artifacts: Path) -> str:
+    """actions/download-artifact: copy artifacts by name, or by pattern (merged or not)."""
     dest = job_dir / str(spec.get("path", "."))
     if spec.get("name"):
         chosen = [artifacts / str(spec["name"])]
@@ -324,6 +332,7 @@ def relabel(src_dir: Path, python: str, out: Path) -> Path:
 
 
 def run_job(run: JobRun, context: Mapping[str, Any], work: Path, repo: Path, local: Local, commit: str) -> None:
+    """Run one job's steps in a fresh clone; raises on the first failing step."""
     job_dir = work / "jobs" / re.sub(r"[^\w.-]+", "_", run.key)
     shutil.rmtree(job_dir, ignore_errors=True)
     job_dir.parent.mkdir(parents=True, exist_ok=True)
@@ -455,6 +464,7 @@ def execute(workflow: Mapping[str, Any], context: Mapping[str, Any], work: Path,
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The runner's CLI; 1 if a job failed, 2 if the workflow cannot be run."""
     p = argparse.ArgumentParser(prog="nox -s ci_local --", description=__doc__.splitlines()[0])
     p.add_argument("--workflow", type=Path, default=WORKFLOW)
     p.add_argument("--event", default="push", choices=["push", "pull_request", "workflow_dispatch"])

@@ -50,6 +50,7 @@ def _tests_naming(rule: str) -> list[Path]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Delete each rule in turn and run the tests that name it; 1 if any rule survives."""
     p = argparse.ArgumentParser(prog="nox -s mutants --", description=__doc__.splitlines()[0])
     p.add_argument("--rule", action="append", default=[], help="only these rule ids")
     p.add_argument("--json", type=Path, default=ROOT / "build" / "mutants.json")

@@ -24,6 +24,7 @@ def _tty(stream: IO[str]) -> bool:
 
 
 def say(label: str, msg: str, stream: IO[str] | None = None) -> None:
+    """One timestamped progress line."""
     out = stream or sys.stdout
     out.write(f"[{label} {time.strftime('%H:%M:%S')}] {msg}\n")
     out.flush()

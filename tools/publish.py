@@ -32,6 +32,8 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 class PublishError(Exception):
+    """Publishing stopped; the message names the file and why."""
+
     pass
 
 
@@ -129,12 +131,14 @@ def index_files(index_url: str, project: str) -> dict[str, str]:
 
 
 def remote_sha256(url: str) -> str:
+    """The sha256 the index serves for a file (from its simple page), or None."""
     with urllib.request.urlopen(url, timeout=120) as resp:  # noqa: S310
         return hashlib.sha256(resp.read()).hexdigest()
 
 
 def publish(dist: Path, repository_url: str, index_url: str, wait_s: float = 120.0,
             twine_args: tuple[str, ...] = ()) -> list[tuple[str, str]]:  # fmt: skip
+    """Upload dist/ in dependency order and verify each served file by sha256; yields progress."""
     manifest = json.loads((dist / "manifest.json").read_text())
     sums = {w["filename"]: w["sha256"] for w in manifest["wheels"]}
     for fname, digest in sums.items():
@@ -183,6 +187,7 @@ def publish(dist: Path, repository_url: str, index_url: str, wait_s: float = 120
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The publish CLI."""
     p = argparse.ArgumentParser(prog="nox -s publish --")
     p.add_argument("--repository-url", required=True, help="upload endpoint (twine --repository-url)")
     p.add_argument("--index-url", help="PEP 503 simple index serving it (default: <repository-url>/simple/)")

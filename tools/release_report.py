@@ -31,6 +31,7 @@ def _load(path: Path) -> Any:
 
 
 def kernel_breakdown(dist: Path, manifest: dict[str, Any]) -> dict[str, int]:
+    """kt-kernel's compressed bytes by kind: CPU variants, CUDA payload, core, other."""
     kt = next((w for w in manifest["wheels"] if w["name"] == "kt-kernel"), None)
     if kt is None:
         return {}
@@ -51,6 +52,7 @@ def kernel_breakdown(dist: Path, manifest: dict[str, Any]) -> dict[str, int]:
 
 
 def svg_bars(items: list[tuple[str, int]], title: str) -> str:
+    """A horizontal bar chart as inline SVG."""
     width, bar_h, label_w = 720, 22, 300
     top = max((v for _, v in items), default=1) or 1
     rows = []
@@ -229,6 +231,7 @@ def release_timings(directory: Path) -> list[tuple[str, float]]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Write dist/release-report.{html,md} and print the one-screen summary; 1 unless the audit passed."""
     p = argparse.ArgumentParser(prog="nox -s release_report --")
     p.add_argument("--dist", type=Path, default=ROOT / "dist")
     p.add_argument("--verify", type=Path, default=ROOT / "build" / "verify.json")

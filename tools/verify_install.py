@@ -56,10 +56,13 @@ CORE = ("kt-kernel", "ktransformers", "transformers-kt", "accelerate-kt")
 
 
 class VerifyError(Exception):
+    """An install verification failed; the message says what and where."""
+
     pass
 
 
 def sums(dist: Path) -> dict[str, str]:
+    """dist/SHA256SUMS checked against the files; filename -> sha256."""
     path = dist / "SHA256SUMS"
     if not path.exists():
         raise VerifyError(f"{path} is missing; build the candidate first (nox -s build_all)")
@@ -116,6 +119,7 @@ def venv_json(venv: Path, what: str, *args: str) -> Any:
 
 
 def snapshot(venv: Path, names: tuple[str, ...]) -> dict[str, dict[str, str]]:
+    """Installed files and their hashes of the named distributions in a venv."""
     code = ("import hashlib, json, sys\nfrom importlib.metadata import distribution\nout = {}\n"
             "for n in sys.argv[1:]:\n    d = distribution(n)\n"
             "    out[n] = {str(f): hashlib.sha256(f.locate().read_bytes()).hexdigest() for f in d.files or []"
@@ -225,6 +229,7 @@ def fork_status(venv: Path, names: tuple[str, ...]) -> dict[str, str]:
 
 
 def verify_sft_cpu(dist: Path, work: Path) -> dict[str, Any]:
+    """Install the sft-cpu profile for real and exercise it (forks, imports, training/resume)."""
     lock = ROOT / "lockfiles" / "sft-cpu.txt"
     venv = work / "sft-cpu"
     shutil.rmtree(venv, ignore_errors=True)
@@ -393,6 +398,7 @@ def verify_serve(dist: Path, work: Path) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The verify_install CLI."""
     p = argparse.ArgumentParser(prog="nox -s verify_install --")
     p.add_argument("--dist", type=Path, default=ROOT / "dist")
     p.add_argument("--work", type=Path, default=ROOT / "build" / "verify")

@@ -14,6 +14,7 @@ from ._common import finding
 
 
 def elf_abi(wheel: str, dist_name: str, elfs: list[ElfFacts], policy: Policy) -> list[Finding]:
+    """Forbidden DT_NEEDED, text relocations, executable stacks, RWX segments and undeclared exports."""
     out: list[Finding] = []
     for e in elfs:
         for lib in e.needed:

@@ -11,6 +11,7 @@ from ._common import finding
 
 
 def size(w: WheelFacts, policy: Policy, baseline: dict[str, Any] | None) -> tuple[list[Finding], dict[str, Any]]:
+    """The wheel against its byte budget and, with a baseline, its growth; plus the size breakdown."""
     out: list[Finding] = []
     total = w.size  # bytes of the wheel file, read by the reader
     members = sorted(((m.name, m.size) for m in w.members), key=lambda x: -x[1])

@@ -21,6 +21,7 @@ _STRAY = re.compile(r"(^|/)(__pycache__/|CMakeFiles/|\.git/)|\.(pyc|pyo|o|obj)$|
 
 
 def integrity(w: WheelFacts) -> list[Finding]:
+    """RECORD against the members (missing, unlisted, phantom, mismatched), duplicates and debris."""
     out: list[Finding] = []
     fn = w.filename
     for d in w.duplicates:
@@ -86,6 +87,7 @@ def _headers(w: WheelFacts, file: str) -> tuple[str, Message | None]:
 
 
 def wheel_file(w: WheelFacts, elfs: list[ElfFacts]) -> list[Finding]:
+    """The WHEEL file: Tag lines equal the filename's tags, Root-Is-Purelib fits the content."""
     fn = w.filename
     name, msg = _headers(w, "WHEEL")
     if msg is None:
@@ -112,6 +114,7 @@ def wheel_file(w: WheelFacts, elfs: list[ElfFacts]) -> list[Finding]:
 
 
 def metadata(w: WheelFacts) -> list[Finding]:
+    """METADATA: name and version equal the filename's, Requires-Dist parses, Requires-Python set."""
     fn = w.filename
     name, msg = _headers(w, "METADATA")
     if msg is None:
@@ -157,6 +160,7 @@ def required_names(w: WheelFacts) -> frozenset[str]:
 
 
 def tags(w: WheelFacts, elfs: list[ElfFacts]) -> list[Finding]:
+    """Extension suffixes against the python/abi tags, plain linux_* tags, and platform overclaims."""
     out: list[Finding] = []
     fn = w.filename
     interp = {t.interpreter for t in w.tags}

@@ -20,6 +20,8 @@ CUOBJDUMP_ENV = "KT_CUOBJDUMP"
 
 @dataclass(frozen=True)
 class PayloadEntry:
+    """One entry of kt-kernel's tar.xz CUDA archive."""
+
     name: str
     kind: str  # "file", "dir", "link", "special"
     data: bytes
@@ -47,6 +49,7 @@ def read_payload(data: bytes) -> list[PayloadEntry]:
 
 
 def find_cuobjdump() -> str | None:
+    """cuobjdump from KT_CUOBJDUMP, PATH or the PyPI CUDA wheels; None if absent."""
     if os.environ.get(CUOBJDUMP_ENV):
         path = os.environ[CUOBJDUMP_ENV]
         return path if Path(path).is_file() else None
@@ -66,6 +69,8 @@ def find_cuobjdump() -> str | None:
 
 @dataclass(frozen=True)
 class CudaFacts:
+    """What cuobjdump lists of one library: SASS and PTX archs, kernels, PTX ISA, bytes per arch."""
+
     sass: frozenset[str]
     ptx: frozenset[str]
     # arch -> kernel (mangled) names in that cubin

@@ -21,6 +21,8 @@ DF_TEXTREL = 0x4
 
 @dataclass(frozen=True)
 class ElfFacts:
+    """What the rules need of one ELF file: machine, dynamic section, versions, segments, code."""
+
     member: str
     machine: str
     needed: tuple[str, ...]
@@ -55,6 +57,7 @@ def is_loader(needed: str) -> bool:
 
 
 def is_elf(data: bytes) -> bool:
+    """Whether the bytes start with the ELF magic."""
     return data[:4] == b"\x7fELF"
 
 

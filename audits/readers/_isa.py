@@ -13,6 +13,8 @@ _FEATURE_NAMES = {v: k for k, v in vars(iced_x86.CpuidFeature).items() if not k.
 
 @dataclass(frozen=True)
 class FeatureUse:
+    """How often an executable uses one CPUID feature, and where first."""
+
     feature: str
     count: int
     address: int  # first use

@@ -28,6 +28,8 @@ _CHUNK = 1 << 20
 
 @dataclass(frozen=True)
 class PartMember:
+    """One archive part member of a wheel: its path, size and sha256."""
+
     name: str
     size: int
     sha256: str
@@ -50,6 +52,7 @@ class WheelSummary:
 
 
 def summarize(w: WheelFacts, manifest_member: str) -> WheelSummary:
+    """What the release-level payload rules need of one wheel (parts, manifest, requirements)."""
     parts = tuple(PartMember(m.name, m.size, m.sha256) for m in w.members if PART_DIR in f"/{m.name}")
     manifest, error = None, ""
     member = w.member(manifest_member)
@@ -79,6 +82,8 @@ def summarize(w: WheelFacts, manifest_member: str) -> WheelSummary:
 
 @dataclass(frozen=True)
 class ArchivedFile:
+    """One file of the release's CUDA archive, read while streaming: hashes, ELF and cuobjdump facts."""
+
     path: str
     kind: str  # "file", "dir", "link", "special"
     size: int
@@ -94,6 +99,8 @@ class ArchivedFile:
 
 @dataclass(frozen=True)
 class ArchiveFacts:
+    """The release's CUDA archive streamed out of its parts: size, sha256, files, errors."""
+
     size: int
     sha256: str
     error: str  # "" when the stream decompressed and untarred to its end

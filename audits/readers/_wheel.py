@@ -60,6 +60,8 @@ class CudaListing:
 
 @dataclass(frozen=True)
 class Member:
+    """One zip entry: name, mode, kind and hashes; its bytes only if an analyzer needs them."""
+
     name: str
     data: bytes | None  # None unless an analyzer needs the bytes (see ReadOptions.keep)
     mode: int  # unix mode bits from the zip entry
@@ -84,11 +86,14 @@ class Member:
 
 
 def record_form(digest: bytes) -> str:
+    """A sha256 digest in RECORD's form (sha256=<urlsafe base64, unpadded>)."""
     return "sha256=" + base64.urlsafe_b64encode(digest).rstrip(b"=").decode()
 
 
 @dataclass(frozen=True)
 class WheelFacts:
+    """Everything read from one wheel file, before any analyzer runs."""
+
     path: Path
     name: NormalizedName
     version: Version
@@ -128,6 +133,7 @@ def looks_like_library(name: str) -> bool:
 
 
 def file_digest(path: Path) -> tuple[int, str]:
+    """(size, sha256) of a file, read in chunks; AuditError if unreadable."""
     h = hashlib.sha256()
     try:
         with path.open("rb") as fh:

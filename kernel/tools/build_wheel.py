@@ -49,10 +49,12 @@ def source_date_epoch() -> str:
 
 
 def known_variants() -> list[str]:
+    """The CPU variant names of the ladder."""
     return [v["name"] for v in json.loads(LADDER.read_text())["variants"]]
 
 
 def run(cmd: list[str], step: str, env: dict[str, str]) -> None:
+    """Run one build step, echoing it; BuildError names the step if it fails."""
     print("+ " + " ".join(cmd), flush=True)
     proc = subprocess.run(cmd, env=env, check=False)
     if proc.returncode != 0:
@@ -156,6 +158,7 @@ def policy_archs() -> list[str]:
 
 
 def config_tag(variants: list[str], cuda_archs: list[str] | None) -> str:
+    """The name of a build configuration (its CMake build dir and shard dir)."""
     tag = "all" if not variants else "-".join(variants)
     if cuda_archs is not None:
         tag += "-cuda" + ("-" + "-".join(cuda_archs) if cuda_archs else "")
@@ -202,6 +205,7 @@ def output_dir(given: Path | None, variants: list[str], cuda_archs: list[str] | 
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The kernel build CLI."""
     p = argparse.ArgumentParser(prog="build_wheel", description=__doc__.splitlines()[0])
     p.add_argument("--dist", type=Path, help=f"output directory (default: {RELEASE_OUT}; shards: {SHARDS}/<tag>)")
     p.add_argument("--work", type=Path, default=ROOT / "build" / "kt-kernel")
