@@ -163,8 +163,7 @@ def tests_gpu(session: nox.Session) -> None:
 def mutants(session: nox.Session) -> None:
     """Delete each audit rule in turn; the tests that name it must fail (build/mutants.json; survivors fail)."""
     _install_lock(session, "test")
-    session.run("python", "-m", "tools.mutants", *session.posargs,
-                env={"KT_DIST": str(KERNEL_OUT)})  # fmt: skip
+    session.run("python", "-m", "tools.mutants", *session.posargs, env={"KT_DIST": str(KERNEL_OUT)})
 
 
 @nox.session(python=PYTHON, tags=["audit"])
@@ -179,8 +178,18 @@ def audit(session: nox.Session) -> None:
     summary = os.environ.get("GITHUB_STEP_SUMMARY")  # CI: the Markdown report goes into the job summary
     summary_args = ["--summary", summary] if summary else []
     with _timed("audit"):
-        session.run("python", "-m", "audits", *args.paths, "--json", str(DIST / "audit-report.json"),
-                    "--markdown", str(DIST / "audit-report.md"), *summary_args, *extra)  # fmt: skip
+        session.run(
+            "python",
+            "-m",
+            "audits",
+            *args.paths,
+            "--json",
+            str(DIST / "audit-report.json"),
+            "--markdown",
+            str(DIST / "audit-report.md"),
+            *summary_args,
+            *extra,
+        )
 
 
 @nox.session(python=PYTHON, tags=["verify"])
@@ -300,8 +309,16 @@ def bench(session: nox.Session) -> None:
     if args.only == "audit":
         return
     if args.only != "kernel":
-        session.run("python", "-m", "tools.bench_payload", "--dist", str(DIST), "--kernel", str(KERNEL_OUT),
-                    *(["--assembly"] if args.assembly else []))  # fmt: skip
+        session.run(
+            "python",
+            "-m",
+            "tools.bench_payload",
+            "--dist",
+            str(DIST),
+            "--kernel",
+            str(KERNEL_OUT),
+            *(["--assembly"] if args.assembly else []),
+        )
     if args.only == "payload":
         return
     session.run("python", "kernel/tools/build_wheel.py", "--dist", str(KERNEL_OUT))

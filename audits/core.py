@@ -54,8 +54,13 @@ def read_options(policy: Policy, dist_name: str = "") -> ReadOptions:
     def wants_code(name: str) -> bool:
         return name in code or any(fnmatch.fnmatch(name, p) for p in policy.loader_members)
 
-    return ReadOptions(limits=policy.limits, keep=keep.__contains__, code=wants_code,
-                       exports=dist_name in policy.exports_applies_to, cuobjdump=find_cuobjdump())  # fmt: skip
+    return ReadOptions(
+        limits=policy.limits,
+        keep=keep.__contains__,
+        code=wants_code,
+        exports=dist_name in policy.exports_applies_to,
+        cuobjdump=find_cuobjdump(),
+    )
 
 
 @dataclass(frozen=True)
@@ -88,15 +93,26 @@ def read_context(path: Path, policy: Policy, baseline: dict[str, Any] | None) ->
     payload_member = w.member(policy.cuda_payload_member) if policy.cuda_payload_member else None
     kp = None
     if payload_member is not None:
-        kp = read_kernel_payload(payload_member.name, payload_member.data or b"", payload_member.sha256,
-                                 find_cuobjdump(), [lib.member for lib in policy.cuda_libraries])  # fmt: skip
+        kp = read_kernel_payload(
+            payload_member.name,
+            payload_member.data or b"",
+            payload_member.sha256,
+            find_cuobjdump(),
+            [lib.member for lib in policy.cuda_libraries],
+        )
     arch = next(iter(sorted(manylinux.tag_architectures(w))), None) or _arch_of(list(elfs))
     return WheelContext(
-        w=w, elfs=elfs, tree=tree, system=manylinux.system_libraries(w),
+        w=w,
+        elfs=elfs,
+        tree=tree,
+        system=manylinux.system_libraries(w),
         external=tuple(p for p in policy.external if p.provider in required),
-        chains=elf_rules.load_chains(list(elfs), tree), uses=isa_rules.disassembled_members(w.elfs, policy),
-        kernel_payload=kp, baseline=baseline, arch=arch,
-    )  # fmt: skip
+        chains=elf_rules.load_chains(list(elfs), tree),
+        uses=isa_rules.disassembled_members(w.elfs, policy),
+        kernel_payload=kp,
+        baseline=baseline,
+        arch=arch,
+    )
 
 
 Analyzer = Callable[[WheelContext, Policy], list[Finding]]
@@ -105,22 +121,28 @@ Analyzer = Callable[[WheelContext, Policy], list[Finding]]
 ANALYZERS: tuple[tuple[str, Analyzer], ...] = (
     ("limits", lambda c, p: wheel_rules.limits(c.w)),
     ("safety", lambda c, p: wheel_rules.safety(c.w)),
-    ("layout", lambda c, p: wheel_rules.layout(c.w, {n: m.sha256 for m in c.w.members if (n := m.name) in c.w.elfs},
-                                               p.top_level_forbidden)),
+    (
+        "layout",
+        lambda c, p: wheel_rules.layout(
+            c.w, {n: m.sha256 for m in c.w.members if (n := m.name) in c.w.elfs}, p.top_level_forbidden
+        ),
+    ),
     ("architecture", lambda c, p: wheel_rules.architecture(c.w, list(c.elfs), list(c.w.non_elf))),
     ("integrity", lambda c, p: wheel_rules.integrity(c.w)),
     ("wheel-file", lambda c, p: wheel_rules.wheel_file(c.w, list(c.elfs))),
     ("metadata", lambda c, p: wheel_rules.metadata(c.w)),
     ("tags", lambda c, p: wheel_rules.tags(c.w, list(c.elfs))),
     ("elf-abi", lambda c, p: elf_rules.elf_abi(c.w.filename, str(c.w.name), list(c.elfs), p)),
-    ("rpath", lambda c, p: elf_rules.rpath(c.w.filename, list(c.elfs), c.tree, c.system, c.external,
-                                           p.always_external)),
+    (
+        "rpath",
+        lambda c, p: elf_rules.rpath(c.w.filename, list(c.elfs), c.tree, c.system, c.external, p.always_external),
+    ),
     ("isa", lambda c, p: isa_rules.isa(c.w.filename, c.uses, p)[0]),
     ("build-manifest", lambda c, p: manifest_rules.manifest(c.w, c.w.elfs, p, c.uses)),
     ("cuda", lambda c, p: cuda_rules.cuda(c.w, c.kernel_payload, p, c.system)[0]),
     ("cuda-listing", lambda c, p: cuda_rules.listing(c.w)[0]),
     ("size", lambda c, p: size_rules.size(c.w, p, c.baseline)[0]),
-)  # fmt: skip
+)
 
 
 def audit_wheel(path: Path, policy: Policy, baseline: dict[str, Any] | None = None) -> WheelResult:

@@ -80,11 +80,17 @@ def honest_platform(
     if not elfs:
         return None, ""
     where = where or {}
-    outside = [(e.member, lib) for e in elfs for lib in e.needed
-               if where.get((e.member, lib)) is None and not is_loader(lib)]  # fmt: skip
+    outside = [
+        (e.member, lib) for e in elfs for lib in e.needed if where.get((e.member, lib)) is None and not is_loader(lib)
+    ]
     inside_names = {(e.member, lib) for e in elfs for lib in e.needed if where.get((e.member, lib)) is not None}
-    versions = [(e.member, lib, v) for e in elfs for lib, vs in e.version_needs if (e.member, lib) not in inside_names
-                for v in vs]  # fmt: skip
+    versions = [
+        (e.member, lib, v)
+        for e in elfs
+        for lib, vs in e.version_needs
+        if (e.member, lib) not in inside_names
+        for v in vs
+    ]
     reason = ""
     for pol in most_portable_first():
         if pol["name"] == "linux" or arch not in pol["symbol_versions"]:
@@ -95,8 +101,9 @@ def honest_platform(
             return f"{pol['name']}_{arch}", reason
         # Kept from the last failure before the verdict: what the next more portable tag lacks.
         if bad_lib is not None:
-            reason = (f"{bad_lib[1]} (needed by {bad_lib[0]}) is neither in the wheel nor a system library "
-                      f"of {pol['name']}")  # fmt: skip
+            reason = (
+                f"{bad_lib[1]} (needed by {bad_lib[0]}) is neither in the wheel nor a system library of {pol['name']}"
+            )
         elif bad_sym is not None:
             reason = f"{bad_sym[2]} from {bad_sym[1]} (needed by {bad_sym[0]}) is newer than {pol['name']} allows"
     return f"linux_{arch}", reason
@@ -109,10 +116,15 @@ def version_key(v: str) -> tuple[int, ...]:
 
 # platform-tag architecture -> (e_machine, ELF class, little endian)
 ARCH = {
-    "x86_64": ("EM_X86_64", 64, True), "i686": ("EM_386", 32, True), "aarch64": ("EM_AARCH64", 64, True),
-    "ppc64le": ("EM_PPC64", 64, True), "ppc64": ("EM_PPC64", 64, False), "s390x": ("EM_S390", 64, False),
-    "armv7l": ("EM_ARM", 32, True), "riscv64": ("EM_RISCV", 64, True),
-}  # fmt: skip
+    "x86_64": ("EM_X86_64", 64, True),
+    "i686": ("EM_386", 32, True),
+    "aarch64": ("EM_AARCH64", 64, True),
+    "ppc64le": ("EM_PPC64", 64, True),
+    "ppc64": ("EM_PPC64", 64, False),
+    "s390x": ("EM_S390", 64, False),
+    "armv7l": ("EM_ARM", 32, True),
+    "riscv64": ("EM_RISCV", 64, True),
+}
 
 
 def tag_architectures(w: WheelFacts) -> set[str]:

@@ -23,9 +23,13 @@ class Finding:
 
     def as_dict(self) -> dict[str, str]:
         return {
-            "rule": self.rule, "severity": self.severity, "wheel": self.wheel, "member": self.member,
-            "message": self.message, "fix": self.fix,
-        }  # fmt: skip
+            "rule": self.rule,
+            "severity": self.severity,
+            "wheel": self.wheel,
+            "member": self.member,
+            "message": self.message,
+            "fix": self.fix,
+        }
 
 
 @dataclass(frozen=True)
@@ -39,12 +43,16 @@ class Limits:
     def refuse(self, info: zipfile.ZipInfo) -> str:
         """Why the member is not read, or ""."""
         if info.file_size > self.member_max_bytes:
-            return (f"declares {info.file_size / 2**20:.0f} MiB uncompressed, over the limit of "
-                    f"{self.member_max_bytes / 2**20:.0f} MiB")  # fmt: skip
+            return (
+                f"declares {info.file_size / 2**20:.0f} MiB uncompressed, over the limit of "
+                f"{self.member_max_bytes / 2**20:.0f} MiB"
+            )
         ratio = info.file_size / max(info.compress_size, 1)
         if info.file_size >= self.ratio_min_bytes and ratio > self.ratio_max:
-            return (f"expands {ratio:.0f}x ({info.compress_size} -> {info.file_size} bytes), over the limit of "
-                    f"{self.ratio_max:.0f}x")  # fmt: skip
+            return (
+                f"expands {ratio:.0f}x ({info.compress_size} -> {info.file_size} bytes), over the limit of "
+                f"{self.ratio_max:.0f}x"
+            )
         return ""
 
 

@@ -202,13 +202,16 @@ def _payload(data: Mapping[str, Any], source: Path) -> PayloadPolicy | None:
     for i, c in enumerate(data.get("coverage", [])):
         unknown = set(c) - {"file", "targets", "reason"}
         if unknown or not c.get("file") or not c.get("reason"):
-            raise PolicyError(f"{source}: payload.coverage[{i}] needs file, targets and reason "
-                              f"(unknown keys: {sorted(unknown) or 'none'})")  # fmt: skip
+            raise PolicyError(
+                f"{source}: payload.coverage[{i}] needs file, targets and reason "
+                f"(unknown keys: {sorted(unknown) or 'none'})"
+            )
         cts = tuple(_cc(t, f"payload.coverage[{i}].targets", source) for t in c["targets"])
         stray = sorted(set(cts) - set(targets))
         if stray:
-            raise PolicyError(f"{source}: payload.coverage[{i}] ({c['file']}) names {stray}, which payload.targets "
-                              "does not advertise")  # fmt: skip
+            raise PolicyError(
+                f"{source}: payload.coverage[{i}] ({c['file']}) names {stray}, which payload.targets does not advertise"
+            )
         coverage.append(Coverage(str(c["file"]), cts, str(c["reason"])))
     window = int(_number(data["zstd_window_log"], "payload.zstd_window_log", source, integer=True))
     if not 10 <= window <= 31:
@@ -273,8 +276,10 @@ def _waiver(entry: dict[str, Any], source: Path) -> Waiver:
         raise PolicyError(f"{source}: waiver has unknown keys {sorted(unknown)}")
     if entry.get("rule") not in RULES:
         close = difflib.get_close_matches(str(entry.get("rule")), list(RULES), n=1)
-        raise PolicyError(f"{source}: waiver names unknown rule {entry.get('rule')!r}"
-                          + (f"; did you mean {close[0]!r}?" if close else ""))  # fmt: skip
+        raise PolicyError(
+            f"{source}: waiver names unknown rule {entry.get('rule')!r}"
+            + (f"; did you mean {close[0]!r}?" if close else "")
+        )
     if not entry.get("reason") or not entry.get("wheel"):
         raise PolicyError(f"{source}: waiver for {entry['rule']} needs a wheel and a reason")
     return Waiver(entry["rule"], entry["wheel"], entry.get("member", ""), entry["reason"])
@@ -338,8 +343,10 @@ def _severity(entry: dict[str, Any], source: Path) -> SeverityRule:
 
     if entry["rule"] not in RULES:
         close = difflib.get_close_matches(str(entry["rule"]), list(RULES), n=1)
-        raise PolicyError(f"{source}: severity names unknown rule {entry['rule']!r}"
-                          + (f"; did you mean {close[0]!r}?" if close else ""))  # fmt: skip
+        raise PolicyError(
+            f"{source}: severity names unknown rule {entry['rule']!r}"
+            + (f"; did you mean {close[0]!r}?" if close else "")
+        )
     return SeverityRule(entry["rule"], entry["level"], entry["reason"], entry.get("wheel", ""))
 
 

@@ -26,12 +26,16 @@ def to_terminal(report: dict[str, Any]) -> str:
             if name == "loader":
                 lines.append(f"  loader: above baseline: {v['above_baseline'] or 'nothing'}")
             elif v.get("present"):
-                lines.append(f"  {name:<12} marker {v['marker']}: {'yes' if v['marker_present'] else 'NO'}; "
-                             f"forbidden: {len(v['forbidden'])}")  # fmt: skip
+                lines.append(
+                    f"  {name:<12} marker {v['marker']}: {'yes' if v['marker_present'] else 'NO'}; "
+                    f"forbidden: {len(v['forbidden'])}"
+                )
     lines += _payload_lines(report.get("payload") or {})
     errors = sum(f["severity"] == "error" for f in report["findings"])
-    lines.append(f"{'PASSED' if report['passed'] else 'FAILED'}: {len(report['wheels'])} wheels, {errors} errors, "
-                 f"{len(report['findings']) - errors} other findings, {report['elapsed_s']:.1f}s")  # fmt: skip
+    lines.append(
+        f"{'PASSED' if report['passed'] else 'FAILED'}: {len(report['wheels'])} wheels, {errors} errors, "
+        f"{len(report['findings']) - errors} other findings, {report['elapsed_s']:.1f}s"
+    )
     return "\n".join(lines) + "\n"
 
 
@@ -39,34 +43,53 @@ def _payload_lines(payload: dict[str, Any]) -> list[str]:
     """The lazy CUDA archive: its parts, and per binary what runs on each compute capability."""
     if not payload:
         return []
-    lines = [f"CUDA payload ({payload['manifest']}): {payload['archive_bytes'] / 2**20:.1f} MiB in "
-             f"{len(payload['parts'])} parts"]  # fmt: skip
-    lines += [f"  part {p['index']}: {p['distribution']} {p['version']} ({p['size'] / 2**20:.1f} MiB)"
-              for p in payload["parts"]]  # fmt: skip
+    lines = [
+        f"CUDA payload ({payload['manifest']}): {payload['archive_bytes'] / 2**20:.1f} MiB in "
+        f"{len(payload['parts'])} parts"
+    ]
+    lines += [
+        f"  part {p['index']}: {p['distribution']} {p['version']} ({p['size'] / 2**20:.1f} MiB)"
+        for p in payload["parts"]
+    ]
     coverage: dict[str, dict[str, str | None]] = payload.get("coverage", {})
     if coverage:
         ccs = sorted({cc for row in coverage.values() for cc in row}, key=lambda c: tuple(map(int, c.split("."))))
         lines.append("  " + f"{'archived binary':<56}" + "".join(f"{cc:>14}" for cc in ccs))
         for name, row in sorted(coverage.items()):
-            lines.append("  " + f"{name:<56}" + "".join(f"{(row.get(cc) or '-').replace(' SASS', ''):>14}"
-                                                        for cc in ccs))  # fmt: skip
+            lines.append(
+                "  " + f"{name:<56}" + "".join(f"{(row.get(cc) or '-').replace(' SASS', ''):>14}" for cc in ccs)
+            )
     return lines
 
 
 def to_markdown(report: dict[str, Any]) -> str:
     """The report as Markdown for a CI job summary."""
-    out = [f"## Audit: {'passed' if report['passed'] else 'FAILED'}", "",
-           "| wheel | size (MiB) | errors |", "| --- | ---: | ---: |"]  # fmt: skip
+    out = [
+        f"## Audit: {'passed' if report['passed'] else 'FAILED'}",
+        "",
+        "| wheel | size (MiB) | errors |",
+        "| --- | ---: | ---: |",
+    ]
     out += [f"| `{w['filename']}` | {w['size'] / 2**20:.2f} | {w['errors']} |" for w in report["wheels"]]
     if report["findings"]:
         out += ["", "| severity | rule | wheel | member | message | fix |", "| --- | --- | --- | --- | --- | --- |"]
-        out += [f"| {f['severity']} | `{f['rule']}` | {f['wheel']} | `{f['member']}` | {f['message']} | {f['fix']} |"
-                for f in report["findings"]]  # fmt: skip
+        out += [
+            f"| {f['severity']} | `{f['rule']}` | {f['wheel']} | `{f['member']}` | {f['message']} | {f['fix']} |"
+            for f in report["findings"]
+        ]
     for wheel, cpu in report["cpu_variants"].items():
-        out += ["", f"### CPU variants: `{wheel}`", "", "| variant | marker | marker used | forbidden |",
-                "| --- | --- | --- | ---: |"]  # fmt: skip
-        out += [f"| {n} | {v['marker']} | {'yes' if v['marker_present'] else '**no**'} | {len(v['forbidden'])} |"
-                for n, v in cpu.items() if n != "loader" and v.get("present")]  # fmt: skip
+        out += [
+            "",
+            f"### CPU variants: `{wheel}`",
+            "",
+            "| variant | marker | marker used | forbidden |",
+            "| --- | --- | --- | ---: |",
+        ]
+        out += [
+            f"| {n} | {v['marker']} | {'yes' if v['marker_present'] else '**no**'} | {len(v['forbidden'])} |"
+            for n, v in cpu.items()
+            if n != "loader" and v.get("present")
+        ]
     if report.get("payload"):
         out += ["", "### CUDA payload", "", "```", *_payload_lines(report["payload"]), "```"]
     for wheel, cuda in report["cuda_architectures"].items():

@@ -55,8 +55,10 @@ def _check_dist(cs: model.CarrierSet, dist: Path) -> int:
     report = consistency.check(cs, meta)
     for problem in report.problems:
         print(f"error: {problem}", file=sys.stderr)
-    print(f"{dist}: torch {consistency.torch_summary(report.torch)}; installs that can import the CUDA payload: "
-          f"{', '.join(report.payload_roots) or 'none'}")  # fmt: skip
+    print(
+        f"{dist}: torch {consistency.torch_summary(report.torch)}; installs that can import the CUDA payload: "
+        f"{', '.join(report.payload_roots) or 'none'}"
+    )
     print("every one of them pulls all part carriers" if not report.problems else f"{len(report.problems)} problems")
     return 1 if report.problems else 0
 

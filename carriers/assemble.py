@@ -74,20 +74,37 @@ def _derived(job: _Job, c: Carrier) -> list[Built]:
     src = job.sources[c.name]
     hook = job.take if c.payload_manifest else None
     path = transform.derive(c, job.cs, src.path, job.out, job.versions, job.upstream_of, take=hook)
-    return [Built(c.name, job.versions[c.name], c.kind, path,
-                  inputs=[{"name": src.name, "version": src.version, "filename": src.path.name, "sha256": src.sha256}],
-                  patches=[{"file": p.name, "sha256": inputs.sha256(p)} for p in c.patches])]  # fmt: skip
+    return [
+        Built(
+            c.name,
+            job.versions[c.name],
+            c.kind,
+            path,
+            inputs=[{"name": src.name, "version": src.version, "filename": src.path.name, "sha256": src.sha256}],
+            patches=[{"file": p.name, "sha256": inputs.sha256(p)} for p in c.patches],
+        )
+    ]
 
 
 # carrier kind -> how it is built (carriers.toml `kind`; the model refuses any other)
 BUILDERS: dict[str, Callable[[_Job, Carrier], list[Built]]] = {
-    "native": _native, "umbrella": _umbrella, "fork": _derived, "repack": _derived,
-}  # fmt: skip
+    "native": _native,
+    "umbrella": _umbrella,
+    "fork": _derived,
+    "repack": _derived,
+}
 
 
-def build_set(cs: CarrierSet, kernel: Path | Sequence[Path], out: Path, *, lock: Path = inputs.LOCK,
-              cache: Path | None = None, given: Mapping[str, Path] | None = None,
-              only: frozenset[str] | None = None) -> list[Built]:  # fmt: skip
+def build_set(
+    cs: CarrierSet,
+    kernel: Path | Sequence[Path],
+    out: Path,
+    *,
+    lock: Path = inputs.LOCK,
+    cache: Path | None = None,
+    given: Mapping[str, Path] | None = None,
+    only: frozenset[str] | None = None,
+) -> list[Built]:
     """Every carrier (or `only` these) into `out`. given: upstream name -> wheel path (verified against the lock).
     `kernel`: the kt-kernel wheel, or one per Python of the matrix (cp311, cp312): each ships, each carries
     the same archive part."""
@@ -110,8 +127,10 @@ def build_set(cs: CarrierSet, kernel: Path | Sequence[Path], out: Path, *, lock:
         if c.kind == "native":
             versions[c.name] = str(parse_wheel_filename(kernel_wheel.name)[1])
             if versions[c.name] != cs.kt_version:
-                raise ConsistencyError(f"{kernel_wheel.name} is version {versions[c.name]}, the KT version is "
-                                       f"{cs.kt_version}; rebuild kt-kernel (nox -s build_cuda)")  # fmt: skip
+                raise ConsistencyError(
+                    f"{kernel_wheel.name} is version {versions[c.name]}, the KT version is "
+                    f"{cs.kt_version}; rebuild kt-kernel (nox -s build_cuda)"
+                )
         else:
             versions[c.name] = transform.carrier_version(c, cs, upstream_of.get(c.name, ""))
     built: list[Built] = []
@@ -161,19 +180,35 @@ def assemble(cs: CarrierSet, kernel_wheel: Path | Sequence[Path], dist: Path, **
         metadata = {b.name: read_metadata(b.path) for b in built}
         for b in built:  # the kernel wheels of several Pythons must ask for the same things
             if read_metadata(b.path) != metadata[b.name]:
-                raise ConsistencyError(f"{b.path.name} declares other requirements than the {b.name} wheel beside "
-                                       "it; build every Python's wheel from one source")  # fmt: skip
+                raise ConsistencyError(
+                    f"{b.path.name} declares other requirements than the {b.name} wheel beside "
+                    "it; build every Python's wheel from one source"
+                )
         report = consistency.check(cs, metadata)
         if report.problems:
             raise ConsistencyError("the carrier set is inconsistent:\n  " + "\n  ".join(report.problems))
         wheels = []
         for b in built:
             digest = inputs.sha256(b.path)
-            wheels.append({"name": b.name, "version": b.version, "kind": b.kind, "filename": b.path.name,
-                           "sha256": digest, "size": b.path.stat().st_size, "inputs": b.inputs,
-                           "patches": b.patches})  # fmt: skip
-        manifest = {"schema_version": 1, "kt_version": cs.kt_version, "torch": report.torch,
-                    "torch_candidates": list(report.torch_candidates), "wheels": wheels}  # fmt: skip
+            wheels.append(
+                {
+                    "name": b.name,
+                    "version": b.version,
+                    "kind": b.kind,
+                    "filename": b.path.name,
+                    "sha256": digest,
+                    "size": b.path.stat().st_size,
+                    "inputs": b.inputs,
+                    "patches": b.patches,
+                }
+            )
+        manifest = {
+            "schema_version": 1,
+            "kt_version": cs.kt_version,
+            "torch": report.torch,
+            "torch_candidates": list(report.torch_candidates),
+            "wheels": wheels,
+        }
         summary = next((b.payload for b in built if b.payload), None)
         if summary:
             manifest["payload"] = summary
@@ -210,8 +245,10 @@ def check_kernels(wheels: list[Path]) -> list[Path]:
     parsed = [(w, parse_wheel_filename(w.name)) for w in sorted(wheels, key=lambda p: p.name)]
     versions = {str(v) for _, (_, v, _, _) in parsed}
     if len(versions) > 1:
-        raise InputError(f"kt_kernel wheels of several versions {sorted(versions)}: "
-                         f"{', '.join(w.name for w, _ in parsed)}; rebuild them from one source")  # fmt: skip
+        raise InputError(
+            f"kt_kernel wheels of several versions {sorted(versions)}: "
+            f"{', '.join(w.name for w, _ in parsed)}; rebuild them from one source"
+        )
     seen: dict[str, str] = {}
     for w, (_, _, _, tags) in parsed:
         for t in tags:

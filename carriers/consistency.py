@@ -60,8 +60,10 @@ def payload_closure(cs: CarrierSet, requires: Mapping[str, list[str]]) -> tuple[
         reaching.append(root)
         missing = sorted(parts - got)
         if missing:
-            problems.append(f"installing {root} pulls {provider.name} (it can import the CUDA payload) but not the "
-                            f"part carrier(s) {missing}; make {provider.name} require them exactly")  # fmt: skip
+            problems.append(
+                f"installing {root} pulls {provider.name} (it can import the CUDA payload) but not the "
+                f"part carrier(s) {missing}; make {provider.name} require them exactly"
+            )
     return problems, reaching
 
 
@@ -95,11 +97,19 @@ def check(cs: CarrierSet, metadata: Mapping[str, tuple[str, list[str]]]) -> Repo
                 if not exact:
                     problems.append(f"{where} must pin {dep}=={sibling} exactly (the version {dep} is built at)")
             elif not req.specifier.contains(sibling, prereleases=True):
-                problems.append(f"{where}: the bound no longer admits {dep} {sibling}; the repack would be "
-                                "uninstallable beside its sibling")  # fmt: skip
+                problems.append(
+                    f"{where}: the bound no longer admits {dep} {sibling}; the repack would be "
+                    "uninstallable beside its sibling"
+                )
     combined = SpecifierSet(",".join(str(s) for _, s in torch_specs))
-    candidates = sorted({Version(sp.version.replace(".*", "")) for _, s in torch_specs for sp in s
-                         if sp.operator in ("==", ">=", "~=", "===")})  # fmt: skip
+    candidates = sorted(
+        {
+            Version(sp.version.replace(".*", ""))
+            for _, s in torch_specs
+            for sp in s
+            if sp.operator in ("==", ">=", "~=", "===")
+        }
+    )
     ok = tuple(str(v) for v in candidates if combined.contains(v, prereleases=True))
     if torch_specs and not ok:
         owners = "; ".join(f"{n}: torch{s}" for n, s in torch_specs)

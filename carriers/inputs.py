@@ -71,10 +71,28 @@ def fetch(name: str, lock: Path = LOCK, cache: Path | None = None) -> Input:
                 return Input(key, version, cached, digest)
             cached.unlink()  # stale or tampered cache entry: fetch again
     with tempfile.TemporaryDirectory() as tmp:
-        cmd = [sys.executable, "-m", "pip", "download", "--isolated", "--no-deps", "--only-binary", ":all:",
-               "--index-url", os.environ.get("KT_INPUT_INDEX_URL", "https://pypi.org/simple"),
-               "--python-version", "3.11", "--implementation", "cp", "--abi", "cp311",
-               *(f"--platform={p}" for p in PLATFORMS), "-d", tmp, f"{name}=={version}"]  # fmt: skip
+        cmd = [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "--isolated",
+            "--no-deps",
+            "--only-binary",
+            ":all:",
+            "--index-url",
+            os.environ.get("KT_INPUT_INDEX_URL", "https://pypi.org/simple"),
+            "--python-version",
+            "3.11",
+            "--implementation",
+            "cp",
+            "--abi",
+            "cp311",
+            *(f"--platform={p}" for p in PLATFORMS),
+            "-d",
+            tmp,
+            f"{name}=={version}",
+        ]
         progress.say("inputs", f"downloading {name}=={version} (locked by hash) ...")
         proc = progress.run_quiet(cmd, f"inputs: {name}")
         wheels = sorted(Path(tmp).glob("*.whl"))
@@ -98,8 +116,10 @@ def verify(path: Path, name: str, lock: Path = LOCK) -> Input:
     version, hashes = locked_pins(lock)[canonicalize_name(name)]
     digest = sha256(path)
     if digest not in hashes:
-        raise InputError(f"{path.name}: sha256 {digest} is not the locked hash ({', '.join(hashes)}) in {lock.name}; "
-                         "refusing to use it")  # fmt: skip
+        raise InputError(
+            f"{path.name}: sha256 {digest} is not the locked hash ({', '.join(hashes)}) in {lock.name}; "
+            "refusing to use it"
+        )
     return Input(canonicalize_name(name), version, path, digest)
 
 
@@ -119,13 +139,18 @@ def build_source(name: str, source: Source, cache: Path | None = None) -> Input:
 
         git("clone", "--quiet", "--no-checkout", source.git, str(tree))
         git("-C", str(tree), "checkout", "--quiet", "--detach", source.commit)
-        head = subprocess.run(["git", "-C", str(tree), "rev-parse", "HEAD"], capture_output=True, text=True,
-                              check=True).stdout.strip()  # fmt: skip
+        head = subprocess.run(
+            ["git", "-C", str(tree), "rev-parse", "HEAD"], capture_output=True, text=True, check=True
+        ).stdout.strip()
         if head != source.commit:
             raise InputError(f"{source.git}: checked out {head}, not the pinned commit {source.commit}")
         out = Path(tmp) / "out"
-        proc = subprocess.run([sys.executable, "-m", "build", "--wheel", "--outdir", str(out), str(tree)],
-                              capture_output=True, text=True, check=False)  # fmt: skip
+        proc = subprocess.run(
+            [sys.executable, "-m", "build", "--wheel", "--outdir", str(out), str(tree)],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
         wheels = sorted(out.glob("*.whl"))
         if proc.returncode != 0 or len(wheels) != 1:
             raise InputError(f"building {name} from {source.git}@{source.commit[:12]} failed:\n{proc.stderr[-2000:]}")

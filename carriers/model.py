@@ -113,8 +113,9 @@ def load(path: Path = DEFINITIONS, patches_dir: Path | None = None, version: str
     names = set(data)
     for name, spec in data.items():
         if canonicalize_name(name) != name:
-            raise DefinitionError(f"{path}: [{name}] is not a normalized distribution name; use "
-                                  f"[{canonicalize_name(name)}]")  # fmt: skip
+            raise DefinitionError(
+                f"{path}: [{name}] is not a normalized distribution name; use [{canonicalize_name(name)}]"
+            )
         kind = spec.get("kind")
         if kind not in _KEYS:
             raise DefinitionError(f"{path}: [{name}] kind {kind!r} must be one of {sorted(_KEYS)}")
@@ -145,13 +146,23 @@ def load(path: Path = DEFINITIONS, patches_dir: Path | None = None, version: str
         role = spec.get("payload")
         if role is not None and role not in PAYLOAD_ROLES:
             raise DefinitionError(f"{path}: [{name}] payload = {role!r}; it takes {sorted(PAYLOAD_ROLES)}")
-        carriers.append(Carrier(
-            name=name, kind=kind, version_rule=rule, upstream=spec.get("upstream", ""), post=int(spec.get("post", 0)),
-            summary=spec.get("summary", ""), requires=tuple(spec.get("requires", [])),
-            requires_python=spec.get("requires_python", ""),
-            extras=tuple((k, tuple(v)) for k, v in sorted(spec.get("extras", {}).items())), source=source,
-            patches=patches, payload_part=part, payload_manifest=role == "manifest",
-        ))  # fmt: skip
+        carriers.append(
+            Carrier(
+                name=name,
+                kind=kind,
+                version_rule=rule,
+                upstream=spec.get("upstream", ""),
+                post=int(spec.get("post", 0)),
+                summary=spec.get("summary", ""),
+                requires=tuple(spec.get("requires", [])),
+                requires_python=spec.get("requires_python", ""),
+                extras=tuple((k, tuple(v)) for k, v in sorted(spec.get("extras", {}).items())),
+                source=source,
+                patches=patches,
+                payload_part=part,
+                payload_manifest=role == "manifest",
+            )
+        )
     cs = CarrierSet(tuple(carriers), version or kt_version())
     _check_payload(cs, path)
     return cs
@@ -161,13 +172,16 @@ def _check_payload(cs: CarrierSet, path: Path) -> None:
     """Parts are numbered 1..N once each, and exactly one carrier holds the manifest when any part exists."""
     numbers = [c.payload_part for c in cs.part_carriers]
     if numbers != list(range(1, len(numbers) + 1)):
-        raise DefinitionError(f"{path}: payload_part values {numbers} must number the parts 1..{len(numbers)} "
-                              "once each")  # fmt: skip
+        raise DefinitionError(
+            f"{path}: payload_part values {numbers} must number the parts 1..{len(numbers)} once each"
+        )
     providers = [c.name for c in cs.carriers if c.payload_manifest]
     if len(providers) > 1:
         raise DefinitionError(f"{path}: {providers} all set payload = 'manifest'; one carrier holds the manifest")
     if numbers and not providers:
-        raise DefinitionError(f"{path}: carriers hold archive parts but none sets payload = 'manifest'; mark the "
-                              "fork that provides sgl_kernel")  # fmt: skip
+        raise DefinitionError(
+            f"{path}: carriers hold archive parts but none sets payload = 'manifest'; mark the "
+            "fork that provides sgl_kernel"
+        )
     if providers and not numbers:
         raise DefinitionError(f"{path}: [{providers[0]}] holds a payload manifest but no carrier sets payload_part")

@@ -208,8 +208,10 @@ def _frame(
     cache.mkdir(parents=True, exist_ok=True)
     tmp = target.with_name(f".{target.name}.{os.getpid()}")
     t0 = time.perf_counter()
-    say(f"{group}/: compressing {total / 2**20:.0f} MiB with zstd-{level} (window 2**{window}, long-distance "
-        f"matching, {os.cpu_count()} threads)")  # fmt: skip
+    say(
+        f"{group}/: compressing {total / 2**20:.0f} MiB with zstd-{level} (window 2**{window}, long-distance "
+        f"matching, {os.cpu_count()} threads)"
+    )
     done = 0
     with tmp.open("wb") as raw, _compressor(level, window).stream_writer(raw, closefd=False) as zw:
         for name, data in sorted(entries.items()):
@@ -217,8 +219,10 @@ def _frame(
             zw.write(data)
             zw.write(b"\0" * (-len(data) % tarfile.BLOCKSIZE))
             done += len(data)
-            say(f"  {name} ({len(data) / 2**20:.1f} MiB): {100 * done / max(total, 1):.0f}% after "
-                f"{time.perf_counter() - t0:.0f}s")  # fmt: skip
+            say(
+                f"  {name} ({len(data) / 2**20:.1f} MiB): {100 * done / max(total, 1):.0f}% after "
+                f"{time.perf_counter() - t0:.0f}s"
+            )
     desc.write_text(json.dumps(described, indent=1) + "\n")
     tmp.replace(target)
     say(f"{group}/: {target.stat().st_size / 2**20:.1f} MiB in {time.perf_counter() - t0:.1f}s")
@@ -431,8 +435,10 @@ def attach(
                 if sdest != s:
                     s.unlink()
                 if sdest.stat().st_size > pol.wheel_budget_bytes:
-                    raise ConsistencyError(f"{sdest.name} is {sdest.stat().st_size / 2**20:.1f} MiB with its part, "
-                                           f"over the {pol.wheel_budget_bytes / 2**20:.0f} MiB budget")  # fmt: skip
+                    raise ConsistencyError(
+                        f"{sdest.name} is {sdest.stat().st_size / 2**20:.1f} MiB with its part, "
+                        f"over the {pol.wheel_budget_bytes / 2**20:.0f} MiB budget"
+                    )
                 moved[s] = sdest
         parts.append(
             {

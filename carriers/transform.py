@@ -28,8 +28,9 @@ def carrier_version(c: Carrier, cs: CarrierSet, upstream_version: str = "") -> s
     if c.version_rule == "post":
         v = Version(upstream_version)
         if v.is_postrelease or v.is_devrelease or v.local:
-            raise InputError(f"{c.name}: upstream {c.upstream} {v} already has a post/dev/local part; "
-                             "fork a final release")  # fmt: skip
+            raise InputError(
+                f"{c.name}: upstream {c.upstream} {v} already has a post/dev/local part; fork a final release"
+            )
         return f"{v.public}.post{c.post}"
     return upstream_version
 
@@ -121,8 +122,15 @@ def apply_patches(members: dict[str, bytes], patches: tuple[Path, ...], what: st
         return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
 
 
-def derive(c: Carrier, cs: CarrierSet, src: Path, out_dir: Path, versions: Mapping[str, str],
-           upstream_of: Mapping[str, str], take: Callable[[dict[str, bytes]], None] | None = None) -> Path:  # fmt: skip
+def derive(
+    c: Carrier,
+    cs: CarrierSet,
+    src: Path,
+    out_dir: Path,
+    versions: Mapping[str, str],
+    upstream_of: Mapping[str, str],
+    take: Callable[[dict[str, bytes]], None] | None = None,
+) -> Path:
     """A fork or repack wheel of carrier `c` from the upstream wheel `src`. `take` removes
     members before anything else happens (the lazy CUDA archive's share of the wheel)."""
     up_name, up_version, _, _ = parse_wheel_filename(src.name)
@@ -137,8 +145,9 @@ def derive(c: Carrier, cs: CarrierSet, src: Path, out_dir: Path, versions: Mappi
     new_di = wheelio.dist_info(members)
     meta = members[f"{new_di}/METADATA"].decode("utf-8")
     rewrite = make_rewrite(c, cs, versions, upstream_of)
-    meta = wheelio.edit_metadata(meta, name=c.name, version=None if c.kind == "repack" else new_version,
-                                 requirement=rewrite)  # fmt: skip
+    meta = wheelio.edit_metadata(
+        meta, name=c.name, version=None if c.kind == "repack" else new_version, requirement=rewrite
+    )
     members[f"{new_di}/METADATA"] = meta.encode("utf-8")
     tag = "-".join(src.name[:-4].split("-")[-3:])  # the input's own spelling, compressed sets included
     out = out_dir / wheelio.wheel_name(c.name, new_version, tag)
@@ -152,8 +161,13 @@ def umbrella(c: Carrier, cs: CarrierSet, versions: Mapping[str, str], out_dir: P
     version = versions[c.name]
     norm = canonicalize_name(c.name).replace("-", "_")
     di = f"{norm}-{version}.dist-info"
-    lines = ["Metadata-Version: 2.1", f"Name: {c.name}", f"Version: {version}", f"Summary: {c.summary}",
-             f"Requires-Python: {c.requires_python}"]  # fmt: skip
+    lines = [
+        "Metadata-Version: 2.1",
+        f"Name: {c.name}",
+        f"Version: {version}",
+        f"Summary: {c.summary}",
+        f"Requires-Python: {c.requires_python}",
+    ]
     lines += [f"Requires-Dist: {d}=={versions[d]}" for d in c.requires]
     for extra, deps in c.extras:
         lines.append(f"Provides-Extra: {extra}")

@@ -43,8 +43,12 @@ def record_hash(data: bytes) -> str:
     return "sha256=" + base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
 
 
-def write(path: Path, members: Mapping[str, bytes], executable: frozenset[str] = frozenset(),
-          stored: frozenset[str] = frozenset()) -> None:  # fmt: skip
+def write(
+    path: Path,
+    members: Mapping[str, bytes],
+    executable: frozenset[str] = frozenset(),
+    stored: frozenset[str] = frozenset(),
+) -> None:
     """Write a wheel whose bytes depend on `members` alone: sorted entries (dist-info
     last, RECORD regenerated), SOURCE_DATE_EPOCH timestamps, 0644/0755 modes, deflate 6
     (`stored` members, already compressed, are stored as they are)."""
@@ -77,8 +81,10 @@ def set_tags(members: dict[str, bytes], tags: list[str]) -> None:
     name = f"{dist_info(members)}/WHEEL"
     lines = [ln for ln in members[name].decode("utf-8").splitlines() if ln.strip() and not ln.startswith("Tag: ")]
     platform = any(not t.endswith("-any") for t in tags)
-    lines = [f"Root-Is-Purelib: {'false' if platform else 'true'}" if ln.startswith("Root-Is-Purelib:") else ln
-             for ln in lines]  # fmt: skip
+    lines = [
+        f"Root-Is-Purelib: {'false' if platform else 'true'}" if ln.startswith("Root-Is-Purelib:") else ln
+        for ln in lines
+    ]
     members[name] = ("\n".join(lines + [f"Tag: {t}" for t in tags]) + "\n").encode()
 
 
@@ -87,8 +93,9 @@ def wheel_name(name: str, version: str, tag: str) -> str:
     return f"{canonicalize_name(name).replace('-', '_')}-{version}-{tag}.whl"
 
 
-def edit_metadata(text: str, *, name: str | None = None, version: str | None = None,
-                  requirement: Callable[[str], str] | None = None) -> str:  # fmt: skip
+def edit_metadata(
+    text: str, *, name: str | None = None, version: str | None = None, requirement: Callable[[str], str] | None = None
+) -> str:
     """Rewrite Name, Version and Requires-Dist header lines; every other byte stays."""
     head, sep, body = text.partition("\n\n")
     lines = head.split("\n")

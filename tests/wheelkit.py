@@ -48,8 +48,13 @@ def retag(members: dict[str, bytes], old: str, new: str) -> dict[str, bytes]:
     return out
 
 
-def pure_wheel_members(name: str = "demo_pkg", version: str = "1.0", *, requires: tuple[str, ...] = (),
-                       requires_python: str | None = ">=3.10") -> dict[str, bytes]:  # fmt: skip
+def pure_wheel_members(
+    name: str = "demo_pkg",
+    version: str = "1.0",
+    *,
+    requires: tuple[str, ...] = (),
+    requires_python: str | None = ">=3.10",
+) -> dict[str, bytes]:
     di = f"{name}-{version}.dist-info"
     meta = f"Metadata-Version: 2.1\nName: {name.replace('_', '-')}\nVersion: {version}\n"
     if requires_python:
@@ -70,8 +75,9 @@ def compile_so(tmp: Path, name: str, source: str, *flags: str, lang: str = "c") 
     src = tmp / f"{name}.{'S' if lang == 'asm' else 'c'}"
     src.write_text(source)
     out = tmp / name
-    proc = subprocess.run([cc, "-shared", "-fPIC", "-O2", "-o", str(out), str(src), *flags],
-                          capture_output=True, text=True, check=False)  # fmt: skip
+    proc = subprocess.run(
+        [cc, "-shared", "-fPIC", "-O2", "-o", str(out), str(src), *flags], capture_output=True, text=True, check=False
+    )
     if proc.returncode != 0:
         pytest.fail(f"compiling fixture {name} failed:\n{proc.stderr}")
     return out.read_bytes()

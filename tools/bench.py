@@ -93,8 +93,10 @@ def worker(variant: str, fmt: Literal["int8", "rawint4"], group: int) -> dict[st
         # A different routing every call, as consecutive decode steps (and layers) have: with
         # one fixed routing the touched experts stay in the last-level cache and the
         # "bandwidth" measured is the cache's.
-        routes = [torch.from_numpy(np.stack([rng.permutation(EXPERTS)[:TOPK] for _ in range(tokens)]))
-                  for _ in range(ROUTINGS)]  # fmt: skip
+        routes = [
+            torch.from_numpy(np.stack([rng.permutation(EXPERTS)[:TOPK] for _ in range(tokens)]))
+            for _ in range(ROUTINGS)
+        ]
         turn = itertools.cycle(routes)
 
         def kt_call(xt: Any = xt, wt: Any = wt, turn: Any = turn) -> None:
@@ -107,10 +109,16 @@ def worker(variant: str, fmt: Literal["int8", "rawint4"], group: int) -> dict[st
         with torch.inference_mode():
             t_ref = _timeit(ref_call)
         touched = sum(len(torch.unique(r)) for r in routes) / ROUTINGS * per_expert_bytes
-        rows.append({
-            "tokens": tokens, "kt_ms": t_kt * 1e3, "torch_bf16_ms": t_ref * 1e3, "speedup": t_ref / t_kt,
-            "tokens_per_s": tokens / t_kt, "weight_gb_per_s": touched / t_kt / 1e9,
-        })  # fmt: skip
+        rows.append(
+            {
+                "tokens": tokens,
+                "kt_ms": t_kt * 1e3,
+                "torch_bf16_ms": t_ref * 1e3,
+                "speedup": t_ref / t_kt,
+                "tokens_per_s": tokens / t_kt,
+                "weight_gb_per_s": touched / t_kt / 1e9,
+            }
+        )
     return {"variant": kt_kernel.__cpu_variant__, "fmt": fmt, "group": group, "threads": threads, "rows": rows}
 
 
@@ -125,8 +133,10 @@ def build_times() -> dict[str, Any]:
     t0 = time.perf_counter()
     subprocess.run(
         [sys.executable, str(ROOT / "kernel/tools/build_wheel.py"), "--dist", str(work / "dist"), "--work", str(work)],
-        env=env, check=True, capture_output=True,
-    )  # fmt: skip
+        env=env,
+        check=True,
+        capture_output=True,
+    )
     cold = time.perf_counter() - t0
     (cmake_dir,) = build_dir.glob("*-all")
     src = ROOT / "kernel/src/cpu/amx.cpp"
@@ -154,8 +164,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     report_cmd = "import json, kt_kernel; print(json.dumps(kt_kernel.cpu_report().as_dict()))"
-    report = json.loads(subprocess.run([sys.executable, "-c", report_cmd], check=True, capture_output=True,
-                                       text=True).stdout)  # fmt: skip
+    report = json.loads(
+        subprocess.run([sys.executable, "-c", report_cmd], check=True, capture_output=True, text=True).stdout
+    )
     threads = len(os.sched_getaffinity(0))
     result: dict[str, Any] = {"cpu": report["brand"], "threads": threads, "read_gb_per_s": read_bandwidth(threads)}
     print(f"CPU {report['brand']}, {threads} threads, read bandwidth {result['read_gb_per_s']:.1f} GB/s")
@@ -168,8 +179,12 @@ def main(argv: list[str] | None = None) -> int:
             env = dict(os.environ, KT_KERNEL_CPU_VARIANT=name)
             out = subprocess.run(
                 [sys.executable, "-m", "tools.bench", "--worker", name, fmt, str(group or 64)],
-                env=env, check=True, capture_output=True, text=True, cwd=ROOT,
-            ).stdout  # fmt: skip
+                env=env,
+                check=True,
+                capture_output=True,
+                text=True,
+                cwd=ROOT,
+            ).stdout
             r = json.loads(out.strip().splitlines()[-1])
             result["variants"].append(r)
             for row in r["rows"]:
@@ -183,8 +198,10 @@ def main(argv: list[str] | None = None) -> int:
     if not args.no_build_times:
         result["build"] = build_times()
         b = result["build"]
-        print(f"cold build_cpu {b['cold_build_s']:.1f}s; after touching {b['touched']}: {b['rebuild_s']:.1f}s, "
-              f"{len(b['recompiled'])} objects recompiled: {', '.join(b['recompiled'])}")  # fmt: skip
+        print(
+            f"cold build_cpu {b['cold_build_s']:.1f}s; after touching {b['touched']}: {b['rebuild_s']:.1f}s, "
+            f"{len(b['recompiled'])} objects recompiled: {', '.join(b['recompiled'])}"
+        )
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(result, indent=2) + "\n")
     return 0

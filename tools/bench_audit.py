@@ -65,8 +65,9 @@ def main(argv: list[str] | None = None) -> int:
     results: dict[str, Any] = {"wheel": args.wheel.name, "wheel_mib": round(args.wheel.stat().st_size / 2**20, 1)}
     with tempfile.TemporaryDirectory(prefix="kt-bench-audit-") as tmp:
         print(f"[bench audit] {args.wheel.name}: python -m audits --policy third-party ...", flush=True)
-        results["ours"] = measure([py, "-m", "audits", "--policy", "third-party", "--json", f"{tmp}/r.json",
-                                   str(args.wheel)])  # fmt: skip
+        results["ours"] = measure(
+            [py, "-m", "audits", "--policy", "third-party", "--json", f"{tmp}/r.json", str(args.wheel)]
+        )
         print(f"[bench audit] {args.wheel.name}: auditwheel show ...", flush=True)
         results["auditwheel"] = measure([py, "-m", "auditwheel", "show", str(args.wheel)])
         print("[bench audit] writing a 2 GiB zip bomb ...", flush=True)
@@ -79,13 +80,18 @@ def main(argv: list[str] | None = None) -> int:
         ("", "wall s", "peak RSS MiB"),
         (f"audit ({results['wheel_mib']} MiB wheel)", ours["wall_s"], ours["peak_rss_mib"]),
         ("auditwheel show (same wheel)", theirs["wall_s"], theirs["peak_rss_mib"]),
-        (f"audit (zip bomb, {results['bomb_mib']} MiB -> 2 GiB)", results["bomb"]["wall_s"],
-         results["bomb"]["peak_rss_mib"]),
-    ]  # fmt: skip
+        (
+            f"audit (zip bomb, {results['bomb_mib']} MiB -> 2 GiB)",
+            results["bomb"]["wall_s"],
+            results["bomb"]["peak_rss_mib"],
+        ),
+    ]
     for a, b, c in rows:
         print(f"  {a:<44} {b!s:>8} {c!s:>13}")
-    print(f"  audit / auditwheel wall time: {results['time_ratio']}x (target <= 0.5x); "
-          f"peak RSS targets <= 256 MiB", flush=True)  # fmt: skip
+    print(
+        f"  audit / auditwheel wall time: {results['time_ratio']}x (target <= 0.5x); peak RSS targets <= 256 MiB",
+        flush=True,
+    )
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(results, indent=2) + "\n")
     return 0

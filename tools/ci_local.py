@@ -54,13 +54,14 @@ def _functions(statuses: Mapping[str, str]) -> dict[str, Any]:
     return {
         "startsWith": lambda a, b: str(a).lower().startswith(str(b).lower()),
         "endsWith": lambda a, b: str(a).lower().endswith(str(b).lower()),
-        "contains": lambda a, b: str(b).lower() in (str(a).lower() if isinstance(a, str) else [str(x).lower()
-                                                                                             for x in a]),
+        "contains": lambda a, b: (
+            str(b).lower() in (str(a).lower() if isinstance(a, str) else [str(x).lower() for x in a])
+        ),
         "success": lambda: all(s == "success" for s in statuses.values()),
         "failure": lambda: any(s == "failure" for s in statuses.values()),
         "always": lambda: True,
         "cancelled": lambda: False,
-    }  # fmt: skip
+    }
 
 
 def _to_python(expr: str) -> str:
@@ -111,8 +112,11 @@ def evaluate(expr: str, context: Mapping[str, Any], statuses: Mapping[str, str] 
             return not ev(node.operand)
         if isinstance(node, ast.Compare) and len(node.ops) == 1 and isinstance(node.ops[0], (ast.Eq, ast.NotEq)):
             left, right = ev(node.left), ev(node.comparators[0])
-            same = str(left).lower() == str(right).lower() if isinstance(left, str) and isinstance(right, str) \
-                else left == right  # fmt: skip
+            same = (
+                str(left).lower() == str(right).lower()
+                if isinstance(left, str) and isinstance(right, str)
+                else left == right
+            )
             return same if isinstance(node.ops[0], ast.Eq) else not same
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in funcs:
             return funcs[node.func.id](*(ev(a) for a in node.args))
@@ -170,8 +174,10 @@ def expand(workflow: Mapping[str, Any]) -> list[JobRun]:
         for step in job.get("steps", []):
             uses = step.get("uses")
             if uses and not uses.startswith(tuple(a + "@" for a in KNOWN_ACTIONS)):
-                raise WorkflowError(f"job {job_id}: step uses {uses!r}, which this runner cannot run or replace; "
-                                    f"known: {', '.join(KNOWN_ACTIONS)}")  # fmt: skip
+                raise WorkflowError(
+                    f"job {job_id}: step uses {uses!r}, which this runner cannot run or replace; "
+                    f"known: {', '.join(KNOWN_ACTIONS)}"
+                )
         matrix = (job.get("strategy") or {}).get("matrix") or {}
         axes = {k: v for k, v in matrix.items() if isinstance(v, list)}
         combos = [dict(zip(axes, values, strict=True)) for values in itertools.product(*axes.values())] or [{}]
@@ -179,10 +185,18 @@ def expand(workflow: Mapping[str, Any]) -> list[JobRun]:
         for combo in combos:
             ctx = {"matrix": combo}
             key = job_id + (f" ({', '.join(str(v) for v in combo.values())})" if combo else "")
-            runs.append(JobRun(key, job_id, interpolate(str(job.get("name", job_id)), ctx),
-                               tuple([needs] if isinstance(needs, str) else needs), str(job.get("if", "")),
-                               job.get("steps", []), {k: str(v) for k, v in (job.get("env") or {}).items()},
-                               combo))  # fmt: skip
+            runs.append(
+                JobRun(
+                    key,
+                    job_id,
+                    interpolate(str(job.get("name", job_id)), ctx),
+                    tuple([needs] if isinstance(needs, str) else needs),
+                    str(job.get("if", "")),
+                    job.get("steps", []),
+                    {k: str(v) for k, v in (job.get("env") or {}).items()},
+                    combo,
+                )
+            )
     return runs
 
 
@@ -192,11 +206,15 @@ def event_context(workflow: Mapping[str, Any], event: str, ref: str, inputs: Map
     values = {k: str(v.get("default", "")) for k, v in declared.items()} if event == "workflow_dispatch" else {}
     unknown = set(inputs) - set(declared)
     if unknown:
-        raise WorkflowError(f"unknown workflow_dispatch inputs {sorted(unknown)}; the workflow declares "
-                            f"{sorted(declared)}")  # fmt: skip
+        raise WorkflowError(
+            f"unknown workflow_dispatch inputs {sorted(unknown)}; the workflow declares {sorted(declared)}"
+        )
     values.update(inputs)
-    return {"github": {"event_name": event, "ref": ref, "repository": "local/kt-release"}, "inputs": values,
-            "env": {k: str(v) for k, v in (workflow.get("env") or {}).items()}}  # fmt: skip
+    return {
+        "github": {"event_name": event, "ref": ref, "repository": "local/kt-release"},
+        "inputs": values,
+        "env": {k: str(v) for k, v in (workflow.get("env") or {}).items()},
+    }
 
 
 def decide(run: JobRun, by_job: Mapping[str, list[JobRun]], context: Mapping[str, Any]) -> tuple[bool, str]:
@@ -242,8 +260,11 @@ def _copy_into(files: list[Path], base: Path, dest: Path) -> None:
 def upload(job_dir: Path, spec: Mapping[str, Any], artifacts: Path) -> str:
     """actions/upload-artifact: copy the matched files into the run's artifact store."""
     name, pattern = str(spec["name"]), str(spec["path"]).strip()
-    matches = sorted(job_dir.glob(pattern.rstrip("/"))) if any(c in pattern for c in "*?[") else \
-        [job_dir / pattern.rstrip("/")]  # fmt: skip
+    matches = (
+        sorted(job_dir.glob(pattern.rstrip("/")))
+        if any(c in pattern for c in "*?[")
+        else [job_dir / pattern.rstrip("/")]
+    )
     files: list[Path] = []
     for m in matches:
         files += sorted(p for p in m.rglob("*") if p.is_file()) if m.is_dir() else ([m] if m.is_file() else [])
@@ -296,19 +317,24 @@ def replace_run(script: str, env: Mapping[str, str], local: Local) -> tuple[str,
         if python == HOST_PYTHON:
             cmd += " && cp build/kt-kernel/out/*.whl build/wheelhouse/"
         else:
-            notes.append(f"no CPython {python[2]}.{python[3:]} here: FIXTURE - the {HOST_PYTHON} wheel relabelled "
-                         f"{python} (never install it; CI builds the real one)")  # fmt: skip
+            notes.append(
+                f"no CPython {python[2]}.{python[3:]} here: FIXTURE - the {HOST_PYTHON} wheel relabelled "
+                f"{python} (never install it; CI builds the real one)"
+            )
             cmd += f" && {sys.executable} -m tools.ci_local --relabel build/kt-kernel/out {python} build/wheelhouse"
         script = script.replace(m.group(0), cmd)
     m = re.search(r"nox -s publish -- .*", script)
     if m:
         if not local.index_url:
             raise RuntimeError("a publish job runs, but no local index was started")
-        notes.append(f"publishing to the local index {local.index_url} instead of {m.group(0).split()[5]}; "
-                     "attestations off (they need the CI's OIDC identity)")  # fmt: skip
+        notes.append(
+            f"publishing to the local index {local.index_url} instead of {m.group(0).split()[5]}; "
+            "attestations off (they need the CI's OIDC identity)"
+        )
         # tools.publish gives a 127.0.0.1 index throwaway credentials itself
-        script = script.replace(m.group(0), f"nox -s publish -- --repository-url {local.index_url} "
-                                             f"--index-url {local.index_url}simple/")  # fmt: skip
+        script = script.replace(
+            m.group(0), f"nox -s publish -- --repository-url {local.index_url} --index-url {local.index_url}simple/"
+        )
     return script, notes
 
 
@@ -343,8 +369,13 @@ def run_job(run: JobRun, context: Mapping[str, Any], work: Path, repo: Path, loc
     env = {k: v for k, v in os.environ.items() if not k.startswith(("VIRTUAL_ENV", "NOX_"))}
     env |= {k: interpolate(v, ctx) for k, v in context["env"].items()}
     env |= {k: interpolate(v, ctx) for k, v in run.env.items()}
-    env |= {"CI": "true", "GITHUB_ACTIONS": "true", "GITHUB_STEP_SUMMARY": str(summary),
-            "GITHUB_EVENT_NAME": context["github"]["event_name"], "GITHUB_REF": context["github"]["ref"]}  # fmt: skip
+    env |= {
+        "CI": "true",
+        "GITHUB_ACTIONS": "true",
+        "GITHUB_STEP_SUMMARY": str(summary),
+        "GITHUB_EVENT_NAME": context["github"]["event_name"],
+        "GITHUB_REF": context["github"]["ref"],
+    }
     cwd = work
     for i, step in enumerate(run.steps, 1):
         label = step.get("name") or step.get("uses") or step.get("run", "").splitlines()[0]
@@ -384,8 +415,9 @@ def run_job(run: JobRun, context: Mapping[str, Any], work: Path, repo: Path, loc
 
 
 def _head(repo: Path) -> str:
-    return subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True, text=True,
-                          check=True).stdout.strip()  # fmt: skip
+    return subprocess.run(
+        ["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True, text=True, check=True
+    ).stdout.strip()
 
 
 @contextmanager
@@ -400,8 +432,11 @@ def local_index(work: Path) -> Iterator[str]:
     exe = str(server) if server.is_file() else shutil.which("pypi-server")
     if exe is None:
         raise WorkflowError("pypi-server is missing: install lockfiles/ci.txt (nox -s ci_local does)")
-    proc = subprocess.Popen([exe, "run", "-i", "127.0.0.1", "-p", str(port), "-a", ".", "-P", ".", str(packages)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    proc = subprocess.Popen(
+        [exe, "run", "-i", "127.0.0.1", "-p", str(port), "-a", ".", "-P", ".", str(packages)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     url = f"http://127.0.0.1:{port}/"
     try:
         for _ in range(100):
@@ -418,8 +453,15 @@ def local_index(work: Path) -> Iterator[str]:
         proc.wait(timeout=10)
 
 
-def execute(workflow: Mapping[str, Any], context: Mapping[str, Any], work: Path, repo: Path = ROOT,
-            *, plan_only: bool = False, only: frozenset[str] = frozenset()) -> list[JobRun]:  # fmt: skip
+def execute(
+    workflow: Mapping[str, Any],
+    context: Mapping[str, Any],
+    work: Path,
+    repo: Path = ROOT,
+    *,
+    plan_only: bool = False,
+    only: frozenset[str] = frozenset(),
+) -> list[JobRun]:
     """Run (or with plan_only, plan) the workflow. `only`: re-run just these jobs, taking the others'
     artifacts from the previous run in `work` (GitHub's "re-run failed jobs")."""
     runs = order(expand(workflow))

@@ -35,8 +35,12 @@ def _pip_config_find_links() -> str:
     if os.environ.get("PIP_CONFIG_FILE") == os.devnull:
         return ""
     home = Path.home()
-    files = [Path("/etc/xdg/pip/pip.conf"), Path("/etc/pip.conf"), home / ".pip" / "pip.conf",
-             home / ".config" / "pip" / "pip.conf"]  # fmt: skip
+    files = [
+        Path("/etc/xdg/pip/pip.conf"),
+        Path("/etc/pip.conf"),
+        home / ".pip" / "pip.conf",
+        home / ".config" / "pip" / "pip.conf",
+    ]
     if os.environ.get("PIP_CONFIG_FILE"):
         files.append(Path(os.environ["PIP_CONFIG_FILE"]))
     found = ""
@@ -95,6 +99,10 @@ def for_install(lock: Path, dest: Path, extra: str = "") -> Path:
     dest.write_text(text + (("\n" + extra.strip() + "\n") if extra.strip() else ""))
     return dest
 
+
+# How every locked set is installed: hashes checked, wheels only, PyPI as the index (the lock's own
+# option lines add the PyTorch CPU index or this machine's stand-in).
+LOCKED_INSTALL = ("--require-hashes", "--only-binary", ":all:", "--index-url", "https://pypi.org/simple")
 
 # uv prefers an extra index over PyPI for every package it finds there ("first index"); with every
 # file hash-pinned, taking the best match across indexes is safe and matches pip.

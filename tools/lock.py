@@ -149,10 +149,25 @@ def generate(name: str) -> None:
     prev.parent.mkdir(parents=True, exist_ok=True)
     prev.write_text(out.read_text() if out.exists() else "")
     cmd = [
-        uv, "pip", "compile", "--quiet", "--generate-hashes", "--no-header", "--no-annotate",
-        "--python-version", PYTHON_VERSION, *platform, *extra, *(indexes.UV_ARGS if sources else ()),
-        "--index-url", "https://pypi.org/simple", *sources, "--output-file", str(prev), str(tmp if roots else src),
-    ]  # fmt: skip
+        uv,
+        "pip",
+        "compile",
+        "--quiet",
+        "--generate-hashes",
+        "--no-header",
+        "--no-annotate",
+        "--python-version",
+        PYTHON_VERSION,
+        *platform,
+        *extra,
+        *(indexes.UV_ARGS if sources else ()),
+        "--index-url",
+        "https://pypi.org/simple",
+        *sources,
+        "--output-file",
+        str(prev),
+        str(tmp if roots else src),
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True, check=False, cwd=ROOT)
     if proc.returncode != 0:
         raise LockError(f"locking {name} failed:\n{proc.stderr}")

@@ -60,8 +60,13 @@ def main(argv: list[str] | None = None) -> int:
     rules = args.rule or sorted(RULES)
     involved = sorted({f for r in rules for f in _tests_naming(r)})
     print(f"baseline: {len(involved)} test files without a mutant ...", flush=True)
-    base = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *map(str, involved)],
-                          cwd=ROOT, capture_output=True, text=True, check=False)  # fmt: skip
+    base = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *map(str, involved)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     if base.returncode != 0:
         print(f"error: the tests fail without any mutant; fix them first:\n{base.stdout[-3000:]}", file=sys.stderr)
         return 2
@@ -73,10 +78,24 @@ def main(argv: list[str] | None = None) -> int:
             results[rule] = {"killed": False, "tests": [], "why": "no test names this rule"}
         else:
             proc = subprocess.run(
-                [sys.executable, "-m", "pytest", "-q", "-x", "-p", "tools.mutants", "-p", "no:cacheprovider",
-                 *map(str, files)],
-                env={**os.environ, ENV: rule}, cwd=ROOT, capture_output=True, text=True, check=False,
-            )  # fmt: skip
+                [
+                    sys.executable,
+                    "-m",
+                    "pytest",
+                    "-q",
+                    "-x",
+                    "-p",
+                    "tools.mutants",
+                    "-p",
+                    "no:cacheprovider",
+                    *map(str, files),
+                ],
+                env={**os.environ, ENV: rule},
+                cwd=ROOT,
+                capture_output=True,
+                text=True,
+                check=False,
+            )
             # exit 1: tests failed (the mutant was noticed); anything else is the harness, not a kill
             if proc.returncode not in (0, 1):
                 print(f"error: pytest exited {proc.returncode} for {rule}:\n{proc.stdout[-2000:]}", file=sys.stderr)
@@ -86,8 +105,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[{i}/{len(rules)}] {rule}: {verdict} ({time.perf_counter() - t0:.0f}s)", flush=True)
     survivors = sorted(r for r, v in results.items() if not v["killed"])
     args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps({"killed": len(rules) - len(survivors), "total": len(rules),
-                                     "survivors": survivors, "rules": results}, indent=2) + "\n")  # fmt: skip
+    args.json.write_text(
+        json.dumps(
+            {"killed": len(rules) - len(survivors), "total": len(rules), "survivors": survivors, "rules": results},
+            indent=2,
+        )
+        + "\n"
+    )
     print(f"audit-rule mutants killed: {len(rules) - len(survivors)}/{len(rules)}; survivors: {survivors or 'none'}")
     return 1 if survivors else 0
 

@@ -60,8 +60,9 @@ def each(items: Sequence[T], label: str, describe: Any = str, stream: IO[str] | 
         yield item
 
 
-def run_quiet(cmd: Sequence[str], label: str, *, every: float = HEARTBEAT_S, stream: IO[str] | None = None,
-              **kwargs: Any) -> subprocess.CompletedProcess[str]:  # fmt: skip
+def run_quiet(
+    cmd: Sequence[str], label: str, *, every: float = HEARTBEAT_S, stream: IO[str] | None = None, **kwargs: Any
+) -> subprocess.CompletedProcess[str]:
     """subprocess.run with captured output, saying "still running" every `every` seconds meanwhile."""
     out = stream or sys.stdout
     done = threading.Event()

@@ -136,8 +136,9 @@ def remote_sha256(url: str) -> str:
         return hashlib.sha256(resp.read()).hexdigest()
 
 
-def publish(dist: Path, repository_url: str, index_url: str, wait_s: float = 120.0,
-            twine_args: tuple[str, ...] = ()) -> list[tuple[str, str]]:  # fmt: skip
+def publish(
+    dist: Path, repository_url: str, index_url: str, wait_s: float = 120.0, twine_args: tuple[str, ...] = ()
+) -> list[tuple[str, str]]:
     """Upload dist/ in dependency order and verify each served file by sha256; yields progress."""
     manifest = json.loads((dist / "manifest.json").read_text())
     sums = {w["filename"]: w["sha256"] for w in manifest["wheels"]}
@@ -160,14 +161,28 @@ def publish(dist: Path, repository_url: str, index_url: str, wait_s: float = 120
             continue
         if "--attestations" in twine_args:
             # PEP 740: sign with the CI's ambient OIDC identity (trusted publishing); twine uploads the result.
-            sign = subprocess.run([sys.executable, "-m", "pypi_attestations", "sign", str(dist / fname)],
-                                  capture_output=True, text=True, check=False)  # fmt: skip
+            sign = subprocess.run(
+                [sys.executable, "-m", "pypi_attestations", "sign", str(dist / fname)],
+                capture_output=True,
+                text=True,
+                check=False,
+            )
             if sign.returncode != 0:
                 raise PublishError(
                     f"attesting {fname} failed (is this CI with id-token: write?):\n{sign.stderr[-2000:]}"
                 )
-        cmd = [sys.executable, "-m", "twine", "upload", "--non-interactive", "--disable-progress-bar",
-               "--repository-url", repository_url, *twine_args, str(dist / fname)]  # fmt: skip
+        cmd = [
+            sys.executable,
+            "-m",
+            "twine",
+            "upload",
+            "--non-interactive",
+            "--disable-progress-bar",
+            "--repository-url",
+            repository_url,
+            *twine_args,
+            str(dist / fname),
+        ]
         proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
         if proc.returncode != 0:
             raise PublishError(f"twine upload {fname} failed:\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}")

@@ -77,8 +77,11 @@ def _git_commit() -> str:
 
 
 def _release_date() -> str:
-    m = re.search(r'^__release_date__ = "([^"]+)"', VERSION_FILE.read_text(), re.MULTILINE) if VERSION_FILE.exists() \
-        else None  # fmt: skip
+    m = (
+        re.search(r'^__release_date__ = "([^"]+)"', VERSION_FILE.read_text(), re.MULTILINE)
+        if VERSION_FILE.exists()
+        else None
+    )
     return m.group(1) if m else "unknown"
 
 
@@ -95,12 +98,20 @@ table.findings td:nth-child(3){max-width:330px;word-break:break-all} table.findi
 
 
 def _cls(verdict: str) -> str:
-    return {"pass": "pass", "PASSED": "pass", "FAIL": "fail", "FAILED": "fail", "error": "fail",
-            "warning": "warn", "info": "info"}.get(verdict, "none")  # fmt: skip
+    return {
+        "pass": "pass",
+        "PASSED": "pass",
+        "FAIL": "fail",
+        "FAILED": "fail",
+        "error": "fail",
+        "warning": "warn",
+        "info": "info",
+    }.get(verdict, "none")
 
 
-def render_html(manifest: dict[str, Any], audit: dict[str, Any], verify: dict[str, Any],
-                baseline: dict[str, Any] | None, dist: Path) -> str:  # fmt: skip
+def render_html(
+    manifest: dict[str, Any], audit: dict[str, Any], verify: dict[str, Any], baseline: dict[str, Any] | None, dist: Path
+) -> str:
     """The release candidate as one self-contained page (no network, no script)."""
     e = html.escape
     errors: dict[str, int] = {w["filename"]: w["errors"] for w in audit.get("wheels", [])}
@@ -109,18 +120,20 @@ def render_html(manifest: dict[str, Any], audit: dict[str, Any], verify: dict[st
     budget = 100 << 20
     parts = {p["distribution"]: p["size"] for p in (manifest.get("payload") or {}).get("parts", [])}
     old = {w["filename"].split("-")[0]: w["size"] for w in (baseline or {}).get("wheels", [])}
-    out = [f"<!doctype html><html lang=en><meta charset=utf-8><title>KT release {e(manifest['kt_version'])}</title>",
-           f"<style>{CSS}</style><body>",
-           f"<h1>KT release {e(manifest['kt_version'])}</h1>",
-           f"<p class=meta>commit <code>{e(_git_commit())}</code> &middot; release date {e(_release_date())} &middot; "
-           f"report {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}</p>",
-           f'<p id=verdict><span class="badge {_cls(verdict)}">{verdict}</span> audit: '
-           f"{'passed' if audit.get('passed') else 'failed or missing'}, "
-           f"{sum(f.get('severity') == 'error' for f in audit.get('findings', []))} errors; install verification: "
-           f"{', '.join(verify) or 'not run'}</p>",
-           f"<p>torch: the carriers allow <code>{e(torch_summary(str(manifest.get('torch', ''))))}</code>"
-           + "".join(f"; {e(p)} installed <code>{e(str(r.get('torch', '?')))}</code>" for p, r in verify.items())
-           + "</p>"]  # fmt: skip
+    out = [
+        f"<!doctype html><html lang=en><meta charset=utf-8><title>KT release {e(manifest['kt_version'])}</title>",
+        f"<style>{CSS}</style><body>",
+        f"<h1>KT release {e(manifest['kt_version'])}</h1>",
+        f"<p class=meta>commit <code>{e(_git_commit())}</code> &middot; release date {e(_release_date())} &middot; "
+        f"report {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}</p>",
+        f'<p id=verdict><span class="badge {_cls(verdict)}">{verdict}</span> audit: '
+        f"{'passed' if audit.get('passed') else 'failed or missing'}, "
+        f"{sum(f.get('severity') == 'error' for f in audit.get('findings', []))} errors; install verification: "
+        f"{', '.join(verify) or 'not run'}</p>",
+        f"<p>torch: the carriers allow <code>{e(torch_summary(str(manifest.get('torch', ''))))}</code>"
+        + "".join(f"; {e(p)} installed <code>{e(str(r.get('torch', '?')))}</code>" for p, r in verify.items())
+        + "</p>",
+    ]
     out.append(
         "<h2 id=wheels>Wheels</h2><table><tr><th>wheel</th><th>version</th><th>kind</th><th>size</th>"
         "<th>of which CUDA payload part</th><th>budget</th><th>change</th><th>sha256</th><th>audit</th></tr>"
@@ -147,31 +160,48 @@ def render_html(manifest: dict[str, Any], audit: dict[str, Any], verify: dict[st
     quiet = [f for f in findings if f not in loud]
     out.append(_findings_table(loud) if loud else "<p>no errors or warnings</p>")
     if quiet:  # waived, or information the policy keeps visible: folded
-        out.append(f"<details><summary>{len(quiet)} info finding(s): waived or by policy, with the reason"
-                   f"</summary>{_findings_table(quiet)}</details>")  # fmt: skip
+        out.append(
+            f"<details><summary>{len(quiet)} info finding(s): waived or by policy, with the reason"
+            f"</summary>{_findings_table(quiet)}</details>"
+        )
     out.append(_cpu_matrix(audit))
     out.append(_cuda_matrix(audit))
     sizes = [(w["name"], int(w["size"])) for w in manifest["wheels"]]
     breakdown = [(f"kt-kernel: {k}", v) for k, v in kernel_breakdown(dist, manifest).items()]
-    out.append("<h2 id=sizes>Sizes</h2>" + svg_bars(sorted(sizes, key=lambda x: -x[1]), "Wheel sizes")
-               + svg_bars(breakdown, "kt-kernel, compressed"))  # fmt: skip
+    out.append(
+        "<h2 id=sizes>Sizes</h2>"
+        + svg_bars(sorted(sizes, key=lambda x: -x[1]), "Wheel sizes")
+        + svg_bars(breakdown, "kt-kernel, compressed")
+    )
     links = ["SHA256SUMS", "manifest.json", "audit-report.json", "audit-report.md", "release-report.md"]
-    out.append("<h2 id=artifacts>Artifacts</h2><ul>" + "".join(
-        f"<li><a href='{e(n)}'>{e(n)}</a>{'' if (dist / n).exists() or n == 'release-report.md' else ' (missing)'}</li>"
-        for n in links) + "</ul></body></html>\n")  # fmt: skip
+    out.append(
+        "<h2 id=artifacts>Artifacts</h2><ul>"
+        + "".join(
+            f"<li><a href='{e(n)}'>{e(n)}</a>{'' if (dist / n).exists() or n == 'release-report.md' else MISSING}</li>"
+            for n in links
+        )
+        + "</ul></body></html>\n"
+    )
     return "".join(out)
+
+
+MISSING = " (missing)"
 
 
 def _findings_table(findings: list[dict[str, Any]]) -> str:
     e = html.escape
     order = {"error": 0, "warning": 1, "info": 2}
-    rows = ["<table class=findings><tr><th>severity</th><th>rule</th><th>wheel / member</th><th>message</th>"
-            "<th>fix</th></tr>"]  # fmt: skip
+    rows = [
+        "<table class=findings><tr><th>severity</th><th>rule</th><th>wheel / member</th><th>message</th>"
+        "<th>fix</th></tr>"
+    ]
     for f in sorted(findings, key=lambda f: (order.get(f.get("severity", ""), 3), f.get("rule", ""))):
         g = {k: str(f.get(k, "")) for k in ("severity", "rule", "wheel", "member", "message", "fix")}
-        rows.append(f"<tr class={_cls(g['severity'])}><td>{e(g['severity'])}</td><td><code>{e(g['rule'])}</code>"
-                    f"</td><td>{e(g['wheel'])}<br><code>{e(g['member'])}</code></td><td>{e(g['message'])}</td>"
-                    f"<td>{e(g['fix'])}</td></tr>")  # fmt: skip
+        rows.append(
+            f"<tr class={_cls(g['severity'])}><td>{e(g['severity'])}</td><td><code>{e(g['rule'])}</code>"
+            f"</td><td>{e(g['wheel'])}<br><code>{e(g['member'])}</code></td><td>{e(g['message'])}</td>"
+            f"<td>{e(g['fix'])}</td></tr>"
+        )
     return "".join(rows) + "</table>"
 
 
@@ -192,11 +222,14 @@ def _cpu_matrix(audit: dict[str, Any]) -> str:
             used = v.get("features_used", {})
             cells = "".join(
                 f"<td class='num {'pass' if f == v.get('marker') and f in used else ''}'>{used.get(f, '')}</td>"
-                for f in features)  # fmt: skip
+                for f in features
+            )
             marker = f"{v.get('marker')} {'yes' if v.get('marker_present') else 'NO'}"
-            rows.append(f"<tr><td>{e(n)}</td><td class={'pass' if v.get('marker_present') else 'fail'}>{e(marker)}"
-                        f"</td>{cells}<td class={'fail' if v.get('forbidden') else 'pass'}>"
-                        f"{len(v.get('forbidden', []))}</td></tr>")  # fmt: skip
+            rows.append(
+                f"<tr><td>{e(n)}</td><td class={'pass' if v.get('marker_present') else 'fail'}>{e(marker)}"
+                f"</td>{cells}<td class={'fail' if v.get('forbidden') else 'pass'}>"
+                f"{len(v.get('forbidden', []))}</td></tr>"
+            )
         rows.append("</table>")
     return "<h2 id=cpu-matrix>CPU variants x ISA features</h2>" + ("".join(rows) or "<p>no kt-kernel wheel</p>")
 
@@ -208,8 +241,11 @@ def _cuda_matrix(audit: dict[str, Any]) -> str:
     if not coverage:
         return "<h2 id=cuda-matrix>CUDA coverage</h2><p>no CUDA payload in this release</p>"
     targets = sorted({t for by in coverage.values() for t in by}, key=lambda t: tuple(int(x) for x in t.split(".")))
-    out = ["<h2 id=cuda-matrix>CUDA binaries x compute capability</h2><table><tr><th>archived binary</th>"
-           + "".join(f"<th>{e(t)}</th>" for t in targets) + "</tr>"]  # fmt: skip
+    out = [
+        "<h2 id=cuda-matrix>CUDA binaries x compute capability</h2><table><tr><th>archived binary</th>"
+        + "".join(f"<th>{e(t)}</th>" for t in targets)
+        + "</tr>"
+    ]
     for binary, by in sorted(coverage.items()):
         cells = "".join(f"<td class={'pass' if by.get(t) else 'none'}>{e(by.get(t) or '-')}</td>" for t in targets)
         out.append(f"<tr><td><code>{e(binary)}</code></td>{cells}</tr>")
@@ -274,8 +310,10 @@ def main(argv: list[str] | None = None) -> int:
     pl = manifest.get("payload")
     if pl:
         parts = ", ".join(f"{p['distribution']} {p['size'] / 2**20:.1f}" for p in pl["parts"])
-        line = (f"CUDA payload: {pl['files']} files, {pl['extracted_size'] / 2**20:.0f} MiB -> "
-                f"{pl['archive_size'] / 2**20:.1f} MiB zstd in {len(pl['parts'])} parts (MiB: {parts})")  # fmt: skip
+        line = (
+            f"CUDA payload: {pl['files']} files, {pl['extracted_size'] / 2**20:.0f} MiB -> "
+            f"{pl['archive_size'] / 2**20:.1f} MiB zstd in {len(pl['parts'])} parts (MiB: {parts})"
+        )
         lines.append(line)
         md.append(f"\n- {line}")
     lines.append(

@@ -24,10 +24,18 @@ STEPS, SPLIT = 6, 3
 
 def make() -> tuple[Any, torch.optim.Optimizer, Any]:
     torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32)  # fmt: skip
-    model = get_peft_model(LlamaForCausalLM(cfg), LoraConfig(r=4, lora_alpha=8, lora_dropout=0.1,
-                                                             target_modules=["q_proj", "v_proj"]))  # fmt: skip
+    cfg = LlamaConfig(
+        vocab_size=96,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=32,
+    )
+    model = get_peft_model(
+        LlamaForCausalLM(cfg), LoraConfig(r=4, lora_alpha=8, lora_dropout=0.1, target_modules=["q_proj", "v_proj"])
+    )
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=5e-3)
     sched = torch.optim.lr_scheduler.LinearLR(opt, start_factor=1.0, end_factor=0.2, total_iters=STEPS)
     return model, opt, sched
@@ -66,8 +74,15 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         ckpt = Path(tmp)
         model.save_pretrained(ckpt / "adapter")
-        torch.save({"optimizer": opt.state_dict(), "scheduler": sched.state_dict(), "rng": torch.get_rng_state(),
-                    "step": SPLIT}, ckpt / "trainer_state.pt")  # fmt: skip
+        torch.save(
+            {
+                "optimizer": opt.state_dict(),
+                "scheduler": sched.state_dict(),
+                "rng": torch.get_rng_state(),
+                "step": SPLIT,
+            },
+            ckpt / "trainer_state.pt",
+        )
         del model, opt, sched
         model, opt, sched = make()  # fresh objects, as a restarted process would have
         set_peft_model_state_dict(model, load_peft_weights(str(ckpt / "adapter")))
@@ -84,8 +99,16 @@ def main() -> int:
         torch.equal(torch.as_tensor(sa[i][k]), torch.as_tensor(sb[i][k])) for i in sa for k in sa[i]
     )
     moved = any(not torch.equal(v, get_peft_model_state_dict(make()[0])[k]) for k, v in a.items())
-    print(json.dumps({"adapter_bit_identical": adapter_equal, "optimizer_bit_identical": opt_equal,
-                      "adapter_tensors": len(a), "trained": moved}))  # fmt: skip
+    print(
+        json.dumps(
+            {
+                "adapter_bit_identical": adapter_equal,
+                "optimizer_bit_identical": opt_equal,
+                "adapter_tensors": len(a),
+                "trained": moved,
+            }
+        )
+    )
     return 0 if adapter_equal and opt_equal and moved else 1
 
 

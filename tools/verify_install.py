@@ -103,9 +103,7 @@ def pip(venv: Path, *args: str) -> subprocess.CompletedProcess[str]:
 
 def install(venv: Path, req: Path) -> None:
     """`req` is a lock (plus carrier lines) adapted to this machine by tools.indexes.for_install."""
-    args = ["install", "--require-hashes", "--only-binary", ":all:", "--index-url", "https://pypi.org/simple",
-            "-r", str(req)]  # fmt: skip
-    proc = pip(venv, *args)
+    proc = pip(venv, "install", *indexes.LOCKED_INSTALL, "-r", str(req))
     if proc.returncode != 0:
         raise VerifyError(f"pip install -r {req} failed:\n{proc.stderr[-3000:]}")
 
@@ -120,10 +118,12 @@ def venv_json(venv: Path, what: str, *args: str) -> Any:
 
 def snapshot(venv: Path, names: tuple[str, ...]) -> dict[str, dict[str, str]]:
     """Installed files and their hashes of the named distributions in a venv."""
-    code = ("import hashlib, json, sys\nfrom importlib.metadata import distribution\nout = {}\n"
-            "for n in sys.argv[1:]:\n    d = distribution(n)\n"
-            "    out[n] = {str(f): hashlib.sha256(f.locate().read_bytes()).hexdigest() for f in d.files or []"
-            " if f.locate().is_file() and not str(f).endswith('.pyc')}\nprint(json.dumps(out))")  # fmt: skip
+    code = (
+        "import hashlib, json, sys\nfrom importlib.metadata import distribution\nout = {}\n"
+        "for n in sys.argv[1:]:\n    d = distribution(n)\n"
+        "    out[n] = {str(f): hashlib.sha256(f.locate().read_bytes()).hexdigest() for f in d.files or []"
+        " if f.locate().is_file() and not str(f).endswith('.pyc')}\nprint(json.dumps(out))"
+    )
     data: dict[str, dict[str, str]] = venv_json(venv, f"snapshot of {names}", "-c", code, *names)
     return data
 
@@ -191,8 +191,9 @@ def _norm(name: str) -> str:
     return re.sub(r"[-_.]+", "-", name).lower()
 
 
-def path_collisions(owners: dict[str, dict[str, str]],
-                    accepted: dict[str, frozenset[str]] | None = None) -> tuple[list[str], list[str]]:  # fmt: skip
+def path_collisions(
+    owners: dict[str, dict[str, str]], accepted: dict[str, frozenset[str]] | None = None
+) -> tuple[list[str], list[str]]:
     """(conflicts, shared) among installed distributions: paths two of them write with different
     bytes (whichever installed last won, uninstalling either breaks the other), and paths they
     write with identical bytes or that the policy accepts (reported, not failed).
@@ -239,8 +240,9 @@ def verify_sft_cpu(dist: Path, work: Path) -> dict[str, Any]:
     install(venv, core)
     before = snapshot(venv, CORE)
     reached, _ = closure(dist, PROFILES["sft-cpu"])
-    full = indexes.for_install(lock, work / "sft-cpu-full.txt",
-                               "\n".join(carrier_lines(dist, reached, {"ktransformers": "sft"})))  # fmt: skip
+    full = indexes.for_install(
+        lock, work / "sft-cpu-full.txt", "\n".join(carrier_lines(dist, reached, {"ktransformers": "sft"}))
+    )
     install(venv, full)
     after = snapshot(venv, CORE)
     t1 = time.perf_counter()
@@ -348,18 +350,38 @@ def verify_serve(dist: Path, work: Path) -> dict[str, Any]:
     print(f"serve: installing {len(reached)} carriers and the locked closure into {venv} (several GB) ...", flush=True)
     # --color never: the resolved names are read from uv's output, and CI sets FORCE_COLOR (release.yml env),
     # which colours every line (a local run of the workflow found the verify job failing on that)
-    proc = progress.run_quiet([uv, "pip", "install", "--color", "never", "--python", str(venv / "bin" / "python"),
-                               "--require-hashes", "--only-binary", ":all:", "--index-url", "https://pypi.org/simple",
-                               "-r", str(req)], "verify serve: uv pip install", env=env)  # fmt: skip
+    proc = progress.run_quiet(
+        [
+            uv,
+            "pip",
+            "install",
+            "--color",
+            "never",
+            "--python",
+            str(venv / "bin" / "python"),
+            *indexes.LOCKED_INSTALL,
+            "-r",
+            str(req),
+        ],
+        "verify serve: uv pip install",
+        env=env,
+    )
     if proc.returncode != 0:
         raise VerifyError(f"installing the serve closure failed:\n{proc.stderr[-3000:]}")
     install_s = time.perf_counter() - t0
     names = sorted(
         re.split(r"[=@ ]", line[3:], maxsplit=1)[0].lower().replace("_", "-")
-        for line in (proc.stdout + proc.stderr).splitlines() if line.startswith(" + ")
-    )  # fmt: skip
-    torch = next((line.split("==", 1)[1].strip() for line in (proc.stdout + proc.stderr).splitlines()
-                  if line.startswith(" + torch==")), "?")  # fmt: skip
+        for line in (proc.stdout + proc.stderr).splitlines()
+        if line.startswith(" + ")
+    )
+    torch = next(
+        (
+            line.split("==", 1)[1].strip()
+            for line in (proc.stdout + proc.stderr).splitlines()
+            if line.startswith(" + torch==")
+        ),
+        "?",
+    )
     upstream = [n for n in names if n in UPSTREAM]
     if upstream:
         raise VerifyError(f"the serve closure installs upstream {upstream} beside the forks")
@@ -375,14 +397,16 @@ def verify_serve(dist: Path, work: Path) -> dict[str, Any]:
     run_env = {**env, "KT_KERNEL_CACHE_DIR": str(cache)}
     py = str(venv / "bin" / "python")
     t1 = time.perf_counter()
-    mat = subprocess.run([py, "-m", "kt_kernel.payload", "materialize"], capture_output=True, text=True, check=False,
-                         env=run_env)  # fmt: skip
+    mat = subprocess.run(
+        [py, "-m", "kt_kernel.payload", "materialize"], capture_output=True, text=True, check=False, env=run_env
+    )
     if mat.returncode != 0:
         raise VerifyError(f"the payload does not materialize from the installed carriers:\n{mat.stderr[-3000:]}")
     materialize_s = time.perf_counter() - t1
     root = Path(mat.stdout.strip())
-    ver = subprocess.run([py, "-m", "kt_kernel.payload", "verify"], capture_output=True, text=True, check=False,
-                         env=run_env)  # fmt: skip
+    ver = subprocess.run(
+        [py, "-m", "kt_kernel.payload", "verify"], capture_output=True, text=True, check=False, env=run_env
+    )
     if ver.returncode != 0:
         raise VerifyError(f"the extracted payload differs from its manifest:\n{ver.stderr[-3000:]}")
     unresolved = unresolved_needed(root, venv, {"libcuda.so.1"})
@@ -391,10 +415,18 @@ def verify_serve(dist: Path, work: Path) -> dict[str, Any]:
     probe: dict[str, str] = venv_json(venv, "sglang import probe", "-c", SGLANG_PROBE)
     if probe.get("sglang") != "ok":
         raise VerifyError(f"import sglang fails in the serve environment: {probe['sglang']}")
-    return {"resolved": len(names), "carriers": sorted(set(reached)), "upstream": upstream,
-            "install_s": round(install_s, 1), "materialize_s": round(materialize_s, 1),
-            "payload_files": sum(1 for p in root.rglob("*") if p.is_file() and p.name != ".complete"),
-            "needed_unresolved": unresolved, "imports": probe, "shared_paths": shared, "torch": torch}  # fmt: skip
+    return {
+        "resolved": len(names),
+        "carriers": sorted(set(reached)),
+        "upstream": upstream,
+        "install_s": round(install_s, 1),
+        "materialize_s": round(materialize_s, 1),
+        "payload_files": sum(1 for p in root.rglob("*") if p.is_file() and p.name != ".complete"),
+        "needed_unresolved": unresolved,
+        "imports": probe,
+        "shared_paths": shared,
+        "torch": torch,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -22,15 +22,32 @@ def elf_abi(wheel: str, dist_name: str, elfs: list[ElfFacts], policy: Policy) ->
                 if fnmatch.fnmatch(lib, rule.pattern) and rule.applies(e.member):
                     out.append(finding("elf.needed-forbidden", wheel, e.member, f"DT_NEEDED {lib}", rule.fix))
         if e.textrel:
-            out.append(finding("elf.textrel", wheel, e.member, "has text relocations (DT_TEXTREL)",
-                               "compile every object with -fPIC; check hand-written assembly"))  # fmt: skip
+            out.append(
+                finding(
+                    "elf.textrel",
+                    wheel,
+                    e.member,
+                    "has text relocations (DT_TEXTREL)",
+                    "compile every object with -fPIC; check hand-written assembly",
+                )
+            )
         if e.execstack:
-            out.append(finding("elf.execstack", wheel, e.member, "requests an executable stack (PT_GNU_STACK RWE)",
-                               "link with -Wl,-z,noexecstack and add .note.GNU-stack to assembly sources"))  # fmt: skip
+            out.append(
+                finding(
+                    "elf.execstack",
+                    wheel,
+                    e.member,
+                    "requests an executable stack (PT_GNU_STACK RWE)",
+                    "link with -Wl,-z,noexecstack and add .note.GNU-stack to assembly sources",
+                )
+            )
         for i in e.rwx_segments:
             msg = f"program header {i} is a writable+executable PT_LOAD segment"
-            out.append(finding("elf.rwx-segment", wheel, e.member, msg,
-                               "drop -N/--omagic and custom 'awx' sections from the link"))  # fmt: skip
+            out.append(
+                finding(
+                    "elf.rwx-segment", wheel, e.member, msg, "drop -N/--omagic and custom 'awx' sections from the link"
+                )
+            )
         if dist_name in policy.exports_applies_to:
             extra = [s for s in e.exports if not any(fnmatch.fnmatchcase(s, p) for p in policy.exports_allowed)]
             if extra:
@@ -67,8 +84,11 @@ def load_chains(elfs: list[ElfFacts], tree: Collection[str]) -> dict[tuple[str, 
     by_path = {_path(e.member): e for e in elfs}
     files = {posixpath.normpath(p) for p in tree}
     needed_names = {lib for e in elfs for lib in e.needed}
-    roots = [e for e in elfs if posixpath.basename(_path(e.member)) not in needed_names
-             and (not e.soname or e.soname not in needed_names)]  # fmt: skip
+    roots = [
+        e
+        for e in elfs
+        if posixpath.basename(_path(e.member)) not in needed_names and (not e.soname or e.soname not in needed_names)
+    ]
     out: dict[tuple[str, str], str | None] = {}
     seen_roots: set[str] = set()
 
@@ -92,8 +112,9 @@ def load_chains(elfs: list[ElfFacts], tree: Collection[str]) -> dict[tuple[str, 
             for lib in obj.needed:
                 found = loaded.get(lib)
                 if found is None:
-                    found = next((c for d in search if (c := posixpath.normpath(posixpath.join(d, lib))) in files),
-                                 None)  # fmt: skip
+                    found = next(
+                        (c for d in search if (c := posixpath.normpath(posixpath.join(d, lib))) in files), None
+                    )
                 key = (obj.member, lib)
                 if found is None or out.get(key, found) is None:
                     out[key] = None  # unresolved in any chain: the import through that chain fails
@@ -134,28 +155,40 @@ def rpath(
         prefix = e.member.split("!", 1)[0] + "!" if "!" in e.member else ""
         _dirs, bad = _origin_dirs(e.runpath or e.rpath, posixpath.dirname(_path(e.member)))
         for entry in bad:
-            out.append(finding(
-                "rpath.not-origin", wheel, e.member,
-                f"{'RUNPATH' if e.runpath else 'RPATH'} entry {entry!r} is "
-                + ("empty (it means the current directory)" if not entry else "not $ORIGIN-relative"),
-                "set wheel-relative entries only, e.g. $ORIGIN/../lib (CMake: INSTALL_RPATH, BUILD_WITH_INSTALL_RPATH)",
-            ))  # fmt: skip
+            out.append(
+                finding(
+                    "rpath.not-origin",
+                    wheel,
+                    e.member,
+                    f"{'RUNPATH' if e.runpath else 'RPATH'} entry {entry!r} is "
+                    + ("empty (it means the current directory)" if not entry else "not $ORIGIN-relative"),
+                    "set wheel-relative entries only, e.g. $ORIGIN/../lib "
+                    "(CMake: INSTALL_RPATH, BUILD_WITH_INSTALL_RPATH)",
+                )
+            )
         for lib in e.needed:
             if lib in system or lib in always_external or "/" in lib or is_loader(lib):
                 continue
             if any(p.preloaded and fnmatch.fnmatch(lib, pat) for p in external for pat in p.libraries):
                 continue
             entries = e.runpath or e.rpath
-            if any(fnmatch.fnmatch(lib, pat) and p.path and any(x.rstrip("/").endswith(p.path) for x in entries)
-                   for p in external for pat in p.libraries):  # fmt: skip
+            if any(
+                fnmatch.fnmatch(lib, pat) and p.path and any(x.rstrip("/").endswith(p.path) for x in entries)
+                for p in external
+                for pat in p.libraries
+            ):
                 continue
             if where.get((e.member, lib)) is not None:
                 continue
-            out.append(finding(
-                "rpath.unresolved", wheel, e.member,
-                f"DT_NEEDED {lib} is not a system library and is not found through "
-                f"{list(e.runpath or e.rpath) or 'any RPATH'} (or the RPATH of what loads it) inside "
-                f"{prefix or 'the wheel'}",
-                "vendor it with auditwheel repair, or fix the RPATH so it points at the bundled copy",
-            ))  # fmt: skip
+            out.append(
+                finding(
+                    "rpath.unresolved",
+                    wheel,
+                    e.member,
+                    f"DT_NEEDED {lib} is not a system library and is not found through "
+                    f"{list(e.runpath or e.rpath) or 'any RPATH'} (or the RPATH of what loads it) inside "
+                    f"{prefix or 'the wheel'}",
+                    "vendor it with auditwheel repair, or fix the RPATH so it points at the bundled copy",
+                )
+            )
     return out

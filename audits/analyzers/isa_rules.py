@@ -35,25 +35,40 @@ def isa(wheel: str, uses_of: dict[str, dict[str, FeatureUse]], policy: Policy) -
         return out, section  # not a kt-kernel wheel
     for v in policy.variants:
         if v.member not in uses_of:
-            out.append(finding("isa.variant-missing", wheel, v.member, f"CPU variant {v.name} is not in the wheel",
-                               "build all six variants (nox -s build_cpu without --variant)"))  # fmt: skip
+            out.append(
+                finding(
+                    "isa.variant-missing",
+                    wheel,
+                    v.member,
+                    f"CPU variant {v.name} is not in the wheel",
+                    "build all six variants (nox -s build_cpu without --variant)",
+                )
+            )
             section[v.name] = {"present": False}
             continue
         uses = uses_of[v.member]
         forbidden = [u for f, u in uses.items() if f not in v.allowed]
         for u in forbidden:
-            out.append(finding(
-                "isa.forbidden-feature", wheel, v.member,
-                f"{v.name} variant uses {_use_text(u)}, {u.count} instruction(s) need {u.feature}",
-                f"check that kernel/CMakeLists.txt gives kt_cpu_{v.name} no flag enabling {u.feature}, "
-                "and that no shared object compiled with it is linked in",
-            ))  # fmt: skip
+            out.append(
+                finding(
+                    "isa.forbidden-feature",
+                    wheel,
+                    v.member,
+                    f"{v.name} variant uses {_use_text(u)}, {u.count} instruction(s) need {u.feature}",
+                    f"check that kernel/CMakeLists.txt gives kt_cpu_{v.name} no flag enabling {u.feature}, "
+                    "and that no shared object compiled with it is linked in",
+                )
+            )
         if v.marker not in uses:
-            out.append(finding(
-                "isa.marker-missing", wheel, v.member,
-                f"{v.name} variant contains no {v.marker} instruction: it is mislabeled",
-                f"make the {v.name} hot loop use {v.marker} (kernel/src/cpu/dot.h), or drop the variant",
-            ))  # fmt: skip
+            out.append(
+                finding(
+                    "isa.marker-missing",
+                    wheel,
+                    v.member,
+                    f"{v.name} variant contains no {v.marker} instruction: it is mislabeled",
+                    f"make the {v.name} hot loop use {v.marker} (kernel/src/cpu/dot.h), or drop the variant",
+                )
+            )
         section[v.name] = {
             "present": True,
             "member": v.member,
@@ -68,11 +83,18 @@ def isa(wheel: str, uses_of: dict[str, dict[str, FeatureUse]], policy: Policy) -
             continue
         above = [u for f, u in uses.items() if f not in policy.baseline and f not in policy.loader_guarded]
         for u in above:
-            out.append(finding(
-                "isa.loader-above-baseline", wheel, name,
-                f"loader uses {_use_text(u)}; it runs before the CPU check, so an older CPU would SIGILL",
-                "compile kernel/src/core with no -m ISA flags and no LTO (kernel/CMakeLists.txt, KT_ISA_RESET)",
-            ))  # fmt: skip
-        section["loader"] = {"member": name, "features_used": {f: u.count for f, u in uses.items()},
-                             "above_baseline": [_use_text(u) for u in above]}  # fmt: skip
+            out.append(
+                finding(
+                    "isa.loader-above-baseline",
+                    wheel,
+                    name,
+                    f"loader uses {_use_text(u)}; it runs before the CPU check, so an older CPU would SIGILL",
+                    "compile kernel/src/core with no -m ISA flags and no LTO (kernel/CMakeLists.txt, KT_ISA_RESET)",
+                )
+            )
+        section["loader"] = {
+            "member": name,
+            "features_used": {f: u.count for f, u in uses.items()},
+            "above_baseline": [_use_text(u) for u in above],
+        }
     return out, section

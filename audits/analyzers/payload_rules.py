@@ -64,8 +64,9 @@ def _reach(wheels: dict[str, WheelSummary], root: str) -> set[str]:
     return seen
 
 
-def _parts_and_manifest(provider: WheelSummary, m: dict[str, Any],
-                        groups: dict[str, list[WheelSummary]]) -> list[Finding]:  # fmt: skip
+def _parts_and_manifest(
+    provider: WheelSummary, m: dict[str, Any], groups: dict[str, list[WheelSummary]]
+) -> list[Finding]:
     """Every wheel of a part's distribution (one per Python of the matrix for kt-kernel) carries
     exactly that part."""
     out: list[Finding] = []
@@ -144,8 +145,10 @@ def _part_in(w: WheelSummary, p: dict[str, Any], member: str, label: str, m: dic
         )
     pm = {x.name: x for x in w.parts}.get(member)
     if pm is None:
-        return [*out, finding("payload.part-missing", w.filename, member, f"{label}: the wheel does not carry it",
-                              _FIX_REBUILD)]  # fmt: skip
+        return [
+            *out,
+            finding("payload.part-missing", w.filename, member, f"{label}: the wheel does not carry it", _FIX_REBUILD),
+        ]
     if pm.size != p.get("size") or pm.sha256 != p.get("sha256"):
         out.append(
             finding(
@@ -271,8 +274,15 @@ def _archive(provider: WheelSummary, m: dict[str, Any], a: ArchiveFacts) -> list
             )
             continue
         if f.cuda_error:
-            out.append(finding("cuda.payload", pf, f"payload!{norm}", f"cuobjdump cannot read it: {f.cuda_error}",
-                               "rebuild the library; check it with cuobjdump --list-elf"))  # fmt: skip
+            out.append(
+                finding(
+                    "cuda.payload",
+                    pf,
+                    f"payload!{norm}",
+                    f"cuobjdump cannot read it: {f.cuda_error}",
+                    "rebuild the library; check it with cuobjdump --list-elf",
+                )
+            )
         elif (
             a.cuda_inspected
             and f.elf is not None

@@ -25,21 +25,30 @@ def size(w: WheelFacts, policy: Policy, baseline: dict[str, Any] | None) -> tupl
         breakdown["cpu_variants"] = variants
     if total > policy.wheel_budget_bytes:
         top = ", ".join(f"{n} ({s / 2**20:.1f} MiB)" for n, s in members[:3])
-        out.append(finding(
-            "size.wheel-budget", w.filename, "",
-            f"{total / 2**20:.1f} MiB is over the {policy.wheel_budget_bytes / 2**20:.0f} MiB budget; largest: {top}",
-            "shrink the largest members (compress the CUDA payload, drop debug info) or raise the budget "
-            f"in {policy.source.name} with a reason",
-        ))  # fmt: skip
+        out.append(
+            finding(
+                "size.wheel-budget",
+                w.filename,
+                "",
+                f"{total / 2**20:.1f} MiB is over the {policy.wheel_budget_bytes / 2**20:.0f} MiB budget; "
+                f"largest: {top}",
+                "shrink the largest members (compress the CUDA payload, drop debug info) or raise the budget "
+                f"in {policy.source.name} with a reason",
+            )
+        )
     if baseline is not None:
         old = baseline.get(str(w.name))
         if old:
             growth = 100.0 * (total - old) / old
             breakdown["growth_pct"] = growth
             if growth > policy.growth_threshold_pct:
-                out.append(finding(
-                    "size.growth", w.filename, "",
-                    f"grew {growth:.1f}% ({old} -> {total} bytes), above {policy.growth_threshold_pct}%",
-                    "find the member that grew in the report's size breakdown; update the baseline if intended",
-                ))  # fmt: skip
+                out.append(
+                    finding(
+                        "size.growth",
+                        w.filename,
+                        "",
+                        f"grew {growth:.1f}% ({old} -> {total} bytes), above {policy.growth_threshold_pct}%",
+                        "find the member that grew in the report's size breakdown; update the baseline if intended",
+                    )
+                )
     return out, breakdown

@@ -25,13 +25,27 @@ def integrity(w: WheelFacts) -> list[Finding]:
     out: list[Finding] = []
     fn = w.filename
     for d in w.duplicates:
-        out.append(finding("wheel.duplicate-member", fn, d, f"{d} appears more than once in the zip",
-                           "rebuild the wheel; an installer keeps only one of the copies"))  # fmt: skip
+        out.append(
+            finding(
+                "wheel.duplicate-member",
+                fn,
+                d,
+                f"{d} appears more than once in the zip",
+                "rebuild the wheel; an installer keeps only one of the copies",
+            )
+        )
     record_name = f"{w.dist_info}/RECORD"
     record = w.member(record_name)
     if record is None:
-        out.append(finding("wheel.record-missing", fn, record_name, "the wheel has no RECORD",
-                           "rebuild with a PEP 427 wheel builder"))  # fmt: skip
+        out.append(
+            finding(
+                "wheel.record-missing",
+                fn,
+                record_name,
+                "the wheel has no RECORD",
+                "rebuild with a PEP 427 wheel builder",
+            )
+        )
         return out
     rows = {r[0]: r for r in csv.reader(io.StringIO(w.text(record_name) or "")) if r}
     present = {m.name for m in w.members}
@@ -40,41 +54,72 @@ def integrity(w: WheelFacts) -> list[Finding]:
             continue
         row = rows.get(m.name)
         if row is None:
-            out.append(finding("wheel.record-unlisted", fn, m.name, f"{m.name} is in the zip but not in RECORD",
-                               "regenerate RECORD after the last change to the wheel"))  # fmt: skip
+            out.append(
+                finding(
+                    "wheel.record-unlisted",
+                    fn,
+                    m.name,
+                    f"{m.name} is in the zip but not in RECORD",
+                    "regenerate RECORD after the last change to the wheel",
+                )
+            )
             continue
         if not m.record_hash:  # not read: refused by a limit or unreadable, reported by its own rule
             continue
         digest, size = (row[1] if len(row) > 1 else ""), (row[2] if len(row) > 2 else "")
         actual = m.record_hash
         if digest != actual or (size and size != str(m.size)):
-            out.append(finding(
-                "wheel.record-mismatch", fn, m.name,
-                f"RECORD says {digest or 'no hash'}, {size or '?'} bytes; the member is {actual}, {m.size} bytes",
-                "the file was changed after RECORD was written: rebuild the wheel rather than editing it",
-            ))  # fmt: skip
+            out.append(
+                finding(
+                    "wheel.record-mismatch",
+                    fn,
+                    m.name,
+                    f"RECORD says {digest or 'no hash'}, {size or '?'} bytes; the member is {actual}, {m.size} bytes",
+                    "the file was changed after RECORD was written: rebuild the wheel rather than editing it",
+                )
+            )
     for name in rows:
         if name not in present:
-            out.append(finding("wheel.record-phantom", fn, name, f"RECORD lists {name}, which the wheel lacks",
-                               "regenerate RECORD from the wheel's actual contents"))  # fmt: skip
+            out.append(
+                finding(
+                    "wheel.record-phantom",
+                    fn,
+                    name,
+                    f"RECORD lists {name}, which the wheel lacks",
+                    "regenerate RECORD from the wheel's actual contents",
+                )
+            )
     for m in w.members:
         if _STRAY.search(m.name):
             fix = "exclude it (scikit-build-core: wheel.exclude; setuptools: MANIFEST/package_data)"
             out.append(finding("wheel.stray-content", fn, m.name, f"{m.name} is build or cache debris", fix))
         elif m.name.endswith(".a"):
-            out.append(finding("wheel.static-library", fn, m.name, f"{m.name} is a static archive: no loader "
-                               "uses it, and it only adds size", "drop it from the wheel, or ship it on purpose "
-                               "(for C extensions that link it) and say so in the policy"))  # fmt: skip
+            out.append(
+                finding(
+                    "wheel.static-library",
+                    fn,
+                    m.name,
+                    f"{m.name} is a static archive: no loader uses it, and it only adds size",
+                    "drop it from the wheel, or ship it on purpose "
+                    "(for C extensions that link it) and say so in the policy",
+                )
+            )
     return out
 
 
 def limits(w: WheelFacts) -> list[Finding]:
     """Members the reader refused to decompress (a zip bomb), and members it could not read."""
     out = [
-        finding("wheel.member-limit", w.filename, m.name, f"{m.name} {m.refused}; it was not read",
-                "no real wheel member needs this: rebuild the wheel, or raise [limits] in the policy")
-        for m in w.members if m.refused
-    ]  # fmt: skip
+        finding(
+            "wheel.member-limit",
+            w.filename,
+            m.name,
+            f"{m.name} {m.refused}; it was not read",
+            "no real wheel member needs this: rebuild the wheel, or raise [limits] in the policy",
+        )
+        for m in w.members
+        if m.refused
+    ]
     out += [finding("wheel.unreadable", w.filename, name, why, "rebuild the wheel") for name, why in w.unreadable]
     return out
 
@@ -96,20 +141,31 @@ def wheel_file(w: WheelFacts, elfs: list[ElfFacts]) -> list[Finding]:
     tags = {t.strip() for t in msg.get_all("Tag", [])}
     expected = {str(t) for t in w.tags}
     if tags != expected:
-        out.append(finding("wheel.wheel-file", fn, name,
-                           f"Tag lines {sorted(tags)} differ from the filename's tags {sorted(expected)}",
-                           "retag with `wheel tags` or auditwheel, which update both together"))  # fmt: skip
+        out.append(
+            finding(
+                "wheel.wheel-file",
+                fn,
+                name,
+                f"Tag lines {sorted(tags)} differ from the filename's tags {sorted(expected)}",
+                "retag with `wheel tags` or auditwheel, which update both together",
+            )
+        )
     purelib = (msg.get("Root-Is-Purelib") or "").strip().lower()
     platform_specific = bool(elfs) or any(t.platform != "any" for t in w.tags)
     if purelib not in ("true", "false"):
-        out.append(finding("wheel.wheel-file", fn, name, "Root-Is-Purelib is missing or not true/false",
-                           "rebuild the wheel"))  # fmt: skip
+        out.append(
+            finding("wheel.wheel-file", fn, name, "Root-Is-Purelib is missing or not true/false", "rebuild the wheel")
+        )
     elif (purelib == "true") == platform_specific:
-        out.append(finding(
-            "wheel.purelib", fn, name,
-            f"Root-Is-Purelib: {purelib} but the wheel is {'platform-specific' if platform_specific else 'pure'}",
-            "native wheels need Root-Is-Purelib: false (and pure ones true)",
-        ))  # fmt: skip
+        out.append(
+            finding(
+                "wheel.purelib",
+                fn,
+                name,
+                f"Root-Is-Purelib: {purelib} but the wheel is {'platform-specific' if platform_specific else 'pure'}",
+                "native wheels need Root-Is-Purelib: false (and pure ones true)",
+            )
+        )
     return out
 
 
@@ -124,26 +180,53 @@ def metadata(w: WheelFacts) -> list[Finding]:
     if not meta_name or not meta_version:
         return [finding("wheel.metadata", fn, name, "METADATA lacks Name or Version", "rebuild the wheel")]
     if canonicalize_name(meta_name) != w.name:
-        out.append(finding("wheel.metadata", fn, name,
-                           f"Name {meta_name!r} does not match the filename's {w.name!r}",
-                           "rename the distribution consistently (filename, METADATA, .dist-info)"))  # fmt: skip
+        out.append(
+            finding(
+                "wheel.metadata",
+                fn,
+                name,
+                f"Name {meta_name!r} does not match the filename's {w.name!r}",
+                "rename the distribution consistently (filename, METADATA, .dist-info)",
+            )
+        )
     try:
         if Version(meta_version) != w.version:
-            out.append(finding("wheel.metadata", fn, name,
-                               f"Version {meta_version} does not match the filename's {w.version}",
-                               "rebuild: the filename and METADATA must carry one version"))  # fmt: skip
+            out.append(
+                finding(
+                    "wheel.metadata",
+                    fn,
+                    name,
+                    f"Version {meta_version} does not match the filename's {w.version}",
+                    "rebuild: the filename and METADATA must carry one version",
+                )
+            )
     except InvalidVersion:
-        out.append(finding("wheel.metadata", fn, name, f"Version {meta_version!r} is not PEP 440",
-                           "use a PEP 440 version"))  # fmt: skip
+        out.append(
+            finding("wheel.metadata", fn, name, f"Version {meta_version!r} is not PEP 440", "use a PEP 440 version")
+        )
     for line in msg.get_all("Requires-Dist", []):
         try:
             Requirement(line)
         except InvalidRequirement as exc:
-            out.append(finding("wheel.requires-dist", fn, name, f"Requires-Dist {line!r} does not parse: {exc}",
-                               "write it as a PEP 508 requirement"))  # fmt: skip
+            out.append(
+                finding(
+                    "wheel.requires-dist",
+                    fn,
+                    name,
+                    f"Requires-Dist {line!r} does not parse: {exc}",
+                    "write it as a PEP 508 requirement",
+                )
+            )
     if not msg.get("Requires-Python"):
-        out.append(finding("wheel.requires-python", fn, name, "no Requires-Python",
-                           "set project.requires-python so old interpreters are not offered this wheel"))  # fmt: skip
+        out.append(
+            finding(
+                "wheel.requires-python",
+                fn,
+                name,
+                "no Requires-Python",
+                "set project.requires-python so old interpreters are not offered this wheel",
+            )
+        )
     return out
 
 
@@ -173,18 +256,30 @@ def tags(w: WheelFacts, elfs: list[ElfFacts]) -> list[Finding]:
             # The stable ABI loads on every CPython 3.x, so a cpXY-tagged wheel may hold one; only a
             # wheel for another interpreter (pp, graalpy) cannot.
             if not any(i.startswith("cp") for i in interp):
-                out.append(finding("tag.ext-suffix", fn, e.member, f"abi3 extension in a wheel for {sorted(interp)}",
-                                   "abi3 extensions are for CPython: tag the wheel cpXY"))  # fmt: skip
+                out.append(
+                    finding(
+                        "tag.ext-suffix",
+                        fn,
+                        e.member,
+                        f"abi3 extension in a wheel for {sorted(interp)}",
+                        "abi3 extensions are for CPython: tag the wheel cpXY",
+                    )
+                )
         elif f"cp{m.group(2)}" not in interp or f"cp{m.group(2)}" not in abis:
-            out.append(finding(
-                "tag.ext-suffix", fn, e.member,
-                f"extension built for CPython {m.group(2)} in a wheel tagged {sorted(interp)}/{sorted(abis)}",
-                "build the wheel with the interpreter its tag names",
-            ))  # fmt: skip
+            out.append(
+                finding(
+                    "tag.ext-suffix",
+                    fn,
+                    e.member,
+                    f"extension built for CPython {m.group(2)} in a wheel tagged {sorted(interp)}/{sorted(abis)}",
+                    "build the wheel with the interpreter its tag names",
+                )
+            )
     if elfs and not any(glibc_of(t.platform) for t in w.tags) and any(t.platform.startswith("linux_") for t in w.tags):
         msg = "native wheel tagged linux_*: no installer will take it from an index"
-        out.append(finding("tag.not-portable", fn, "", msg, "run `auditwheel repair` (nox -s build_cpu does)",
-                           "warning"))  # fmt: skip
+        out.append(
+            finding("tag.not-portable", fn, "", msg, "run `auditwheel repair` (nox -s build_cpu does)", "warning")
+        )
     return out + platform_overclaims(w, elfs)
 
 
@@ -205,14 +300,20 @@ def platform_overclaims(w: WheelFacts, elfs: list[ElfFacts]) -> list[Finding]:
                 if admits(pol, v, arch):
                     continue
                 prefix = v.partition("_")[0]
-                need = next((p["name"] for p in most_portable_first() if arch in p["symbol_versions"]
-                             and admits(p, v, arch)), "none known to auditwheel")  # fmt: skip
-                out.append(finding(
-                    "tag.manylinux-overclaim", w.filename, e.member,
-                    f"needs {v} from {lib}, which {platform} does not allow (its newest {prefix} is "
-                    f"{max(newest[prefix], key=version_key)}); the lowest tag allowing it is {need}",
-                    "let `auditwheel repair` choose the tag, or build in an older manylinux image",
-                ))  # fmt: skip
+                need = next(
+                    (p["name"] for p in most_portable_first() if arch in p["symbol_versions"] and admits(p, v, arch)),
+                    "none known to auditwheel",
+                )
+                out.append(
+                    finding(
+                        "tag.manylinux-overclaim",
+                        w.filename,
+                        e.member,
+                        f"needs {v} from {lib}, which {platform} does not allow (its newest {prefix} is "
+                        f"{max(newest[prefix], key=version_key)}); the lowest tag allowing it is {need}",
+                        "let `auditwheel repair` choose the tag, or build in an older manylinux image",
+                    )
+                )
     return out
 
 
@@ -242,19 +343,33 @@ def safety(w: WheelFacts) -> list[Finding]:
             out.append(finding("wheel.unsafe-path", fn, m.name, f"member path {m.name!r} {why}", fix))
         folded = m.name.casefold()
         if folded in seen and seen[folded] != m.name:
-            out.append(finding("wheel.unsafe-path", fn, m.name, f"{m.name!r} and {seen[folded]!r} differ only in "
-                               "case: one overwrites the other on a case-insensitive file system", fix))  # fmt: skip
+            out.append(
+                finding(
+                    "wheel.unsafe-path",
+                    fn,
+                    m.name,
+                    f"{m.name!r} and {seen[folded]!r} differ only in "
+                    "case: one overwrites the other on a case-insensitive file system",
+                    fix,
+                )
+            )
         seen.setdefault(folded, m.name)
         if m.kind != "file":
             what = "symbolic link" if m.kind == "link" else "special file"
-            out.append(finding("wheel.link-member", fn, m.name, f"{m.name!r} is a {what} entry",
-                               "store regular files only; installers disagree on links and may follow one "
-                               "outside the install root"))  # fmt: skip
+            out.append(
+                finding(
+                    "wheel.link-member",
+                    fn,
+                    m.name,
+                    f"{m.name!r} is a {what} entry",
+                    "store regular files only; installers disagree on links and may follow one "
+                    "outside the install root",
+                )
+            )
     record = w.text(f"{w.dist_info}/RECORD")
     for row in csv.reader(io.StringIO(record or "")):
         if row and (why := _unsafe(row[0])):
-            out.append(finding("wheel.unsafe-path", fn, f"{w.dist_info}/RECORD", f"RECORD path {row[0]!r} {why}",
-                               fix))  # fmt: skip
+            out.append(finding("wheel.unsafe-path", fn, f"{w.dist_info}/RECORD", f"RECORD path {row[0]!r} {why}", fix))
     return out
 
 
@@ -272,19 +387,32 @@ def architecture(w: WheelFacts, elfs: list[ElfFacts], non_elf: list[str]) -> lis
         if e.machine in _DEVICE_CODE:  # GPU code objects ride as data; the GPU runtime loads them
             continue
         if e.osabi not in _LINUX_ABIS:
-            out.append(finding("elf.arch-mismatch", fn, e.member, f"OS ABI {e.osabi}, not Linux",
-                               "build it for Linux"))  # fmt: skip
+            out.append(finding("elf.arch-mismatch", fn, e.member, f"OS ABI {e.osabi}, not Linux", "build it for Linux"))
         if not archs:
             continue
         got = (e.machine, e.elfclass, e.little_endian)
         if got not in {ARCH[a] for a in archs}:
             want = ", ".join(sorted(archs))
-            out.append(finding("elf.arch-mismatch", fn, e.member, f"{e.machine} ELF{e.elfclass} "
-                               f"{'little' if e.little_endian else 'big'}-endian in a wheel tagged for {want}",
-                               f"build it for {want}, or tag the wheel for the architecture it holds"))  # fmt: skip
+            out.append(
+                finding(
+                    "elf.arch-mismatch",
+                    fn,
+                    e.member,
+                    f"{e.machine} ELF{e.elfclass} "
+                    f"{'little' if e.little_endian else 'big'}-endian in a wheel tagged for {want}",
+                    f"build it for {want}, or tag the wheel for the architecture it holds",
+                )
+            )
     for name in non_elf:
-        out.append(finding("elf.not-elf", fn, name, f"{name} is named like a shared library but is not ELF",
-                           "ship the real library, or name the file for what it is"))  # fmt: skip
+        out.append(
+            finding(
+                "elf.not-elf",
+                fn,
+                name,
+                f"{name} is named like a shared library but is not ELF",
+                "ship the real library, or name the file for what it is",
+            )
+        )
     return out
 
 
@@ -297,17 +425,31 @@ def layout(w: WheelFacts, elfs: dict[str, str], forbidden: frozenset[str]) -> li
     tops = sorted({m.name.split("/", 1)[0] for m in w.members if "/" in m.name})
     for top in tops:
         if top in forbidden:
-            out.append(finding("wheel.top-level", fn, f"{top}/", f"{top}/ installs straight into site-packages, "
-                               "beside every other distribution", f"move it into the import package, or under "
-                               f"{w.dist_info.removesuffix('.dist-info')}.data/ (data, headers, scripts)"))  # fmt: skip
+            out.append(
+                finding(
+                    "wheel.top-level",
+                    fn,
+                    f"{top}/",
+                    f"{top}/ installs straight into site-packages, beside every other distribution",
+                    f"move it into the import package, or under "
+                    f"{w.dist_info.removesuffix('.dist-info')}.data/ (data, headers, scripts)",
+                )
+            )
     by_hash: dict[str, list[str]] = {}
     for name, digest in sorted(elfs.items()):
         by_hash.setdefault(digest, []).append(name)
     for names in by_hash.values():
         if len(names) > 1:
-            out.append(finding("wheel.duplicate-library", fn, names[0], f"the same library bytes are stored "
-                               f"{len(names)} times: {', '.join(names)}", "ship one file; wheels cannot hold "
-                               "symlinks, so give the loader one name (the SONAME) and drop the copies"))  # fmt: skip
+            out.append(
+                finding(
+                    "wheel.duplicate-library",
+                    fn,
+                    names[0],
+                    f"the same library bytes are stored {len(names)} times: {', '.join(names)}",
+                    "ship one file; wheels cannot hold "
+                    "symlinks, so give the loader one name (the SONAME) and drop the copies",
+                )
+            )
     return out
 
 
@@ -326,8 +468,15 @@ def collisions(installed: dict[str, tuple[str, ...]]) -> list[Finding]:
             if top.endswith((".dist-info", ".data")):
                 continue
             if name in owner and dist(owner[name]) != dist(wheel):
-                out.append(finding("release.path-collision", wheel, name, f"{owner[name]} installs {name} too: "
-                                   "whichever installs last wins, and uninstalling either breaks the other",
-                                   "ship the file from one distribution only"))  # fmt: skip
+                out.append(
+                    finding(
+                        "release.path-collision",
+                        wheel,
+                        name,
+                        f"{owner[name]} installs {name} too: "
+                        "whichever installs last wins, and uninstalling either breaks the other",
+                        "ship the file from one distribution only",
+                    )
+                )
             owner.setdefault(name, wheel)
     return out

@@ -99,8 +99,9 @@ def list_arch_bytes(tool: str, path: Path) -> dict[str, int]:
     directory, measured, deleted)."""
     sizes: dict[str, int] = {}
     with tempfile.TemporaryDirectory(prefix="kt-audit-") as out:
-        subprocess.run([tool, "--extract-elf", "all", str(Path(path).resolve())], cwd=out, capture_output=True,
-                       check=False)  # fmt: skip
+        subprocess.run(
+            [tool, "--extract-elf", "all", str(Path(path).resolve())], cwd=out, capture_output=True, check=False
+        )
         for cubin in Path(out).glob("*.cubin"):
             m = re.search(r"\.(sm_\d+[a-z]?)\.cubin$", cubin.name)
             if m:
@@ -153,8 +154,9 @@ class KernelPayload:
     cuda_inspected: bool
 
 
-def read_kernel_payload(member: str, data: bytes, sha256: str, tool: str | None,
-                        detailed: Collection[str]) -> KernelPayload:  # fmt: skip
+def read_kernel_payload(
+    member: str, data: bytes, sha256: str, tool: str | None, detailed: Collection[str]
+) -> KernelPayload:
     """Everything the CUDA rules need of the archive, with cuobjdump run here (not in the analyzer)."""
     import posixpath
 
@@ -178,5 +180,14 @@ def read_kernel_payload(member: str, data: bytes, sha256: str, tool: str | None,
                     cuda[lib] = (len(files[lib]), read_cuda(tool, files[lib]))
                 except ValueError as exc:
                     cuda[lib] = (len(files[lib]), str(exc))
-    return KernelPayload(member, len(data), sha256, "", tuple((e.name, e.kind, e.linkname) for e in entries),
-                         tuple(sorted(files)), elfs, cuda, tool is not None)  # fmt: skip
+    return KernelPayload(
+        member,
+        len(data),
+        sha256,
+        "",
+        tuple((e.name, e.kind, e.linkname) for e in entries),
+        tuple(sorted(files)),
+        elfs,
+        cuda,
+        tool is not None,
+    )

@@ -108,8 +108,12 @@ def read_elf_stream(member: str, stream: BinaryIO, *, code: bool = True, exports
         if exports and isinstance(dynsym, SymbolTableSection):
             for s in dynsym.iter_symbols():
                 e = s.entry
-                if (e.st_shndx != "SHN_UNDEF" and e.st_info.bind in ("STB_GLOBAL", "STB_WEAK", "STB_GNU_UNIQUE")
-                        and e.st_other.visibility in ("STV_DEFAULT", "STV_PROTECTED") and s.name):  # fmt: skip
+                if (
+                    e.st_shndx != "SHN_UNDEF"
+                    and e.st_info.bind in ("STB_GLOBAL", "STB_WEAK", "STB_GNU_UNIQUE")
+                    and e.st_other.visibility in ("STV_DEFAULT", "STV_PROTECTED")
+                    and s.name
+                ):
                     exported.append(s.name)
         needs: list[tuple[str, tuple[str, ...]]] = []
         for sec in elf.iter_sections():
@@ -129,11 +133,23 @@ def read_elf_stream(member: str, stream: BinaryIO, *, code: bool = True, exports
                 (s["st_value"], s.name) for s in table.iter_symbols() if s["st_info"]["type"] == "STT_FUNC" and s.name
             )
         return ElfFacts(
-            member=member, machine=elf["e_machine"], needed=tuple(needed), rpath=tuple(rpath),
-            runpath=tuple(runpath), soname=soname, textrel=textrel, execstack=execstack, rwx_segments=tuple(rwx),
-            exports=tuple(sorted(set(exported))), version_needs=tuple(needs), exec_sections=exec_secs,
-            symbols=tuple(syms), elfclass=elf.elfclass, little_endian=elf.little_endian,
-            osabi=str(elf["e_ident"]["EI_OSABI"]), fatbin_bytes=fatbin["sh_size"] if fatbin is not None else 0,
-        )  # fmt: skip
+            member=member,
+            machine=elf["e_machine"],
+            needed=tuple(needed),
+            rpath=tuple(rpath),
+            runpath=tuple(runpath),
+            soname=soname,
+            textrel=textrel,
+            execstack=execstack,
+            rwx_segments=tuple(rwx),
+            exports=tuple(sorted(set(exported))),
+            version_needs=tuple(needs),
+            exec_sections=exec_secs,
+            symbols=tuple(syms),
+            elfclass=elf.elfclass,
+            little_endian=elf.little_endian,
+            osabi=str(elf["e_ident"]["EI_OSABI"]),
+            fatbin_bytes=fatbin["sh_size"] if fatbin is not None else 0,
+        )
     except (ELFError, ValueError, KeyError) as exc:
         raise ValueError(f"{member}: malformed ELF: {exc}") from exc

@@ -213,5 +213,15 @@ def _spool(name: str, src: Any, tool: str | None, detailed: bool) -> ArchivedFil
                     sass, ptx = list_archs(tool, Path(tmp.name))
             except ValueError as exc:
                 cuda_error = str(exc)
-    return ArchivedFile(name, "file", size, h.hexdigest(), elf=elf, elf_error=elf_error, sass=sass, ptx=ptx,
-                        cuda=cuda, cuda_error=cuda_error)  # fmt: skip
+    return ArchivedFile(
+        name,
+        "file",
+        size,
+        h.hexdigest(),
+        elf=elf,
+        elf_error=elf_error,
+        sass=sass,
+        ptx=ptx,
+        cuda=cuda,
+        cuda_error=cuda_error,
+    )

@@ -19,7 +19,7 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO
+from typing import IO, BinaryIO, cast
 
 from packaging.tags import Tag
 from packaging.utils import InvalidWheelFilename, NormalizedName, parse_wheel_filename
@@ -189,13 +189,21 @@ def read_wheel(path: Path, options: ReadOptions | None = None) -> WheelFacts:
     counts = Counter(m.name for m in members)
     dist_infos = sorted({m.name.split("/", 1)[0] for m in members if m.name.split("/", 1)[0].endswith(".dist-info")})
     return WheelFacts(
-        path=path, name=name, version=version, tags=frozenset(tags),
+        path=path,
+        name=name,
+        version=version,
+        tags=frozenset(tags),
         members=tuple(m for m in members if not m.name.endswith("/")),
         duplicates=tuple(sorted(n for n, c in counts.items() if c > 1)),
-        dist_info=dist_infos[0] if dist_infos else "", elfs=elfs, non_elf=tuple(non_elf),
-        unreadable=tuple(unreadable), cuda=tuple(cuda), cuda_inspected=opts.cuobjdump is not None,
-        size=size, sha256=digest,
-    )  # fmt: skip
+        dist_info=dist_infos[0] if dist_infos else "",
+        elfs=elfs,
+        non_elf=tuple(non_elf),
+        unreadable=tuple(unreadable),
+        cuda=tuple(cuda),
+        cuda_inspected=opts.cuobjdump is not None,
+        size=size,
+        sha256=digest,
+    )
 
 
 def _read_member(
@@ -221,15 +229,22 @@ def _read_member(
                 spool.write(chunk)
             chunk = src.read(_CHUNK)
     digest = h.digest()
-    member = Member(info.filename, kept.getvalue() if kept is not None else None, mode, kind, size=size,
-                    sha256=digest.hex(), record_hash=record_form(digest))  # fmt: skip
+    member = Member(
+        info.filename,
+        kept.getvalue() if kept is not None else None,
+        mode,
+        kind,
+        size=size,
+        sha256=digest.hex(),
+        record_hash=record_form(digest),
+    )
     if spool is None:
         return member, None, None
     with spool:
         spool.seek(0)
         try:
-            elf = read_elf_stream(info.filename, spool, code=opts.code(info.filename),  # type: ignore[arg-type]
-                                  exports=opts.exports)  # fmt: skip
+            stream = cast(BinaryIO, spool)  # a SpooledTemporaryFile is a seekable binary stream
+            elf = read_elf_stream(info.filename, stream, code=opts.code(info.filename), exports=opts.exports)
         except ValueError as exc:
             return member, str(exc), None
         listing = None

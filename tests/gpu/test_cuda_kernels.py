@@ -45,8 +45,9 @@ def test_router_matches_softmax_topk(kt: Any, tokens: int, experts: int, topk: i
     ref_w = ref_w / ref_w.sum(-1, keepdim=True)
     torch.cuda.synchronize()
     assert torch.equal(ids.sort(-1).values, ref_ids.sort(-1).values)
-    torch.testing.assert_close(weights.gather(-1, ids.argsort(-1)), ref_w.gather(-1, ref_ids.argsort(-1)),
-                               rtol=1e-4, atol=1e-5)  # fmt: skip
+    torch.testing.assert_close(
+        weights.gather(-1, ids.argsort(-1)), ref_w.gather(-1, ref_ids.argsort(-1)), rtol=1e-4, atol=1e-5
+    )
 
 
 @pytest.mark.parametrize(("fmt", "group"), [("int8", 0), ("rawint4", 32), ("rawint4", 128)])

@@ -33,14 +33,25 @@ class Venv:
     root: Path
     python: Path
 
-    def run(self, *args: str, env: dict[str, str] | None = None, check: bool = True,
-            prefix: tuple[str, ...] = (), timeout: float = 900) -> subprocess.CompletedProcess[str]:  # fmt: skip
+    def run(
+        self,
+        *args: str,
+        env: dict[str, str] | None = None,
+        check: bool = True,
+        prefix: tuple[str, ...] = (),
+        timeout: float = 900,
+    ) -> subprocess.CompletedProcess[str]:
         full_env = {k: v for k, v in os.environ.items() if not k.startswith("KT_KERNEL_")}
         full_env.update(env or {})
         proc = subprocess.run(
-            [*prefix, str(self.python), *args], capture_output=True, text=True, env=full_env, cwd=self.root,
-            check=False, timeout=timeout,
-        )  # fmt: skip
+            [*prefix, str(self.python), *args],
+            capture_output=True,
+            text=True,
+            env=full_env,
+            cwd=self.root,
+            check=False,
+            timeout=timeout,
+        )
         if check and proc.returncode != 0:
             pytest.fail(f"{args} exited {proc.returncode}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr}")
         return proc
@@ -73,8 +84,18 @@ def make_venv(where: Path, requirements: list[str], lock: str = "runtime-cpu") -
     uv = _uv()
     subprocess.run([uv, "venv", "--quiet", "--python", sys.executable, str(where)], check=True)
     req = indexes.for_install(ROOT / "lockfiles" / f"{lock}.txt", where / "requirements.txt", "\n".join(requirements))
-    cmd = [uv, "pip", "install", "--quiet", "--python", str(where / "bin" / "python"), "--require-hashes",
-           *indexes.UV_ARGS, "-r", str(req)]  # fmt: skip
+    cmd = [
+        uv,
+        "pip",
+        "install",
+        "--quiet",
+        "--python",
+        str(where / "bin" / "python"),
+        "--require-hashes",
+        *indexes.UV_ARGS,
+        "-r",
+        str(req),
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
     if proc.returncode != 0:
         pytest.fail(f"installing into {where} failed:\n{proc.stderr}")

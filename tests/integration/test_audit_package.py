@@ -15,13 +15,23 @@ from tests.wheelkit import pure_wheel_members, write_wheel
 
 def test_the_kt_audit_console_script_in_a_fresh_venv(tmp_path: Path) -> None:
     out = tmp_path / "wheels"
-    subprocess.run([sys.executable, "-m", "build", "--wheel", "--no-isolation", "--outdir", str(out), str(ROOT)],
-                   check=True, capture_output=True, text=True, cwd=tmp_path)  # fmt: skip
+    subprocess.run(
+        [sys.executable, "-m", "build", "--wheel", "--no-isolation", "--outdir", str(out), str(ROOT)],
+        check=True,
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+    )
     (wheel,) = out.glob("kt_audit-*.whl")
     with zipfile.ZipFile(wheel) as zf:
         names = set(zf.namelist())
-    assert {"audits/policy/default.toml", "audits/policy/third-party.toml", "audits/policy/cpu_variants.json",
-            "audits/policy/schema.json", "audits/schemas/audit-report.schema.json"} <= names  # fmt: skip
+    assert {
+        "audits/policy/default.toml",
+        "audits/policy/third-party.toml",
+        "audits/policy/cpu_variants.json",
+        "audits/policy/schema.json",
+        "audits/schemas/audit-report.schema.json",
+    } <= names
     assert not any(n.startswith(("tests/", "tools/", "carriers/", "kernel/")) for n in names)
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
@@ -33,11 +43,13 @@ def test_the_kt_audit_console_script_in_a_fresh_venv(tmp_path: Path) -> None:
     assert "usage: kt-audit" in help_text
     assert "wheel.unsafe-path:" in help_text
     assert str(venv) in help_text  # the policy file in use: the installed one
-    target = write_wheel(tmp_path / "demo-1.0-py3-none-any.whl", {**pure_wheel_members("demo", "1.0"),
-                                                                   "demo/libx.a": b"!<arch>\n"})  # fmt: skip
+    target = write_wheel(
+        tmp_path / "demo-1.0-py3-none-any.whl", {**pure_wheel_members("demo", "1.0"), "demo/libx.a": b"!<arch>\n"}
+    )
     ours = subprocess.run([script, str(target)], capture_output=True, text=True, check=False, cwd=tmp_path)
     assert ours.returncode == 1
     assert "wheel.static-library" in ours.stdout
-    theirs = subprocess.run([script, "--policy", "third-party", str(target)], capture_output=True, text=True,
-                            check=False, cwd=tmp_path)  # fmt: skip
+    theirs = subprocess.run(
+        [script, "--policy", "third-party", str(target)], capture_output=True, text=True, check=False, cwd=tmp_path
+    )
     assert theirs.returncode == 0, theirs.stdout + theirs.stderr

@@ -84,8 +84,10 @@ def test_wheel_tag_lines_differ_from_filename(members: dict[str, bytes], out: Pa
 
 
 def test_native_wheel_claiming_purelib(members: dict[str, bytes], out: Path) -> None:
-    m = {n: (d.replace(b"Root-Is-Purelib: false", b"Root-Is-Purelib: true") if n.endswith("/WHEEL") else d)
-         for n, d in members.items()}  # fmt: skip
+    m = {
+        n: (d.replace(b"Root-Is-Purelib: false", b"Root-Is-Purelib: true") if n.endswith("/WHEEL") else d)
+        for n, d in members.items()
+    }
     assert rules_of(write_wheel(out, m)) == {"wheel.purelib"}
 
 
@@ -168,8 +170,14 @@ def _with_lib(members: dict[str, bytes], member: str, data: bytes) -> dict[str, 
 
 def test_libcudart_in_needed(members: dict[str, bytes], out: Path, tmp_path: Path) -> None:
     compile_so(tmp_path, "libcudart.so.13", "int cudaFree(void *p) { return 0; }", "-Wl,-soname,libcudart.so.13")
-    lib = compile_so(tmp_path, "libkt_cuda.so", "int cudaFree(void*); int kt_cuda_free(void) { return cudaFree(0); }",
-                     f"-L{tmp_path}", "-l:libcudart.so.13", "-Wl,-rpath,$ORIGIN")  # fmt: skip
+    lib = compile_so(
+        tmp_path,
+        "libkt_cuda.so",
+        "int cudaFree(void*); int kt_cuda_free(void) { return cudaFree(0); }",
+        f"-L{tmp_path}",
+        "-l:libcudart.so.13",
+        "-Wl,-rpath,$ORIGIN",
+    )
     res = rules_of(write_wheel(out, _with_lib(members, "kt_kernel/libkt_cuda.so", lib)))
     # libcudart.so.13 is bundled beside it ($ORIGIN), so only the forbidden-dependency rule fires
     assert res == {"elf.needed-forbidden"}
@@ -181,15 +189,19 @@ def test_executable_stack(members: dict[str, bytes], out: Path, tmp_path: Path) 
 
 
 def test_text_relocations(members: dict[str, bytes], out: Path, tmp_path: Path) -> None:
-    asm = ".text\n.globl kt_cuda_addr\nkt_cuda_addr:\n movabs $value, %rax\n ret\n.data\nvalue: .quad 0\n" \
-          ".section .note.GNU-stack,\"\",@progbits\n"  # fmt: skip
+    asm = (
+        ".text\n.globl kt_cuda_addr\nkt_cuda_addr:\n movabs $value, %rax\n ret\n.data\nvalue: .quad 0\n"
+        '.section .note.GNU-stack,"",@progbits\n'
+    )
     lib = compile_so(tmp_path, "t.so", asm, "-Wl,-z,notext", lang="asm")
     assert rules_of(write_wheel(out, _with_lib(members, "kt_kernel/t.so", lib))) == {"elf.textrel"}
 
 
 def test_rwx_segment(members: dict[str, bytes], out: Path, tmp_path: Path) -> None:
-    asm = ".section .kt_rwx,\"awx\",@progbits\n.globl kt_cuda_rwx\nkt_cuda_rwx: ret\n" \
-          ".section .note.GNU-stack,\"\",@progbits\n"  # fmt: skip
+    asm = (
+        '.section .kt_rwx,"awx",@progbits\n.globl kt_cuda_rwx\nkt_cuda_rwx: ret\n'
+        '.section .note.GNU-stack,"",@progbits\n'
+    )
     lib = compile_so(tmp_path, "r.so", asm, "-Wl,--no-warn-rwx-segments", lang="asm")
     assert rules_of(write_wheel(out, _with_lib(members, "kt_kernel/r.so", lib))) == {"elf.rwx-segment"}
 
@@ -207,8 +219,14 @@ def test_absolute_rpath(members: dict[str, bytes], out: Path, tmp_path: Path) ->
 
 def test_needed_library_not_in_the_wheel(members: dict[str, bytes], out: Path, tmp_path: Path) -> None:
     compile_so(tmp_path, "libhelper.so.1", "int h(void) { return 1; }", "-Wl,-soname,libhelper.so.1")
-    lib = compile_so(tmp_path, "n.so", "int h(void); int kt_cuda_n(void) { return h(); }",
-                     f"-L{tmp_path}", "-l:libhelper.so.1", "-Wl,-rpath,$ORIGIN/../kt_kernel.libs")  # fmt: skip
+    lib = compile_so(
+        tmp_path,
+        "n.so",
+        "int h(void); int kt_cuda_n(void) { return h(); }",
+        f"-L{tmp_path}",
+        "-l:libhelper.so.1",
+        "-Wl,-rpath,$ORIGIN/../kt_kernel.libs",
+    )
     assert rules_of(write_wheel(out, _with_lib(members, "kt_kernel/n.so", lib))) == {"rpath.unresolved"}
     helper = (tmp_path / "libhelper.so.1").read_bytes()
     fixed = _with_lib(_with_lib(members, "kt_kernel/n.so", lib), "kt_kernel.libs/libhelper.so.1", helper)
@@ -305,8 +323,9 @@ def test_unlisted_native_library(members: dict[str, bytes], out: Path) -> None:
 # --- the CLI and the report ----------------------------------------------------------------
 
 
-def test_cli_writes_report_and_exits_nonzero_on_errors(kt_wheel: Path, members: dict[str, bytes],
-                                                        out: Path, tmp_path: Path) -> None:  # fmt: skip
+def test_cli_writes_report_and_exits_nonzero_on_errors(
+    kt_wheel: Path, members: dict[str, bytes], out: Path, tmp_path: Path
+) -> None:
     from audits.__main__ import main
 
     rep = tmp_path / "report.json"
@@ -364,8 +383,9 @@ def _repack(members: dict[str, bytes], files: dict[str, bytes], extra: Any = Non
     payload = lzma.compress(raw.getvalue())
     manifest = json.loads(members["kt_kernel/_build.json"])
     manifest["cuda"]["sha256"] = hashlib.sha256(payload).hexdigest()
-    manifest["cuda"]["files"] = {n: {"sha256": hashlib.sha256(d).hexdigest(), "sass": [], "ptx": []}
-                                 for n, d in files.items()}  # fmt: skip
+    manifest["cuda"]["files"] = {
+        n: {"sha256": hashlib.sha256(d).hexdigest(), "sass": [], "ptx": []} for n, d in files.items()
+    }
     return _with_lib(_with_lib(members, PAYLOAD, payload), "kt_kernel/_build.json", json.dumps(manifest).encode())
 
 
@@ -396,8 +416,22 @@ def test_cuda_library_missing_an_arch_and_kernels(members: dict[str, bytes], out
         'extern "C" __attribute__((visibility("default"))) int kt_cuda_abi_version(void) { return 1; }\n'
     )
     lib = tmp_path / "libkt_cuda.so"
-    subprocess.run([_nvcc(), "-shared", "-Xcompiler", "-fPIC", "-cudart", "static",
-                    "-gencode", "arch=compute_80,code=sm_80", "-o", str(lib), str(src)], check=True)  # fmt: skip
+    subprocess.run(
+        [
+            _nvcc(),
+            "-shared",
+            "-Xcompiler",
+            "-fPIC",
+            "-cudart",
+            "static",
+            "-gencode",
+            "arch=compute_80,code=sm_80",
+            "-o",
+            str(lib),
+            str(src),
+        ],
+        check=True,
+    )
     files = _payload_files(members)
     files["lib/libkt_cuda.so"] = lib.read_bytes()
     res = audit_wheel(write_wheel(out, _repack(members, files)), POLICY)
@@ -432,8 +466,9 @@ def test_payload_member_escaping_the_root(members: dict[str, bytes], out: Path) 
 
 def test_payload_library_with_absolute_rpath(members: dict[str, bytes], out: Path, tmp_path: Path) -> None:
     files = _payload_files(members)
-    files["lib/libextra.so"] = compile_so(tmp_path, "x.so", "int kt_cuda_x(void) { return 1; }",
-                                          "-Wl,-rpath,/usr/local/cuda/lib64")  # fmt: skip
+    files["lib/libextra.so"] = compile_so(
+        tmp_path, "x.so", "int kt_cuda_x(void) { return 1; }", "-Wl,-rpath,/usr/local/cuda/lib64"
+    )
     assert rules_of(write_wheel(out, _repack(members, files))) == {"rpath.not-origin"}
 
 
@@ -477,8 +512,9 @@ def test_an_abi3_extension_in_a_cp311_wheel_is_valid(members: dict[str, bytes], 
     assert [f for f in found if f.severity == "error"] == []
 
 
-def test_embedded_cuda_code_without_cuobjdump_is_noted(members: dict[str, bytes], out: Path, tmp_path: Path,
-                                                       monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+def test_embedded_cuda_code_without_cuobjdump_is_noted(
+    members: dict[str, bytes], out: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Any ELF member with a .nv_fatbin section is listed; without the tool, the report says
     'cuda: not inspected' (a warning beside the payload's own tool-missing error)."""
     src = (

@@ -62,8 +62,9 @@ def fetch(entry: dict[str, Any]) -> Path:
 
 
 def auditwheel_show(wheel: Path) -> dict[str, Any]:
-    proc = subprocess.run([sys.executable, "-m", "auditwheel", "show", "--json", str(wheel)], capture_output=True,
-                          text=True, check=False)  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "-m", "auditwheel", "show", "--json", str(wheel)], capture_output=True, text=True, check=False
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     result: dict[str, Any] = json.loads(proc.stdout)
     return result
@@ -76,14 +77,17 @@ def test_the_corpus_has_ten_wheels_of_the_kinds_the_issue_names() -> None:
         assert kind in kinds, kind
 
 
-@pytest.mark.parametrize("entry", CORPUS, ids=[e["file"].split("-")[0] + ("-aarch64" if "aarch64" in e["file"] else "")
-                                               for e in CORPUS])  # fmt: skip
+@pytest.mark.parametrize(
+    "entry", CORPUS, ids=[e["file"].split("-")[0] + ("-aarch64" if "aarch64" in e["file"] else "") for e in CORPUS]
+)
 def test_verdict_equals_auditwheel_show_and_no_error_under_third_party(entry: dict[str, Any]) -> None:
     wheel = fetch(entry)
     res = audit_wheel(wheel, THIRD)
     theirs = auditwheel_show(wheel)
-    print(f"{wheel.name}: ours {res.platform} ({res.platform_reason or 'nothing limits it'}); "
-          f"auditwheel {theirs['overall_tag']}")  # fmt: skip
+    print(
+        f"{wheel.name}: ours {res.platform} ({res.platform_reason or 'nothing limits it'}); "
+        f"auditwheel {theirs['overall_tag']}"
+    )
     assert res.platform == theirs["overall_tag"]
     assert [f for f in res.findings if f.severity == "error"] == []
     if "static library" in entry["kind"]:

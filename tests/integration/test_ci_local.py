@@ -141,11 +141,19 @@ def test_a_workflow_runs_end_to_end_in_fresh_clones(tmp_path: Path) -> None:
     wf.write_text(WORKFLOW.replace("PYVER", f"{sys.version_info.major}.{sys.version_info.minor}"))
     workflow = ci_local.load(wf)
     work = tmp_path / "work"
-    runs = {r.key: r for r in ci_local.execute(workflow, ci_local.event_context(workflow, "push", "refs/heads/main",
-                                                                                {}), work, repo)}  # fmt: skip
+    runs = {
+        r.key: r
+        for r in ci_local.execute(workflow, ci_local.event_context(workflow, "push", "refs/heads/main", {}), work, repo)
+    }
     assert {k: r.status for k, r in runs.items()} == {
-        "build (a)": "success", "build (b)": "success", "collect": "success", "tag-only": "skipped",
-        "broken": "failure", "after-broken": "skipped", "report": "success"}  # fmt: skip
+        "build (a)": "success",
+        "build (b)": "success",
+        "collect": "success",
+        "tag-only": "skipped",
+        "broken": "failure",
+        "after-broken": "skipped",
+        "report": "success",
+    }
     assert runs["tag-only"].reason.startswith("if: startsWith")
     assert runs["broken"].reason == "step 2 (exit 3) exited 3"
     assert runs["after-broken"].reason == "needs broken (failure)"

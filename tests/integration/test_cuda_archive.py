@@ -104,14 +104,20 @@ def test_launcher_without_driver_says_so(fresh_venv: Venv, tmp_path: Path) -> No
 def test_cpu_only_use_never_touches_cuda(fresh_venv: Venv, tmp_path: Path) -> None:
     cache = tmp_path / "cache"
     out = fresh_venv.json(SCRIPT, "cpu-only", str(cache), env={"KT_KERNEL_CACHE_DIR": str(cache)})
-    assert out == {"action": "cpu-only", "cuda_module_imported": False, "cuda_library_mapped": False,
-                   "cache_exists": False}  # fmt: skip
+    assert out == {
+        "action": "cpu-only",
+        "cuda_module_imported": False,
+        "cuda_library_mapped": False,
+        "cache_exists": False,
+    }
 
 
 def test_eight_processes_one_extraction(fresh_venv: Venv, tmp_path: Path) -> None:
     cache = tmp_path / "cache"
-    procs = [subprocess.Popen([str(fresh_venv.python), SCRIPT, "extract", str(cache)], stdout=subprocess.PIPE,
-                              text=True) for _ in range(8)]  # fmt: skip
+    procs = [
+        subprocess.Popen([str(fresh_venv.python), SCRIPT, "extract", str(cache)], stdout=subprocess.PIPE, text=True)
+        for _ in range(8)
+    ]
     roots = {json.loads(p.communicate(timeout=300)[0])["root"] for p in procs}
     assert all(p.returncode == 0 for p in procs)
     assert len(roots) == 1
@@ -121,8 +127,9 @@ def test_eight_processes_one_extraction(fresh_venv: Venv, tmp_path: Path) -> Non
 
 def test_crash_mid_extraction_then_recovery(fresh_venv: Venv, tmp_path: Path) -> None:
     cache = tmp_path / "cache"
-    crashed = fresh_venv.run(SCRIPT, "extract", str(cache), env={"KT_KERNEL_TEST_CRASH_AFTER_MEMBERS": "1"},
-                             check=False)  # fmt: skip
+    crashed = fresh_venv.run(
+        SCRIPT, "extract", str(cache), env={"KT_KERNEL_TEST_CRASH_AFTER_MEMBERS": "1"}, check=False
+    )
     assert crashed.returncode == 70
     assert list(cache.glob(".tmp-*")), "the crash should leave a partial temp dir behind"
     root = Path(fresh_venv.json(SCRIPT, "extract", str(cache))["root"])
@@ -147,10 +154,12 @@ def _extract_in_venv(venv: Venv, tmp_path: Path, section: dict[str, Any], payloa
     (pkg / Path(section["payload"]).parent).mkdir(parents=True)
     (pkg / section["payload"]).write_bytes(payload)
     section = dict(section, sha256=hashlib.sha256(payload).hexdigest())
-    code = ("import json, sys; from pathlib import Path; from kt_kernel import cuda\n"
-            "s = json.loads(sys.argv[1])\n"
-            "try:\n    cuda.extract(s, Path(sys.argv[2]), Path(sys.argv[3])); print('ok')\n"
-            "except cuda.CudaError as e:\n    print(e)\n")  # fmt: skip
+    code = (
+        "import json, sys; from pathlib import Path; from kt_kernel import cuda\n"
+        "s = json.loads(sys.argv[1])\n"
+        "try:\n    cuda.extract(s, Path(sys.argv[2]), Path(sys.argv[3])); print('ok')\n"
+        "except cuda.CudaError as e:\n    print(e)\n"
+    )
     return venv.run("-c", code, json.dumps(section), str(tmp_path / "cache"), str(pkg)).stdout.strip()
 
 
@@ -162,8 +171,9 @@ def test_tampered_member_is_named(fresh_venv: Venv, tmp_path: Path, payload: byt
     assert not (tmp_path / "cache" / hashlib.sha256(_payload_with(members)).hexdigest()).exists()
 
 
-def test_path_traversal_member_is_refused(fresh_venv: Venv, tmp_path: Path, payload: bytes,
-                                          section: dict[str, Any]) -> None:  # fmt: skip
+def test_path_traversal_member_is_refused(
+    fresh_venv: Venv, tmp_path: Path, payload: bytes, section: dict[str, Any]
+) -> None:
     evil = tarfile.TarInfo("../../evil.so")
     evil.size = 4
     msg = _extract_in_venv(fresh_venv, tmp_path, section, _payload_with(_members(payload), evil))
@@ -171,8 +181,9 @@ def test_path_traversal_member_is_refused(fresh_venv: Venv, tmp_path: Path, payl
     assert not (tmp_path / "evil.so").exists()
 
 
-def test_link_escaping_the_root_is_refused(fresh_venv: Venv, tmp_path: Path, payload: bytes,
-                                           section: dict[str, Any]) -> None:  # fmt: skip
+def test_link_escaping_the_root_is_refused(
+    fresh_venv: Venv, tmp_path: Path, payload: bytes, section: dict[str, Any]
+) -> None:
     link = tarfile.TarInfo("lib/libcuda.so.1")
     link.type, link.linkname, link.size = tarfile.SYMTYPE, "/usr/lib/libcuda.so.1", 0
     msg = _extract_in_venv(fresh_venv, tmp_path, section, _payload_with(_members(payload), link))
@@ -180,8 +191,7 @@ def test_link_escaping_the_root_is_refused(fresh_venv: Venv, tmp_path: Path, pay
 
 
 def test_unwritable_cache_names_path_and_variable(fresh_venv: Venv) -> None:
-    out = fresh_venv.run(SCRIPT, "launch", "/proc/kt-cache", env={"KT_KERNEL_CACHE_DIR": "/proc/kt-cache"},
-                         check=False)  # fmt: skip
+    out = fresh_venv.run(SCRIPT, "launch", "/proc/kt-cache", env={"KT_KERNEL_CACHE_DIR": "/proc/kt-cache"}, check=False)
     text = out.stdout + out.stderr
     # No driver is checked first; extraction errors show with a driver. Exercise extract directly:
     res = fresh_venv.run(SCRIPT, "extract", "/proc/kt-cache", check=False)

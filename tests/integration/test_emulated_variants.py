@@ -19,7 +19,7 @@ import pytest
 
 from tests.conftest import ROOT
 from tests.integration.conftest import SCRIPTS, Venv
-from tests.integration.test_kernel_wheel import E2E_TOL, MAX_TOL, QUANT_TOL, REL_TOL, VARIANTS, missing_on_host
+from tests.integration.test_kernel_wheel import VARIANTS, missing_on_host, out_of_bounds
 
 CACHE = ROOT / "build" / "cache" / "simde"
 
@@ -38,9 +38,26 @@ def simde() -> Path:
     include = CACHE / "simde_py-0.8.2.post1" / "simde_py" / "simde"
     if not (include / "simde" / "x86" / "avx512.h").is_file():
         CACHE.mkdir(parents=True, exist_ok=True)
-        proc = subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--no-binary",
-                               ":all:", "--require-hashes", "-r", str(ROOT / "lockfiles" / "emulation.txt"), "-d",
-                               str(CACHE)], capture_output=True, text=True, check=False)  # fmt: skip
+        proc = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "download",
+                "--quiet",
+                "--no-deps",
+                "--no-binary",
+                ":all:",
+                "--require-hashes",
+                "-r",
+                str(ROOT / "lockfiles" / "emulation.txt"),
+                "-d",
+                str(CACHE),
+            ],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
         if proc.returncode != 0:
             pytest.fail(f"fetching SIMDe (lockfiles/emulation.txt) failed:\n{proc.stderr[-2000:]}")
         (sdist,) = CACHE.glob("simde_py-*.tar.gz")
@@ -51,13 +68,25 @@ def simde() -> Path:
 
 def build_emulated(src: Path, out: Path, simde: Path, targets: tuple[str, ...] = ("kt_emulated_variants",)) -> Path:
     """The emulated variants of the kernel source tree `src`, built with its own CMakeLists."""
-    pybind = subprocess.run([sys.executable, "-m", "pybind11", "--cmakedir"], capture_output=True, text=True,
-                            check=True).stdout.strip()  # fmt: skip
+    pybind = subprocess.run(
+        [sys.executable, "-m", "pybind11", "--cmakedir"], capture_output=True, text=True, check=True
+    ).stdout.strip()
     env = {**os.environ, "CMAKE_BUILD_PARALLEL_LEVEL": str(os.cpu_count() or 2)}
-    configure = [_tool("cmake"), "-S", str(src), "-B", str(out), "-G", "Ninja",
-                 f"-DCMAKE_MAKE_PROGRAM={_tool('ninja')}", "-DCMAKE_BUILD_TYPE=Release", "-DKT_EMULATED_VARIANTS=ON",
-                 f"-DKT_SIMDE_INCLUDE={simde}", f"-Dpybind11_DIR={pybind}",
-                 f"-DPython_EXECUTABLE={sys.executable}"]  # fmt: skip
+    configure = [
+        _tool("cmake"),
+        "-S",
+        str(src),
+        "-B",
+        str(out),
+        "-G",
+        "Ninja",
+        f"-DCMAKE_MAKE_PROGRAM={_tool('ninja')}",
+        "-DCMAKE_BUILD_TYPE=Release",
+        "-DKT_EMULATED_VARIANTS=ON",
+        f"-DKT_SIMDE_INCLUDE={simde}",
+        f"-Dpybind11_DIR={pybind}",
+        f"-DPython_EXECUTABLE={sys.executable}",
+    ]
     for cmd in (configure, [_tool("cmake"), "--build", str(out), "--target", *targets]):
         proc = subprocess.run(cmd, capture_output=True, text=True, check=False, env=env)
         if proc.returncode != 0:
@@ -74,15 +103,10 @@ def emulated(simde: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _numerics(venv: Venv, lib: Path, *args: str) -> dict[str, Any]:
-    result: dict[str, Any] = venv.json(str(SCRIPTS / "emulated_numerics.py"), *args,
-                                       env={"KT_TEST_VARIANT_LIBRARY": str(lib)})  # fmt: skip
+    result: dict[str, Any] = venv.json(
+        str(SCRIPTS / "emulated_numerics.py"), *args, env={"KT_TEST_VARIANT_LIBRARY": str(lib)}
+    )
     return result
-
-
-def _out_of_bounds(cases: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    return [c for c in cases if not (c["rel_err"] < REL_TOL and c["max_err"] < MAX_TOL
-                                     and c["quant_err"] < QUANT_TOL[(c["fmt"], c["group"])]
-                                     and c["e2e_err"] < E2E_TOL[(c["fmt"], c["group"])])]  # fmt: skip
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
@@ -96,9 +120,11 @@ def test_emulated_variant_matches_the_reference(variant: str, emulated: Path, fr
     cases = result["cases"]
     assert len(cases) == 4 * 5 * 4 * 2  # formats x expert counts x token counts x fp32/bf16
     worst = {k: max(c[k] for c in cases) for k in ("rel_err", "max_err", "e2e_err")}
-    print(f"{variant} (emulated): {len(cases)} cases in {took:.1f}s; worst " +
-          ", ".join(f"{k} {v:.4f}" for k, v in worst.items()))  # fmt: skip
-    bad = _out_of_bounds(cases)
+    print(
+        f"{variant} (emulated): {len(cases)} cases in {took:.1f}s; worst "
+        + ", ".join(f"{k} {v:.4f}" for k, v in worst.items())
+    )
+    bad = out_of_bounds(cases)
     assert not bad, f"{len(bad)} cases out of bounds; first: {bad[:3]}"
     if missing_on_host(variant):
         return  # nothing native to compare with here
@@ -117,8 +143,11 @@ def test_a_wrong_vbmi_permute_is_caught(simde: Path, tmp_path: Path, fresh_venv:
     src = tmp_path / "kernel"
     shutil.copytree(ROOT / "kernel", src, ignore=shutil.ignore_patterns("build", "__pycache__", "python"))
     (src / "python").mkdir()
-    shutil.copytree(ROOT / "kernel" / "python" / "kt_kernel", src / "python" / "kt_kernel",
-                    ignore=shutil.ignore_patterns("__pycache__"))  # fmt: skip
+    shutil.copytree(
+        ROOT / "kernel" / "python" / "kt_kernel",
+        src / "python" / "kt_kernel",
+        ignore=shutil.ignore_patterns("__pycache__"),
+    )
     dot = src / "src" / "cpu" / "dot.h"
     text = dot.read_text()
     good = "_mm512_set_epi8(7, 6, 5, 4, 3, 2, 1, 0, 15, 14, 13, 12, 11, 10, 9, 8,"
@@ -126,6 +155,6 @@ def test_a_wrong_vbmi_permute_is_caught(simde: Path, tmp_path: Path, fresh_venv:
     dot.write_text(text.replace(good, "_mm512_set_epi8(6, 7, 5, 4, 3, 2, 1, 0, 15, 14, 13, 12, 11, 10, 9, 8,", 1))
     libs = build_emulated(src, tmp_path / "build", simde, ("kt_cpu_avx512_vbmi_emulated",))
     cases = _numerics(fresh_venv, libs / "libkt_cpu_avx512_vbmi.so", "--quick")["cases"]
-    broken = _out_of_bounds(cases)
+    broken = out_of_bounds(cases)
     assert broken, "a wrong permute went unnoticed"
     assert {c["fmt"] for c in broken} == {"rawint4"}

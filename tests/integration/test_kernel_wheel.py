@@ -30,10 +30,33 @@ E2E_TOL = {("int8", 0): 0.035, ("rawint4", 32): 0.225, ("rawint4", 64): 0.26, ("
 # independent source that decides which variants this host must run (never kt_kernel's own
 # detection, which is under test).
 CPUINFO_FLAG = {
-    "AVX2": "avx2", "FMA": "fma", "F16C": "f16c", "AVX512F": "avx512f", "AVX512BW": "avx512bw",
-    "AVX512DQ": "avx512dq", "AVX512VL": "avx512vl", "AVX512_VNNI": "avx512_vnni", "AVX512_VBMI": "avx512vbmi",
-    "AVX512_BF16": "avx512_bf16", "AMX_TILE": "amx_tile", "AMX_INT8": "amx_int8",
-}  # fmt: skip
+    "AVX2": "avx2",
+    "FMA": "fma",
+    "F16C": "f16c",
+    "AVX512F": "avx512f",
+    "AVX512BW": "avx512bw",
+    "AVX512DQ": "avx512dq",
+    "AVX512VL": "avx512vl",
+    "AVX512_VNNI": "avx512_vnni",
+    "AVX512_VBMI": "avx512vbmi",
+    "AVX512_BF16": "avx512_bf16",
+    "AMX_TILE": "amx_tile",
+    "AMX_INT8": "amx_int8",
+}
+
+
+def out_of_bounds(cases: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The numerics cases (scripts/numerics.py) outside any of their bounds."""
+    return [
+        c
+        for c in cases
+        if not (
+            c["rel_err"] < REL_TOL
+            and c["max_err"] < MAX_TOL
+            and c["quant_err"] < QUANT_TOL[(c["fmt"], c["group"])]
+            and c["e2e_err"] < E2E_TOL[(c["fmt"], c["group"])]
+        )
+    ]
 
 
 def cpuinfo_flags() -> set[str]:
@@ -107,14 +130,12 @@ def test_variant_matches_torch_fp32_reference(variant: str, fresh_venv: Venv) ->
         row = measured.setdefault((c["fmt"], c["group"], c["dtype"]), {})
         for k in ("rel_err", "max_err", "quant_err", "e2e_err"):
             row[k] = max(row.get(k, 0.0), c[k])
-    table = "\n".join(f"  {variant} {f} g{g} {d}: " + ", ".join(f"{k} {v:.4f}" for k, v in row.items())
-                      for (f, g, d), row in sorted(measured.items()))  # fmt: skip
+    table = "\n".join(
+        f"  {variant} {f} g{g} {d}: " + ", ".join(f"{k} {v:.4f}" for k, v in row.items())
+        for (f, g, d), row in sorted(measured.items())
+    )
     print(f"measured numeric error (max over experts x tokens):\n{table}")
-    bad = [
-        c for c in cases
-        if not (c["rel_err"] < REL_TOL and c["max_err"] < MAX_TOL and c["quant_err"] < QUANT_TOL[(c["fmt"], c["group"])]
-                and c["e2e_err"] < E2E_TOL[(c["fmt"], c["group"])])
-    ]  # fmt: skip
+    bad = out_of_bounds(cases)
     assert not bad, f"{len(bad)} cases above their bounds:\n{table}\nfirst: {bad[:3]}"
 
 
@@ -171,10 +192,13 @@ except kk.KTKernelError as exc:
 """
 
 
-@pytest.mark.parametrize(("value", "expected"), [
-    ("3", {"same": True}),
-    ("abc", {"error": "KT_KERNEL_NUM_THREADS='abc' is not an integer"}),
-    ("0", {"error": "KT_KERNEL_NUM_THREADS='0' must be >= 1"}),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        ("3", {"same": True}),
+        ("abc", {"error": "KT_KERNEL_NUM_THREADS='abc' is not an integer"}),
+        ("0", {"error": "KT_KERNEL_NUM_THREADS='0' must be >= 1"}),
+    ],
+)
 def test_num_threads_variable(fresh_venv: Venv, value: str, expected: dict[str, Any]) -> None:
     assert fresh_venv.json("-c", NUM_THREADS_SCRIPT, env={"KT_KERNEL_NUM_THREADS": value}) == expected

@@ -210,8 +210,9 @@ def test_release_audit_is_clean_and_a_corrupted_part_is_caught(
 
 
 @pytest.mark.network
-def test_a_partial_kernel_build_never_reaches_dist(release: tuple[Path, dict[str, Any]], kt_wheel: Path,
-                                                   tmp_path: Path) -> None:  # fmt: skip
+def test_a_partial_kernel_build_never_reaches_dist(
+    release: tuple[Path, dict[str, Any]], kt_wheel: Path, tmp_path: Path
+) -> None:
     """A kernel wheel missing a CPU variant (as a `--variant` shard is) is refused; dist/ stays byte-identical."""
     dist, _ = release
     before = {p.name: p.read_bytes() for p in sorted(dist.iterdir())}

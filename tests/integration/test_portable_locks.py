@@ -64,24 +64,57 @@ def test_runtime_lock_installs_without_the_local_directory(index: tuple[str, Pat
         pytest.fail(f"torch {version} is needed to stand in for the PyTorch CPU index: set {indexes.MIRROR_ENV}")
     (packages / wheel.name).symlink_to(wheel)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PIP_", "KT_", "UV_"))}
-    env |= {"PIP_CONFIG_FILE": os.devnull, indexes.TORCH_INDEX_ENV: url + "simple/",
-            "PIP_DISABLE_PIP_VERSION_CHECK": "1"}  # fmt: skip
+    env |= {
+        "PIP_CONFIG_FILE": os.devnull,
+        indexes.TORCH_INDEX_ENV: url + "simple/",
+        "PIP_DISABLE_PIP_VERSION_CHECK": "1",
+    }
     if os.environ.get("PIP_CERT"):
         env["PIP_CERT"] = os.environ["PIP_CERT"]
     req = tmp_path / "req.txt"
-    proc = subprocess.run([sys.executable, "-c", "import sys; from pathlib import Path; from tools import indexes; "
-                           "indexes.for_install(Path(sys.argv[1]), Path(sys.argv[2]))", str(lock), str(req)],
-                          env=env, cwd=ROOT, check=True, capture_output=True, text=True)  # fmt: skip
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import sys; from pathlib import Path; from tools import indexes; "
+            "indexes.for_install(Path(sys.argv[1]), Path(sys.argv[2]))",
+            str(lock),
+            str(req),
+        ],
+        env=env,
+        cwd=ROOT,
+        check=True,
+        capture_output=True,
+        text=True,
+    )
     assert f"--extra-index-url {url}simple/" in req.read_text()
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
     py = str(venv / "bin" / "python")
-    proc = subprocess.run([py, "-m", "pip", "install", "-q", "--require-hashes", "--only-binary", ":all:",
-                           "--index-url", "https://pypi.org/simple", "-r", str(req)], env=env, capture_output=True,
-                          text=True, check=False)  # fmt: skip
+    proc = subprocess.run(
+        [
+            py,
+            "-m",
+            "pip",
+            "install",
+            "-q",
+            *indexes.LOCKED_INSTALL,
+            "-r",
+            str(req),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    out = subprocess.run([py, "-c", "import json, torch; print(json.dumps([torch.__version__, torch.__file__]))"],
-                         env=env, capture_output=True, text=True, check=True).stdout  # fmt: skip
+    out = subprocess.run(
+        [py, "-c", "import json, torch; print(json.dumps([torch.__version__, torch.__file__]))"],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     got, where = json.loads(out)
     assert got == version
     assert str(venv) in where

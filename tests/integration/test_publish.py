@@ -21,23 +21,34 @@ def _dist(tmp_path: Path, marker: str = "1", specs: dict[str, tuple[str, ...]] |
     dist = tmp_path / f"dist{marker}"
     dist.mkdir()
     specs = specs or {
-        "base_kt": (), "mid_kt": ("base-kt==1.0",), "top_kt": ('mid-kt==1.0; extra == "x"', "base-kt==1.0")
-    }  # fmt: skip
+        "base_kt": (),
+        "mid_kt": ("base-kt==1.0",),
+        "top_kt": ('mid-kt==1.0; extra == "x"', "base-kt==1.0"),
+    }
     wheels = []
     for name, reqs in specs.items():
         m = pure_wheel_members(name, "1.0", requires=reqs)
         m[f"{name}/__init__.py"] = f"MARK = {marker!r}\n".encode()
         path = write_wheel(dist / f"{name}-1.0-py3-none-any.whl", m)
-        wheels.append({"name": name.replace("_", "-"), "filename": path.name,
-                       "sha256": hashlib.sha256(path.read_bytes()).hexdigest()})  # fmt: skip
+        wheels.append(
+            {
+                "name": name.replace("_", "-"),
+                "filename": path.name,
+                "sha256": hashlib.sha256(path.read_bytes()).hexdigest(),
+            }
+        )
     (dist / "manifest.json").write_text(json.dumps({"schema_version": 1, "wheels": wheels}))
     return dist
 
 
 def test_order_is_computed_from_requirements(tmp_path: Path) -> None:
     """Names chosen so that the dependency order is neither alphabetical nor its reverse."""
-    specs = {"m_base": (), "a_mid": ("m-base==1.0",), "z_top": ('a-mid==1.0; extra == "x"', "m-base==1.0"),
-             "b_leaf": ("z-top==1.0",)}  # fmt: skip
+    specs = {
+        "m_base": (),
+        "a_mid": ("m-base==1.0",),
+        "z_top": ('a-mid==1.0; extra == "x"', "m-base==1.0"),
+        "b_leaf": ("z-top==1.0",),
+    }
     dist = _dist(tmp_path, "o", specs)
     for given in (sorted(p.name for p in dist.glob("*.whl")), sorted(p.name for p in dist.glob("*.whl"))[::-1]):
         names = [f.split("-")[0] for f in upload_order(dist, given)]
@@ -66,9 +77,23 @@ def test_same_name_different_bytes_is_a_hard_error(index: tuple[str, Path], tmp_
 
 
 def test_cli_reports_unreachable_index(tmp_path: Path) -> None:
-    proc = subprocess.run([sys.executable, "-m", "tools.publish", "--repository-url", "http://127.0.0.1:9/",
-                           "--dist", str(_dist(tmp_path)), "--wait", "1"], capture_output=True, text=True,
-                          check=False, cwd=Path(__file__).resolve().parents[2])  # fmt: skip
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "tools.publish",
+            "--repository-url",
+            "http://127.0.0.1:9/",
+            "--dist",
+            str(_dist(tmp_path)),
+            "--wait",
+            "1",
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+        cwd=Path(__file__).resolve().parents[2],
+    )
     assert proc.returncode == 1
     assert "cannot reach the index" in proc.stderr
 
@@ -76,8 +101,16 @@ def test_cli_reports_unreachable_index(tmp_path: Path) -> None:
 def test_a_requirement_cycle_is_uploaded_as_one_group_after_its_dependencies(tmp_path: Path) -> None:
     """sglang-kt -> sglang-kernel-kt -> (every part carrier, sglang-kt among them): no CycleError;
     the cycle's members go together, after what they require and before what requires them."""
-    dist = _dist(tmp_path, "c", {"a_part": (), "loop_b": ("loop-a==1.0", "a-part==1.0"), "loop_a": ("loop-b==1.0",),
-                                 "z_user": ("loop-a==1.0",)})  # fmt: skip
+    dist = _dist(
+        tmp_path,
+        "c",
+        {
+            "a_part": (),
+            "loop_b": ("loop-a==1.0", "a-part==1.0"),
+            "loop_a": ("loop-b==1.0",),
+            "z_user": ("loop-a==1.0",),
+        },
+    )
     order = upload_order(dist, sorted(p.name for p in dist.glob("*.whl"))[::-1])
     names = [f.split("-")[0] for f in order]
     assert names == ["a_part", "loop_a", "loop_b", "z_user"]
@@ -90,5 +123,8 @@ def test_every_python_wheel_of_a_distribution_is_uploaded(tmp_path: Path) -> Non
     shutil.copy(cp311, dist / "base_kt-1.0-cp312-cp312-manylinux_2_28_x86_64.whl")
     cp311.rename(dist / "base_kt-1.0-cp311-cp311-manylinux_2_28_x86_64.whl")
     order = upload_order(dist, sorted(p.name for p in dist.glob("*.whl"))[::-1])
-    assert order == ["base_kt-1.0-cp311-cp311-manylinux_2_28_x86_64.whl",
-                     "base_kt-1.0-cp312-cp312-manylinux_2_28_x86_64.whl", "top_kt-1.0-py3-none-any.whl"]  # fmt: skip
+    assert order == [
+        "base_kt-1.0-cp311-cp311-manylinux_2_28_x86_64.whl",
+        "base_kt-1.0-cp312-cp312-manylinux_2_28_x86_64.whl",
+        "top_kt-1.0-py3-none-any.whl",
+    ]

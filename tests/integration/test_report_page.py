@@ -48,16 +48,39 @@ class _Dom(HTMLParser):
 
 def _audit() -> dict[str, object]:
     return {
-        "passed": False, "elapsed_s": 2.0,
+        "passed": False,
+        "elapsed_s": 2.0,
         "wheels": [{"filename": KT, "errors": 1}],
-        "findings": [{"rule": "isa.forbidden-feature", "severity": "error", "wheel": KT,
-                      "member": "kt_kernel/cpu/libkt_cpu_avx2.so", "message": "avx2 uses vpdpbusd", "fix": "x"},
-                     {"rule": "payload.sass-coverage", "severity": "info", "wheel": KT, "member": "m",
-                      "message": "by policy", "fix": "none needed"}],
-        "cpu_variants": {KT: {"avx2": {"marker": "AVX2", "marker_present": True, "features_used": {"AVX2": 5},
-                                       "forbidden": ["vpdpbusd"]}}},
+        "findings": [
+            {
+                "rule": "isa.forbidden-feature",
+                "severity": "error",
+                "wheel": KT,
+                "member": "kt_kernel/cpu/libkt_cpu_avx2.so",
+                "message": "avx2 uses vpdpbusd",
+                "fix": "x",
+            },
+            {
+                "rule": "payload.sass-coverage",
+                "severity": "info",
+                "wheel": KT,
+                "member": "m",
+                "message": "by policy",
+                "fix": "none needed",
+            },
+        ],
+        "cpu_variants": {
+            KT: {
+                "avx2": {
+                    "marker": "AVX2",
+                    "marker_present": True,
+                    "features_used": {"AVX2": 5},
+                    "forbidden": ["vpdpbusd"],
+                }
+            }
+        },
         "payload": {"coverage": {"kt_kernel/cuda/lib/libkt_cuda.so": {"8.0": "sm_80 SASS", "9.0": None}}},
-    }  # fmt: skip
+    }
 
 
 def test_the_report_page_renders_with_every_section(tmp_path: Path) -> None:
@@ -68,12 +91,15 @@ def test_the_report_page_renders_with_every_section(tmp_path: Path) -> None:
     old = json.loads((dist / "manifest.json").read_text())
     old["wheels"][0]["size"] = old["wheels"][0]["size"] // 2
     baseline.write_text(json.dumps(old))
-    assert release_report.main(["--dist", str(dist), "--verify", str(tmp_path / "no.json"),
-                                "--baseline", str(baseline)]) == 1  # fmt: skip
+    assert (
+        release_report.main(["--dist", str(dist), "--verify", str(tmp_path / "no.json"), "--baseline", str(baseline)])
+        == 1
+    )
     page = (dist / "release-report.html").resolve()
     flags = ["--headless=new", "--no-sandbox", "--disable-gpu", "--hide-scrollbars", "--window-size=1300,1800"]
-    dom = subprocess.run([chromium, *flags, "--dump-dom", page.as_uri()], capture_output=True, text=True,
-                         check=True, timeout=120).stdout  # fmt: skip
+    dom = subprocess.run(
+        [chromium, *flags, "--dump-dom", page.as_uri()], capture_output=True, text=True, check=True, timeout=120
+    ).stdout
     parsed = _Dom()
     parsed.feed(dom)
     assert [s for s in SECTIONS if s not in parsed.ids] == []
@@ -84,6 +110,7 @@ def test_the_report_page_renders_with_every_section(tmp_path: Path) -> None:
     assert "sm_80 SASS" in parsed.cells
     shot = ROOT / "build" / "report-screenshot.png"
     shot.parent.mkdir(parents=True, exist_ok=True)
-    subprocess.run([chromium, *flags, f"--screenshot={shot}", page.as_uri()], capture_output=True, check=True,
-                   timeout=120)  # fmt: skip
+    subprocess.run(
+        [chromium, *flags, f"--screenshot={shot}", page.as_uri()], capture_output=True, check=True, timeout=120
+    )
     assert shot.stat().st_size > 10_000

@@ -35,8 +35,20 @@ def test_kernel_wheel_rebuilds_bit_for_bit(tmp_path: Path, kt_wheel: Path) -> No
     env["CCACHE_DISABLE"] = "1"
     with zipfile.ZipFile(kt_wheel) as zf:
         cuda = ["--cuda"] if any(n.startswith("kt_kernel/cuda_archive/") for n in zf.namelist()) else []
-    subprocess.run([sys.executable, str(src / "tools" / "build_wheel.py"), "--dist", str(tmp_path / "out"),
-                    "--work", str(tmp_path / "work"), *cuda], env=env, check=True, capture_output=True)  # fmt: skip
+    subprocess.run(
+        [
+            sys.executable,
+            str(src / "tools" / "build_wheel.py"),
+            "--dist",
+            str(tmp_path / "out"),
+            "--work",
+            str(tmp_path / "work"),
+            *cuda,
+        ],
+        env=env,
+        check=True,
+        capture_output=True,
+    )
     (again,) = (tmp_path / "out").glob("kt_kernel-*.whl")
     assert again.name == kt_wheel.name
     assert hashlib.sha256(again.read_bytes()).hexdigest() == hashlib.sha256(kt_wheel.read_bytes()).hexdigest()

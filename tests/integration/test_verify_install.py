@@ -51,8 +51,11 @@ def test_fork_check_tells_fork_from_upstream(tmp_path: Path) -> None:
     req = tmp_path / "req.txt"
     req.write_text("\n".join(lines) + "\n")
     vi.install(venv, req)
-    assert vi.fork_status(venv, ("foo", "bar", "baz")) == {"foo": "foo-kt", "bar": "UPSTREAM INSTALLED",
-                                                           "baz": "MISSING"}  # fmt: skip
+    assert vi.fork_status(venv, ("foo", "bar", "baz")) == {
+        "foo": "foo-kt",
+        "bar": "UPSTREAM INSTALLED",
+        "baz": "MISSING",
+    }
 
 
 @pytest.mark.network
@@ -63,8 +66,12 @@ def test_sft_cpu_profile_end_to_end(tmp_path: Path, kt_wheel: Path) -> None:
     dist = tmp_path / "dist"
     assemble(load(), kt_wheel, dist)
     result = vi.verify_sft_cpu(dist, tmp_path / "work")
-    assert result["forks"] == {"transformers": "transformers-kt", "accelerate": "accelerate-kt", "peft": "peft-kt",
-                               "trl": "trl-kt"}  # fmt: skip
+    assert result["forks"] == {
+        "transformers": "transformers-kt",
+        "accelerate": "accelerate-kt",
+        "peft": "peft-kt",
+        "trl": "trl-kt",
+    }
     assert result["train_resume"]["adapter_bit_identical"] is True
     assert result["train_resume"]["optimizer_bit_identical"] is True
     assert result["train_resume"]["trained"] is True
@@ -84,11 +91,20 @@ def test_extracted_libraries_resolve_beside_them_in_the_env_or_the_system(tmp_pa
     torch_lib.mkdir(parents=True)
     (torch_lib / "libc10.so").write_bytes(compile_so(tmp_path, "libc10.so", "int c10(void) { return 2; }"))
     for name in ("libdep.so", "libc10.so", "libcuda.so.1", "libmissing.so"):  # link stubs for each
-        (tmp_path / name).write_bytes(compile_so(tmp_path, name, "int stub(void) { return 0; }",
-                                                 f"-Wl,-soname,{name}"))  # fmt: skip
-    ext = compile_so(tmp_path, "ext.so", "int ext(void) { return 0; }", "-Wl,--no-as-needed", f"-L{tmp_path}",
-                     "-l:libdep.so", "-l:libc10.so", "-l:libcuda.so.1", "-l:libmissing.so", "-lm",
-                     "-Wl,-rpath,$ORIGIN")  # fmt: skip
+        (tmp_path / name).write_bytes(compile_so(tmp_path, name, "int stub(void) { return 0; }", f"-Wl,-soname,{name}"))
+    ext = compile_so(
+        tmp_path,
+        "ext.so",
+        "int ext(void) { return 0; }",
+        "-Wl,--no-as-needed",
+        f"-L{tmp_path}",
+        "-l:libdep.so",
+        "-l:libc10.so",
+        "-l:libcuda.so.1",
+        "-l:libmissing.so",
+        "-lm",
+        "-Wl,-rpath,$ORIGIN",
+    )
     (root / "pkg" / "ext.so").write_bytes(ext)
     missing = vi.unresolved_needed(root, venv, {"libcuda.so.1"})
     assert missing == {"pkg/ext.so": ["libmissing.so"]}

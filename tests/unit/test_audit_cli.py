@@ -56,13 +56,15 @@ def test_error_findings_exit_1(tmp_path: Path, capsys: pytest.CaptureFixture[str
     assert "wheel.unsafe-path" in out
 
 
-@pytest.mark.parametrize(("make", "message"), [
-    (lambda d: d / "missing.whl", "no such file or directory"),
-    (lambda d: (d / "x.whl").mkdir() or d / "x.whl", "a directory named like a wheel"),
-    (lambda d: (d / "empty").mkdir() or d / "empty", "no wheels found"),
-])  # fmt: skip
-def test_unusable_input_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str], make: object,
-                                message: str) -> None:  # fmt: skip
+@pytest.mark.parametrize(
+    ("make", "message"),
+    [
+        (lambda d: d / "missing.whl", "no such file or directory"),
+        (lambda d: (d / "x.whl").mkdir() or d / "x.whl", "a directory named like a wheel"),
+        (lambda d: (d / "empty").mkdir() or d / "empty", "no wheels found"),
+    ],
+)
+def test_unusable_input_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str], make: object, message: str) -> None:
     target = make(tmp_path)  # type: ignore[operator]
     code, _, err = run(capsys, str(target))
     assert code == 2, err
@@ -70,8 +72,9 @@ def test_unusable_input_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[st
     assert str(target) in err
 
 
-def test_non_zip_and_truncated_wheels_are_findings_not_crashes(tmp_path: Path,
-                                                               capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+def test_non_zip_and_truncated_wheels_are_findings_not_crashes(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     (tmp_path / "d").mkdir()
     (tmp_path / "d" / "a-1.0-py3-none-any.whl").write_bytes(b"not a zip at all")
     good = _pure(tmp_path).read_bytes()
@@ -84,14 +87,22 @@ def test_non_zip_and_truncated_wheels_are_findings_not_crashes(tmp_path: Path,
     assert "not a wheel filename" in out
 
 
-@pytest.mark.parametrize(("old", "new", "message"), [
-    ("wheel_budget_mib = 100", 'wheel_budget_mib = "100MiB"', "size.wheel_budget_mib: '100MiB' is not of type"),
-    ('applies_to = ["kt-kernel"]', 'applies_to = "kt-kernel"', "elf.exports.applies_to: 'kt-kernel' is not of type"),
-    ("zstd_window_log = 27", "zstd_window_log = 40", "payload.zstd_window_log: 40 is greater than the maximum"),
-    ("growth_threshold_pct", "growth_treshold_pct", "did you mean 'growth_threshold_pct'"),
-])  # fmt: skip
-def test_bad_policy_values_exit_2_naming_the_key(tmp_path: Path, capsys: pytest.CaptureFixture[str], old: str,
-                                                 new: str, message: str) -> None:  # fmt: skip
+@pytest.mark.parametrize(
+    ("old", "new", "message"),
+    [
+        ("wheel_budget_mib = 100", 'wheel_budget_mib = "100MiB"', "size.wheel_budget_mib: '100MiB' is not of type"),
+        (
+            'applies_to = ["kt-kernel"]',
+            'applies_to = "kt-kernel"',
+            "elf.exports.applies_to: 'kt-kernel' is not of type",
+        ),
+        ("zstd_window_log = 27", "zstd_window_log = 40", "payload.zstd_window_log: 40 is greater than the maximum"),
+        ("growth_threshold_pct", "growth_treshold_pct", "did you mean 'growth_threshold_pct'"),
+    ],
+)
+def test_bad_policy_values_exit_2_naming_the_key(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], old: str, new: str, message: str
+) -> None:
     policy = _policy(tmp_path, old, new)
     try:
         code, _, err = run(capsys, str(_pure(tmp_path)), "--policy", str(policy))
@@ -110,8 +121,9 @@ def test_unwritable_json_path_exits_2(tmp_path: Path, capsys: pytest.CaptureFixt
     assert f"{blocker / 'report.json'}: cannot write the JSON report" in err
 
 
-def test_an_internal_error_is_one_line_unless_debug(tmp_path: Path, capsys: pytest.CaptureFixture[str],
-                                                    monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+def test_an_internal_error_is_one_line_unless_debug(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     def boom(*_: object, **__: object) -> None:
         raise KeyError("unexpected")
 

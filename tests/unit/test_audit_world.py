@@ -17,18 +17,25 @@ from audits.manylinux import honest_platform
 from audits.policy import POLICY_DIR
 from audits.readers._elf import ElfFacts
 from audits.readers._wheel import ReadOptions, read_wheel
+from tests.factkit import elf_facts
 from tests.wheelkit import pure_wheel_members, write_wheel
 
 DEFAULT = load_policy()
 THIRD = load_policy("third-party")
 
 
-def elf(member: str, needed: tuple[str, ...] = (), rpath: tuple[str, ...] = (), runpath: tuple[str, ...] = (),
-        soname: str = "", versions: tuple[tuple[str, tuple[str, ...]], ...] = (),
-        machine: str = "EM_X86_64") -> ElfFacts:  # fmt: skip
-    return ElfFacts(member=member, machine=machine, needed=needed, rpath=rpath, runpath=runpath, soname=soname,
-                    textrel=False, execstack=False, rwx_segments=(), exports=(), version_needs=versions,
-                    exec_sections=(), symbols=())  # fmt: skip
+def elf(
+    member: str,
+    needed: tuple[str, ...] = (),
+    rpath: tuple[str, ...] = (),
+    runpath: tuple[str, ...] = (),
+    soname: str = "",
+    versions: tuple[tuple[str, tuple[str, ...]], ...] = (),
+    machine: str = "EM_X86_64",
+) -> ElfFacts:
+    return elf_facts(
+        member, needed=needed, rpath=rpath, runpath=runpath, soname=soname, version_needs=versions, machine=machine
+    )
 
 
 def errors(findings: list) -> set[str]:  # type: ignore[type-arg]
@@ -42,18 +49,22 @@ TREE = [EXT, "pkg.libs/libgraft.so.1", "pkg.libs/libdep.so.2", "pkg/__init__.py"
 
 
 def test_a_grafted_librarys_dependency_resolves_through_the_loaders_rpath() -> None:
-    elfs = [elf(EXT, needed=("libgraft.so.1",), rpath=("$ORIGIN/../pkg.libs",)),
-            elf("pkg.libs/libgraft.so.1", needed=("libdep.so.2",), soname="libgraft.so.1"),
-            elf("pkg.libs/libdep.so.2", soname="libdep.so.2")]  # fmt: skip
+    elfs = [
+        elf(EXT, needed=("libgraft.so.1",), rpath=("$ORIGIN/../pkg.libs",)),
+        elf("pkg.libs/libgraft.so.1", needed=("libdep.so.2",), soname="libgraft.so.1"),
+        elf("pkg.libs/libdep.so.2", soname="libdep.so.2"),
+    ]
     where = load_chains(elfs, TREE)
     assert where[("pkg.libs/libgraft.so.1", "libdep.so.2")] == "pkg.libs/libdep.so.2"
     assert errors(rpath("w.whl", elfs, TREE, frozenset())) == set()
 
 
 def test_runpath_is_not_inherited() -> None:
-    elfs = [elf(EXT, needed=("libgraft.so.1",), runpath=("$ORIGIN/../pkg.libs",)),
-            elf("pkg.libs/libgraft.so.1", needed=("libdep.so.2",), soname="libgraft.so.1"),
-            elf("pkg.libs/libdep.so.2", soname="libdep.so.2")]  # fmt: skip
+    elfs = [
+        elf(EXT, needed=("libgraft.so.1",), runpath=("$ORIGIN/../pkg.libs",)),
+        elf("pkg.libs/libgraft.so.1", needed=("libdep.so.2",), soname="libgraft.so.1"),
+        elf("pkg.libs/libdep.so.2", soname="libdep.so.2"),
+    ]
     assert load_chains(elfs, TREE)[("pkg.libs/libgraft.so.1", "libdep.so.2")] is None
     found = rpath("w.whl", elfs, TREE, frozenset())
     assert errors(found) == {"rpath.unresolved"}
@@ -61,9 +72,11 @@ def test_runpath_is_not_inherited() -> None:
 
 
 def test_an_object_with_its_own_runpath_ignores_the_inherited_rpath() -> None:
-    elfs = [elf(EXT, needed=("libgraft.so.1",), rpath=("$ORIGIN/../pkg.libs",)),
-            elf("pkg.libs/libgraft.so.1", needed=("libdep.so.2",), runpath=("$ORIGIN/nowhere",)),
-            elf("pkg.libs/libdep.so.2")]  # fmt: skip
+    elfs = [
+        elf(EXT, needed=("libgraft.so.1",), rpath=("$ORIGIN/../pkg.libs",)),
+        elf("pkg.libs/libgraft.so.1", needed=("libdep.so.2",), runpath=("$ORIGIN/nowhere",)),
+        elf("pkg.libs/libdep.so.2"),
+    ]
     assert load_chains(elfs, TREE)[("pkg.libs/libgraft.so.1", "libdep.so.2")] is None
 
 
@@ -102,8 +115,15 @@ def test_the_verdict_names_the_symbol_that_limits_it() -> None:
 def test_symbol_versions_of_a_library_inside_the_wheel_do_not_count() -> None:
     """A grafted libstdc++ brings its own GLIBCXX: auditwheel ignores versions resolved inside."""
     tree = [EXT, "pkg.libs/libstdc++.so.6"]
-    elfs = [elf(EXT, needed=("libstdc++.so.6",), rpath=("$ORIGIN/../pkg.libs",),
-                versions=(("libstdc++.so.6", ("GLIBCXX_3.4.32",)),)), elf("pkg.libs/libstdc++.so.6")]  # fmt: skip
+    elfs = [
+        elf(
+            EXT,
+            needed=("libstdc++.so.6",),
+            rpath=("$ORIGIN/../pkg.libs",),
+            versions=(("libstdc++.so.6", ("GLIBCXX_3.4.32",)),),
+        ),
+        elf("pkg.libs/libstdc++.so.6"),
+    ]
     assert honest_platform(elfs, load_chains(elfs, tree))[0] == "manylinux_2_5_x86_64"
 
 
@@ -136,7 +156,9 @@ def test_a_zip_bomb_member_is_refused_not_read(tmp_path: Path) -> None:
     assert bomb.sha256 == ""
     res = audit_wheel(wheel, DEFAULT)
     assert [(f.rule, f.member) for f in res.findings if f.severity == "error"] == [
-        ("wheel.member-limit", "demo/zeros.bin"), ("wheel.record-unlisted", "demo/zeros.bin")]  # fmt: skip
+        ("wheel.member-limit", "demo/zeros.bin"),
+        ("wheel.record-unlisted", "demo/zeros.bin"),
+    ]
 
 
 def test_members_are_hashed_streaming_and_not_kept(tmp_path: Path) -> None:
@@ -202,8 +224,13 @@ def test_a_policy_that_extends_itself_is_an_error(tmp_path: Path, capsys: pytest
     loop = POLICY_DIR / f".test-loop-{tmp_path.name}.toml"
     loop.write_text(f'schema_version = 1\nextends = "{loop.name}"\n')
     try:
-        code = cli.main([str(write_wheel(tmp_path / "demo-1.0-py3-none-any.whl", pure_wheel_members("demo", "1.0"))),
-                         "--policy", str(loop)])  # fmt: skip
+        code = cli.main(
+            [
+                str(write_wheel(tmp_path / "demo-1.0-py3-none-any.whl", pure_wheel_members("demo", "1.0"))),
+                "--policy",
+                str(loop),
+            ]
+        )
     finally:
         loop.unlink()
     assert code == 2

@@ -15,13 +15,15 @@ from carriers.wheelio import edit_metadata
 CS = load(version="0.6.1")
 GOOD = {
     "kt-kernel": ("0.6.1", ["numpy>=1.24", 'torch>=2.4; extra == "torch"']),
-    "ktransformers": ("0.6.1", ["kt-kernel==0.6.1", 'sglang-kt==0.6.1; extra == "serve"',
-                                'transformers-kt==5.19.0.post1; extra == "sft"']),
+    "ktransformers": (
+        "0.6.1",
+        ["kt-kernel==0.6.1", 'sglang-kt==0.6.1; extra == "serve"', 'transformers-kt==5.19.0.post1; extra == "sft"'],
+    ),
     "sglang-kt": ("0.6.1", ["torch==2.14.1", "transformers-kt==5.19.0.post1", 'peft-kt>=0.18.0; extra == "test"']),
     "transformers-kt": ("5.19.0.post1", ["numpy>=1.17"]),
     "peft-kt": ("0.21.2", ["torch>=1.13.0", "transformers-kt", "accelerate-kt>=0.21.0"]),
     "accelerate-kt": ("1.15.0.post1", ["torch>=2.0.0"]),
-}  # fmt: skip
+}
 
 
 def test_the_set_is_consistent_and_torch_intersects() -> None:

@@ -15,12 +15,25 @@ LADDER = cpu.Ladder.load(KT_SRC / "cpu_variants.json")
 NAMES = LADDER.names
 
 
-def state(features: set[str], *, os_avx: bool = True, os_avx512: bool = True, os_amx: bool = True,
-          amx_permitted: bool | None = True, amx_errno: int = 0) -> Any:  # fmt: skip
+def state(
+    features: set[str],
+    *,
+    os_avx: bool = True,
+    os_avx512: bool = True,
+    os_amx: bool = True,
+    amx_permitted: bool | None = True,
+    amx_errno: int = 0,
+) -> Any:
     return cpu.CpuState(
-        cpuid=dict.fromkeys(features, True), os_avx=os_avx, os_avx512=os_avx512, os_amx=os_amx,
-        amx_permitted=amx_permitted, amx_errno=amx_errno, vendor="GenuineTest", brand="Synthetic CPU",
-    )  # fmt: skip
+        cpuid=dict.fromkeys(features, True),
+        os_avx=os_avx,
+        os_avx512=os_avx512,
+        os_amx=os_amx,
+        amx_permitted=amx_permitted,
+        amx_errno=amx_errno,
+        vendor="GenuineTest",
+        brand="Synthetic CPU",
+    )
 
 
 def test_ladder_has_the_six_variants_in_order() -> None:

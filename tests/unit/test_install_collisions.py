@@ -14,8 +14,9 @@ def test_different_bytes_at_one_path_conflict() -> None:
 
 
 def test_identical_bytes_are_shared_not_conflicting() -> None:
-    conflicts, shared = path_collisions({"nvidia-a": {"nvidia/__init__.py": "e3b0"},
-                                         "nvidia-b": {"nvidia/__init__.py": "e3b0"}})  # fmt: skip
+    conflicts, shared = path_collisions(
+        {"nvidia-a": {"nvidia/__init__.py": "e3b0"}, "nvidia-b": {"nvidia/__init__.py": "e3b0"}}
+    )
     assert conflicts == []
     assert shared == ["nvidia/__init__.py: nvidia-a and nvidia-b"]
 

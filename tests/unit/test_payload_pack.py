@@ -100,8 +100,9 @@ def test_the_carrier_set_pulls_every_part_wherever_sgl_kernel_can_be_imported() 
     assert all("accelerate-kt" in p for p in problems)
 
 
-def test_a_kernel_only_change_recompresses_only_its_own_frame(tmp_path: Path, capsys: pytest.CaptureFixture[str],
-                                                              monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+def test_a_kernel_only_change_recompresses_only_its_own_frame(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     sgl = {"sgl_kernel/flash_ops.abi3.so": bytes(range(256)) * 4000}
     first = payload.build_archive({**sgl, "kt_kernel/cuda/lib/libkt_cuda.so": b"v1" * 1000}, 3, 20, tmp_path)
     capsys.readouterr()

@@ -14,6 +14,7 @@ from audits.analyzers.payload_rules import analyze, runs_on
 from audits.policy import load_policy
 from audits.readers._elf import ElfFacts
 from audits.readers._payload import ArchivedFile, ArchiveFacts, PartMember, WheelSummary
+from tests.factkit import elf_facts
 
 POLICY = load_policy()
 MANIFEST = "sgl_kernel/_kt_payload.json"
@@ -36,21 +37,7 @@ def _sha(data: bytes) -> str:
 
 
 def _elf(path: str, needed: tuple[str, ...] = ("libc.so.6",), runpath: tuple[str, ...] = ()) -> ElfFacts:
-    return ElfFacts(
-        member=f"payload!{path}",
-        machine="EM_X86_64",
-        needed=needed,
-        rpath=(),
-        runpath=runpath,
-        soname="",
-        textrel=False,
-        execstack=False,
-        rwx_segments=(),
-        exports=(),
-        version_needs=(),
-        exec_sections=(),
-        symbols=(),
-    )
+    return elf_facts(f"payload!{path}", needed=needed, runpath=runpath)
 
 
 def release() -> tuple[list[WheelSummary], ArchiveFacts]:

@@ -12,8 +12,9 @@ from tools import progress
 def test_a_quiet_long_step_says_it_is_still_running() -> None:
     """Non-TTY output of a long step: a line at least every `every` seconds, never silence."""
     log = io.StringIO()
-    proc = progress.run_quiet([sys.executable, "-c", "import time; time.sleep(2.6); print('out')"], "demo", every=1.0,
-                              stream=log)  # fmt: skip
+    proc = progress.run_quiet(
+        [sys.executable, "-c", "import time; time.sleep(2.6); print('out')"], "demo", every=1.0, stream=log
+    )
     assert proc.returncode == 0
     assert proc.stdout == "out\n"
     beats = [ln for ln in log.getvalue().splitlines() if ln.startswith("[demo ") and "still running" in ln]

@@ -26,19 +26,32 @@ def _candidate(tmp_path: Path, *, audit_passed: bool | None) -> Path:
         zf.writestr("kt_kernel/__init__.py", b"x" * 11)
     (dist / TF).write_bytes(b"tf")
     wheels = [
-        {"name": "kt-kernel", "version": "0.6.1", "kind": "native", "filename": KT, "sha256": "a" * 64,
-         "size": (dist / KT).stat().st_size},
-        {"name": "transformers-kt", "version": "5.19.0.post1", "kind": "fork", "filename": TF, "sha256": "b" * 64,
-         "size": 2},
-    ]  # fmt: skip
+        {
+            "name": "kt-kernel",
+            "version": "0.6.1",
+            "kind": "native",
+            "filename": KT,
+            "sha256": "a" * 64,
+            "size": (dist / KT).stat().st_size,
+        },
+        {
+            "name": "transformers-kt",
+            "version": "5.19.0.post1",
+            "kind": "fork",
+            "filename": TF,
+            "sha256": "b" * 64,
+            "size": 2,
+        },
+    ]
     payload = {
         "files": 7,
         "extracted_size": 1148 << 20,
         "archive_size": 170 << 20,
         "parts": [{"distribution": "kt-kernel", "size": 44 << 20}, {"distribution": "x", "size": 6 << 20}],
     }
-    (dist / "manifest.json").write_text(json.dumps({"kt_version": "0.6.1", "torch": "==2.14.1", "wheels": wheels,
-                                                    "payload": payload}))  # fmt: skip
+    (dist / "manifest.json").write_text(
+        json.dumps({"kt_version": "0.6.1", "torch": "==2.14.1", "wheels": wheels, "payload": payload})
+    )
     if audit_passed is not None:
         report = {
             "passed": audit_passed,
@@ -71,13 +84,18 @@ def test_a_passing_candidate(tmp_path: Path, capsys: pytest.CaptureFixture[str])
 def test_the_kernel_breakdown_is_read_from_the_wheel(tmp_path: Path) -> None:
     dist = _candidate(tmp_path, audit_passed=True)
     manifest = json.loads((dist / "manifest.json").read_text())
-    assert release_report.kernel_breakdown(dist, manifest) == {"CPU variants": 3000, "CUDA payload": 5000,
-                                                               "baseline core": 700, "other": 11}  # fmt: skip
+    assert release_report.kernel_breakdown(dist, manifest) == {
+        "CPU variants": 3000,
+        "CUDA payload": 5000,
+        "baseline core": 700,
+        "other": 11,
+    }
 
 
 @pytest.mark.parametrize("passed", [False, None])
-def test_a_failed_or_missing_audit_exits_1(tmp_path: Path, capsys: pytest.CaptureFixture[str],
-                                           passed: bool | None) -> None:  # fmt: skip
+def test_a_failed_or_missing_audit_exits_1(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], passed: bool | None
+) -> None:
     dist = _candidate(tmp_path, audit_passed=passed)
     assert release_report.main(["--dist", str(dist), "--verify", str(tmp_path / "none.json")]) == 1
     out = capsys.readouterr().out

@@ -15,14 +15,22 @@ from packaging.version import Version
 from audits.analyzers.wheel_rules import architecture, safety
 from audits.readers._elf import ElfFacts
 from audits.readers._wheel import Member, WheelFacts, looks_like_library, read_wheel
+from tests.factkit import elf_facts
 
 DI = "demo-1.0.dist-info"
 
 
 def wheel(*members: Member, record: str = "", tag: str = "cp311-cp311-manylinux_2_28_x86_64") -> WheelFacts:
     rec = Member(f"{DI}/RECORD", (record or "demo/__init__.py,,\n").encode(), 0o644)
-    return WheelFacts(Path(f"demo-1.0-{tag}.whl"), canonicalize_name("demo"), Version("1.0"),
-                      frozenset(parse_tag(tag)), (*members, rec), (), DI)  # fmt: skip
+    return WheelFacts(
+        Path(f"demo-1.0-{tag}.whl"),
+        canonicalize_name("demo"),
+        Version("1.0"),
+        frozenset(parse_tag(tag)),
+        (*members, rec),
+        (),
+        DI,
+    )
 
 
 def member(name: str, kind: str = "file") -> Member:
@@ -30,9 +38,7 @@ def member(name: str, kind: str = "file") -> Member:
 
 
 def elf(machine: str = "EM_X86_64", elfclass: int = 64, little: bool = True, osabi: str = "ELFOSABI_SYSV") -> ElfFacts:
-    return ElfFacts(member="demo/_ext.so", machine=machine, needed=(), rpath=(), runpath=(), soname="", textrel=False,
-                    execstack=False, rwx_segments=(), exports=(), version_needs=(), exec_sections=(), symbols=(),
-                    elfclass=elfclass, little_endian=little, osabi=osabi)  # fmt: skip
+    return elf_facts("demo/_ext.so", machine=machine, elfclass=elfclass, little_endian=little, osabi=osabi)
 
 
 def rules(findings: list) -> set[str]:  # type: ignore[type-arg]
@@ -44,8 +50,9 @@ def test_a_clean_wheel_is_safe() -> None:
     assert rules(architecture(wheel(), [elf()], [])) == set()
 
 
-@pytest.mark.parametrize("name", ["../evil.py", "/etc/evil", "demo/../../evil.py", "demo\\evil.py", "C:/evil",
-                                  "demo/a\x00b.py"])  # fmt: skip
+@pytest.mark.parametrize(
+    "name", ["../evil.py", "/etc/evil", "demo/../../evil.py", "demo\\evil.py", "C:/evil", "demo/a\x00b.py"]
+)
 def test_unsafe_member_paths(name: str) -> None:
     found = safety(wheel(member("demo/__init__.py"), member(name)))
     assert rules(found) == {"wheel.unsafe-path"}
@@ -81,13 +88,16 @@ def test_a_symlink_zip_entry_is_read_as_a_link(tmp_path: Path) -> None:
     assert kinds == {"demo/__init__.py": "file", "demo/escape": "link", f"{DI}/RECORD": "file"}
 
 
-@pytest.mark.parametrize(("facts", "tag"), [
-    (elf("EM_AARCH64"), "cp311-cp311-manylinux_2_28_x86_64"),   # aarch64 library in an x86_64 wheel
-    (elf("EM_X86_64"), "cp311-cp311-manylinux_2_28_aarch64"),   # the reverse
-    (elf("EM_386", 32), "cp311-cp311-manylinux_2_28_x86_64"),   # 32-bit
-    (elf("EM_PPC64", 64, little=False), "cp311-cp311-manylinux_2_28_ppc64le"),  # wrong byte order
-    (elf(osabi="ELFOSABI_FREEBSD"), "cp311-cp311-manylinux_2_28_x86_64"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("facts", "tag"),
+    [
+        (elf("EM_AARCH64"), "cp311-cp311-manylinux_2_28_x86_64"),  # aarch64 library in an x86_64 wheel
+        (elf("EM_X86_64"), "cp311-cp311-manylinux_2_28_aarch64"),  # the reverse
+        (elf("EM_386", 32), "cp311-cp311-manylinux_2_28_x86_64"),  # 32-bit
+        (elf("EM_PPC64", 64, little=False), "cp311-cp311-manylinux_2_28_ppc64le"),  # wrong byte order
+        (elf(osabi="ELFOSABI_FREEBSD"), "cp311-cp311-manylinux_2_28_x86_64"),
+    ],
+)
 def test_foreign_architecture(facts: ElfFacts, tag: str) -> None:
     assert rules(architecture(wheel(tag=tag), [facts], [])) == {"elf.arch-mismatch"}
 
@@ -105,9 +115,17 @@ def test_a_library_that_is_not_elf() -> None:
     assert rules(found) == {"elf.not-elf"}
 
 
-@pytest.mark.parametrize(("name", "expected"), [("a/x.so", True), ("a/libz.so.1.2.13", True),
-                                                ("a/x.abi3.so", True), ("a/x.py", False), ("a/x.so.txt", False),
-                                                (f"{DI}/x.so", False)])  # fmt: skip
+@pytest.mark.parametrize(
+    ("name", "expected"),
+    [
+        ("a/x.so", True),
+        ("a/libz.so.1.2.13", True),
+        ("a/x.abi3.so", True),
+        ("a/x.py", False),
+        ("a/x.so.txt", False),
+        (f"{DI}/x.so", False),
+    ],
+)
 def test_library_names(name: str, expected: bool) -> None:
     assert looks_like_library(name) is expected
 
@@ -127,8 +145,12 @@ def test_top_level_lib_and_include_install_into_site_packages() -> None:
 def test_the_same_library_under_its_soname_chain() -> None:
     from audits.analyzers.wheel_rules import layout
 
-    names = {"demo/lib/libx.so": "a" * 64, "demo/lib/libx.so.0": "a" * 64, "demo/lib/libx.so.0.6.0": "a" * 64,
-             "demo/lib/liby.so": "b" * 64}  # fmt: skip
+    names = {
+        "demo/lib/libx.so": "a" * 64,
+        "demo/lib/libx.so.0": "a" * 64,
+        "demo/lib/libx.so.0.6.0": "a" * 64,
+        "demo/lib/liby.so": "b" * 64,
+    }
     found = layout(wheel(member("demo/__init__.py")), names, frozenset())
     assert [(f.rule, f.member) for f in found] == [("wheel.duplicate-library", "demo/lib/libx.so")]
     assert "3 times" in found[0].message

@@ -97,10 +97,26 @@ class MoE:
         threads = num_threads if num_threads is not None else _default_threads()
         try:
             _VARIANT.moe_forward(
-                xa, ida, wa, self.gate.q, self.gate.scale, self.up.q, self.up.scale, self.down.q,
-                self.down.scale, y, tokens, self.hidden, self.inter, self.experts, ida.shape[1], xcode,
-                _WFMT[self.gate.format], self.gate.group_size, threads,
-            )  # fmt: skip
+                xa,
+                ida,
+                wa,
+                self.gate.q,
+                self.gate.scale,
+                self.up.q,
+                self.up.scale,
+                self.down.q,
+                self.down.scale,
+                y,
+                tokens,
+                self.hidden,
+                self.inter,
+                self.experts,
+                ida.shape[1],
+                xcode,
+                _WFMT[self.gate.format],
+                self.gate.group_size,
+                threads,
+            )
         except ValueError as exc:
             raise KTKernelError(str(exc)) from None
         if torch_dtype is not None:
@@ -112,8 +128,14 @@ class MoE:
 
 
 def moe_forward(
-    x: Any, ids: Any, weights: Any, gate: QuantizedWeights, up: QuantizedWeights, down: QuantizedWeights,
-    *, num_threads: int | None = None,
-) -> Any:  # fmt: skip
+    x: Any,
+    ids: Any,
+    weights: Any,
+    gate: QuantizedWeights,
+    up: QuantizedWeights,
+    down: QuantizedWeights,
+    *,
+    num_threads: int | None = None,
+) -> Any:
     """Functional form of :class:`MoE`."""
     return MoE(gate, up, down)(x, ids, weights, num_threads=num_threads)

@@ -85,8 +85,10 @@ def _extract_into(tmp: Path, payload: Path, data: bytes, files: dict[str, Any]) 
             if info.issym() or info.islnk():
                 target = posixpath.normpath(posixpath.join(posixpath.dirname(name), info.linkname))
                 if info.linkname.startswith("/") or target.startswith(".."):
-                    raise CudaError(f"corrupted CUDA archive {payload}: link {name!r} -> {info.linkname!r} escapes "
-                                    "the archive root; reinstall kt-kernel")  # fmt: skip
+                    raise CudaError(
+                        f"corrupted CUDA archive {payload}: link {name!r} -> {info.linkname!r} escapes "
+                        "the archive root; reinstall kt-kernel"
+                    )
                 raise CudaError(f"corrupted CUDA archive {payload}: unexpected link member {name!r}")
             if not info.isfile():
                 raise CudaError(f"corrupted CUDA archive {payload}: {name!r} is a special file; reinstall kt-kernel")
@@ -97,8 +99,10 @@ def _extract_into(tmp: Path, payload: Path, data: bytes, files: dict[str, Any]) 
             content = fh.read() if fh else b""
             actual = hashlib.sha256(content).hexdigest()
             if actual != expected["sha256"]:
-                raise CudaError(f"corrupted CUDA archive {payload}: member {name} has sha256 {actual}, the "
-                                f"manifest says {expected['sha256']}; reinstall kt-kernel")  # fmt: skip
+                raise CudaError(
+                    f"corrupted CUDA archive {payload}: member {name} has sha256 {actual}, the "
+                    f"manifest says {expected['sha256']}; reinstall kt-kernel"
+                )
             out = tmp / name
             out.parent.mkdir(parents=True, exist_ok=True)
             out.write_bytes(content)
@@ -139,8 +143,9 @@ def extract(section: dict[str, Any] | None = None, root: Path | None = None, pac
             raise CudaError(f"the CUDA archive {payload} is unreadable ({exc.strerror}); reinstall kt-kernel") from None
         actual = hashlib.sha256(data).hexdigest()
         if actual != digest:
-            raise CudaError(f"corrupted CUDA archive {payload}: sha256 {actual}, the manifest says {digest}; "
-                            "reinstall kt-kernel")  # fmt: skip
+            raise CudaError(
+                f"corrupted CUDA archive {payload}: sha256 {actual}, the manifest says {digest}; reinstall kt-kernel"
+            )
         return install_atomically(root, digest, lambda tmp: _extract_into(tmp, payload, data, section["files"]))
 
 
@@ -202,8 +207,9 @@ def load() -> CudaLibrary:
     count = ctypes.c_int(0)
     err = common.kt_cuda_device_count(ctypes.byref(count))
     if err == CUDA_ERROR_INSUFFICIENT_DRIVER:
-        raise CudaUnavailable("the NVIDIA driver is older than this CUDA runtime needs (cudaErrorInsufficientDriver); "
-                              "update the driver")  # fmt: skip
+        raise CudaUnavailable(
+            "the NVIDIA driver is older than this CUDA runtime needs (cudaErrorInsufficientDriver); update the driver"
+        )
     if err == CUDA_ERROR_NO_DEVICE or (err == 0 and count.value == 0):
         raise CudaUnavailable("no CUDA device is visible (check CUDA_VISIBLE_DEVICES and nvidia-smi)")
     if err:
@@ -217,8 +223,10 @@ def load() -> CudaLibrary:
     # PTX for compute_XY is JIT-compiled by the driver for any device of capability >= X.Y.
     jit_ok = any(int(p.split("_")[1].rstrip("a")) <= major.value * 10 + minor.value for p in common_file["ptx"])
     if arch not in common_file["sass"] and not jit_ok:
-        raise CudaError(f"this GPU is {arch}, which the CUDA archive does not cover: it holds SASS for "
-                        f"{', '.join(sass)} and PTX for {', '.join(ptx) or 'nothing'}")  # fmt: skip
+        raise CudaError(
+            f"this GPU is {arch}, which the CUDA archive does not cover: it holds SASS for "
+            f"{', '.join(sass)} and PTX for {', '.join(ptx) or 'nothing'}"
+        )
     _, hopper = load_libraries(root, section, with_hopper=(major.value, minor.value) == (9, 0))
     _LOADED = CudaLibrary(common, hopper, arch)
     return _LOADED
@@ -247,10 +255,19 @@ def router_topk(logits: Any, topk: int, *, renormalize: bool = True, stream: Any
     ids = torch.empty((tokens, topk), dtype=torch.int64, device=logits.device)
     weights = torch.empty((tokens, topk), dtype=torch.float32, device=logits.device)
     fn = lib.common.kt_cuda_router_topk_f32
-    fn.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_void_p,
-                   ctypes.c_void_p, ctypes.c_void_p]  # fmt: skip
-    err = fn(logits.data_ptr(), tokens, experts, topk, int(renormalize), ids.data_ptr(), weights.data_ptr(),
-             _stream(stream))  # fmt: skip
+    fn.argtypes = [
+        ctypes.c_void_p,
+        ctypes.c_int64,
+        ctypes.c_int,
+        ctypes.c_int,
+        ctypes.c_int,
+        ctypes.c_void_p,
+        ctypes.c_void_p,
+        ctypes.c_void_p,
+    ]
+    err = fn(
+        logits.data_ptr(), tokens, experts, topk, int(renormalize), ids.data_ptr(), weights.data_ptr(), _stream(stream)
+    )
     _check(lib, err, "router_topk")
     return ids, weights
 
@@ -264,13 +281,26 @@ def dequantize(q: Any, scale: Any, fmt: str, cols: int, group_size: int = 0, *, 
     out = torch.empty((rows, cols), dtype=torch.bfloat16, device=q.device)
     if fmt == "int8":
         fn = lib.common.kt_cuda_dequant_int8_bf16
-        fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p,
-                       ctypes.c_void_p]  # fmt: skip
+        fn.argtypes = [
+            ctypes.c_void_p,
+            ctypes.c_void_p,
+            ctypes.c_int64,
+            ctypes.c_int64,
+            ctypes.c_void_p,
+            ctypes.c_void_p,
+        ]
         err = fn(q.data_ptr(), scale.data_ptr(), rows, cols, out.data_ptr(), _stream(stream))
     else:
         fn = lib.common.kt_cuda_dequant_rawint4_bf16
-        fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int,
-                       ctypes.c_void_p, ctypes.c_void_p]  # fmt: skip
+        fn.argtypes = [
+            ctypes.c_void_p,
+            ctypes.c_void_p,
+            ctypes.c_int64,
+            ctypes.c_int64,
+            ctypes.c_int,
+            ctypes.c_void_p,
+            ctypes.c_void_p,
+        ]
         err = fn(q.data_ptr(), scale.data_ptr(), rows, cols, group_size, out.data_ptr(), _stream(stream))
     _check(lib, err, "dequantize")
     return out
@@ -284,9 +314,25 @@ def grouped_gemm(x: Any, offsets: Any, w: Any, *, stream: Any = None) -> Any:
     experts, n, k = w.shape
     y = torch.empty((x.shape[0], n), dtype=torch.float32, device=x.device)
     fn = lib.gemm()
-    fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64,
-                   ctypes.c_void_p, ctypes.c_void_p]  # fmt: skip
-    err = fn(x.contiguous().data_ptr(), offsets.contiguous().data_ptr(), experts, w.contiguous().data_ptr(), n, k,
-             y.data_ptr(), _stream(stream))  # fmt: skip
+    fn.argtypes = [
+        ctypes.c_void_p,
+        ctypes.c_void_p,
+        ctypes.c_int,
+        ctypes.c_void_p,
+        ctypes.c_int64,
+        ctypes.c_int64,
+        ctypes.c_void_p,
+        ctypes.c_void_p,
+    ]
+    err = fn(
+        x.contiguous().data_ptr(),
+        offsets.contiguous().data_ptr(),
+        experts,
+        w.contiguous().data_ptr(),
+        n,
+        k,
+        y.data_ptr(),
+        _stream(stream),
+    )
     _check(lib, err, "grouped_gemm")
     return y

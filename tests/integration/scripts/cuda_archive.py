@@ -53,8 +53,9 @@ def main() -> None:
 
         rng = np.random.default_rng(0)
         q = [kt_kernel.quantize(rng.standard_normal(s, dtype=np.float32), "int8") for s in ((2, 64, 64),) * 3]
-        kt_kernel.moe_forward(rng.standard_normal((2, 64), dtype=np.float32), np.array([[0], [1]]),
-                              np.ones((2, 1), np.float32), *q)  # fmt: skip
+        kt_kernel.moe_forward(
+            rng.standard_normal((2, 64), dtype=np.float32), np.array([[0], [1]]), np.ones((2, 1), np.float32), *q
+        )
         maps = Path("/proc/self/maps").read_text()
         out["cuda_module_imported"] = "kt_kernel.cuda" in sys.modules
         out["cuda_library_mapped"] = "libkt_cuda" in maps

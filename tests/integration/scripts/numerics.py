@@ -25,8 +25,9 @@ EXPERTS = (1, 3, 5, 7, 64)
 TOKENS = (1, 3, 17, 256)
 
 
-def reference(x: torch.Tensor, ids: torch.Tensor, w: torch.Tensor, gate: torch.Tensor, up: torch.Tensor,
-              down: torch.Tensor) -> torch.Tensor:  # fmt: skip
+def reference(
+    x: torch.Tensor, ids: torch.Tensor, w: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, down: torch.Tensor
+) -> torch.Tensor:
     y = torch.zeros_like(x)
     for e in torch.unique(ids).tolist():
         tok, k = (ids == e).nonzero(as_tuple=True)
@@ -56,8 +57,11 @@ def rel(a: torch.Tensor, b: torch.Tensor) -> float:
 
 def main() -> None:
     formats: list[tuple[Literal["int8", "rawint4"], int]] = [
-        ("int8", 0), ("rawint4", 32), ("rawint4", 64), ("rawint4", 128),
-    ]  # fmt: skip
+        ("int8", 0),
+        ("rawint4", 32),
+        ("rawint4", 64),
+        ("rawint4", 128),
+    ]
     if len(sys.argv) > 1 and sys.argv[1] == "--quick":
         formats = [("int8", 0), ("rawint4", 64)]
     rng = np.random.default_rng(1234)
@@ -82,11 +86,19 @@ def main() -> None:
                     xin = x if dtype == "f32" else x.bfloat16()
                     ref = reference(xin.float(), ids, w, *deq)
                     y = layer(xin, ids, w).float()
-                    cases.append({"fmt": fmt, "group": group, "experts": experts, "tokens": tokens,
-                                  "dtype": dtype, "rel_err": rel(y, ref),
-                                  "max_err": float((y - ref).abs().max() / ref.abs().max()),
-                                  "quant_err": quant_err,
-                                  "e2e_err": rel(y, reference(xin.float(), ids, w, *orig))})  # fmt: skip
+                    cases.append(
+                        {
+                            "fmt": fmt,
+                            "group": group,
+                            "experts": experts,
+                            "tokens": tokens,
+                            "dtype": dtype,
+                            "rel_err": rel(y, ref),
+                            "max_err": float((y - ref).abs().max() / ref.abs().max()),
+                            "quant_err": quant_err,
+                            "e2e_err": rel(y, reference(xin.float(), ids, w, *orig)),
+                        }
+                    )
     print(json.dumps({"variant": kt_kernel.__cpu_variant__, "cases": cases}))
 
 
