@@ -10,8 +10,17 @@ from audits.readers._elf import ElfFacts
 def elf_facts(member: str, **fields: Any) -> ElfFacts:
     """An x86-64 Linux shared object named `member` with nothing in it but what `fields` set."""
     base: dict[str, Any] = {
-        "machine": "EM_X86_64", "needed": (), "rpath": (), "runpath": (), "soname": "", "textrel": False,
-        "execstack": False, "rwx_segments": (), "exports": (), "version_needs": (), "exec_sections": (),
+        "machine": "EM_X86_64",
+        "needed": (),
+        "rpath": (),
+        "runpath": (),
+        "soname": "",
+        "textrel": False,
+        "execstack": False,
+        "rwx_segments": (),
+        "exports": (),
+        "version_needs": (),
+        "exec_sections": (),
         "symbols": (),
-    }  # fmt: skip
+    }
     return ElfFacts(member=member, **{**base, **fields})
