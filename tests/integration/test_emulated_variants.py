@@ -158,3 +158,14 @@ def test_a_wrong_vbmi_permute_is_caught(simde: Path, tmp_path: Path, fresh_venv:
     broken = out_of_bounds(cases)
     assert broken, "a wrong permute went unnoticed"
     assert {c["fmt"] for c in broken} == {"rawint4"}
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_emulated_variant_propagates_nan(variant: str, emulated: Path, fresh_venv: Venv) -> None:
+    results = fresh_venv.json(
+        str(SCRIPTS / "nan_propagation.py"), env={"KT_TEST_VARIANT_LIBRARY": str(emulated / f"libkt_cpu_{variant}.so")}
+    )
+    for result in results:
+        assert result["variant"] == f"{variant}-emulated"
+        assert (result["nan_rows"], result["finite_rows"]) == ([1, 3], [0, 2, 4, 5]), result
+        assert result["others_unchanged"], result

@@ -202,3 +202,13 @@ except kk.KTKernelError as exc:
 )
 def test_num_threads_variable(fresh_venv: Venv, value: str, expected: dict[str, Any]) -> None:
     assert fresh_venv.json("-c", NUM_THREADS_SCRIPT, env={"KT_KERNEL_NUM_THREADS": value}) == expected
+
+
+def test_nan_and_inf_activations_propagate(fresh_venv: Venv) -> None:
+    """A token with a NaN or an infinity gets a NaN output row (quantizing it used to give finite,
+    wrong numbers: silent corruption in a training loop); every other token is bit-for-bit unchanged."""
+    for result in fresh_venv.json(str(SCRIPTS / "nan_propagation.py")):
+        where = f"{result['variant']} {result['fmt']} {result['dtype']}"
+        assert result["nan_rows"] == [1, 3], where
+        assert result["finite_rows"] == [0, 2, 4, 5], where
+        assert result["others_unchanged"], where

@@ -2,9 +2,11 @@
 //   y[t] = sum_k w[t,k] * down_e( silu(gate_e(x[t])) * up_e(x[t]) ),  e = ids[t,k]
 // Pairs (t, k) are sorted by expert so that each weight row is read once per
 // call and reused from cache across all tokens routed to that expert.
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <limits>
 #include <utility>
 #include <vector>
 
@@ -221,7 +223,10 @@ int moe_forward(const kt_moe_args* args, char* err, size_t err_len) {
   const Proj down{a.down, pl.H, pl.I, a.wfmt, a.group_size, pl.I / gs};
   const bool amx = amx_available() && a.wfmt == KT_INT8;
 
-  // 1. Activations per sorted pair: int8 + scale, or bf16 + group sums.
+  // 1. Activations per sorted pair: int8 + scale, or bf16 + group sums. A token with a NaN or an
+  // infinity is marked: quantization would turn it into finite numbers (silent corruption in a
+  // training loop), so its output row becomes NaN, as a float matmul would make it.
+  std::vector<uint8_t> nonfinite(static_cast<size_t>(pl.P), 0);
   parallel_for(pl.P, threads, [&](int64_t p, int) {
     const int64_t t = pl.r.pair_token[p];
     float* row = pl.out(p);  // scratch row, overwritten in step 3
@@ -231,6 +236,9 @@ int moe_forward(const kt_moe_args* args, char* err, size_t err_len) {
     } else {
       std::memcpy(row, static_cast<const float*>(a.x) + t * pl.H, static_cast<size_t>(pl.H) * 4);
     }
+    bool finite = true;
+    for (int64_t i = 0; i < pl.H; ++i) finite &= std::isfinite(row[i]);
+    nonfinite[static_cast<size_t>(p)] = finite ? 0 : 1;
     prepare(pl, p, row, pl.H, pl.xq(p), pl.xs(), pl.int_groups ? pl.xi(p) : nullptr,
             pl.bf16_path ? pl.xb(p) : nullptr, pl.bf16_path ? pl.xg(p) : nullptr);
   });
@@ -293,11 +301,14 @@ int moe_forward(const kt_moe_args* args, char* err, size_t err_len) {
       acc = big.data();
     }
     std::memset(acc, 0, static_cast<size_t>(pl.H) * 4);
-    for (int64_t k = 0; k < a.topk; ++k) {
+    bool poisoned = false;
+    for (int64_t k = 0; k < a.topk; ++k) poisoned |= nonfinite[static_cast<size_t>(pl.r.pair_of[t * a.topk + k])] != 0;
+    for (int64_t k = 0; k < a.topk && !poisoned; ++k) {
       const float wk = a.weights[t * a.topk + k];
       const float* o = pl.out(pl.r.pair_of[t * a.topk + k]);
       for (int64_t i = 0; i < pl.H; ++i) acc[i] += wk * o[i];
     }
+    if (poisoned) std::fill(acc, acc + pl.H, std::numeric_limits<float>::quiet_NaN());
     if (a.x_dtype == KT_BF16) {
       uint16_t* y = static_cast<uint16_t*>(a.y) + t * pl.H;
       for (int64_t i = 0; i < pl.H; ++i) y[i] = f32_to_bf16(acc[i]);
