@@ -86,7 +86,8 @@ def read_context(path: Path, policy: Policy, baseline: dict[str, Any] | None) ->
         dist_name = str(parse_wheel_filename(path.name)[0])
     except InvalidWheelFilename:
         dist_name = ""
-    w = read_wheel(path, read_options(policy, dist_name))
+    opts = read_options(policy, dist_name)
+    w = read_wheel(path, opts)
     elfs = tuple(w.elfs.values())
     tree = tuple(m.name for m in w.members)
     required = wheel_rules.required_names(w)
@@ -97,7 +98,7 @@ def read_context(path: Path, policy: Policy, baseline: dict[str, Any] | None) ->
             payload_member.name,
             payload_member.data or b"",
             payload_member.sha256,
-            find_cuobjdump(),
+            opts.cuobjdump,
             [lib.member for lib in policy.cuda_libraries],
         )
     arch = next(iter(sorted(manylinux.tag_architectures(w))), None) or _arch_of(list(elfs))
@@ -115,33 +116,45 @@ def read_context(path: Path, policy: Policy, baseline: dict[str, Any] | None) ->
     )
 
 
-Analyzer = Callable[[WheelContext, Policy], list[Finding]]
+Result = tuple[list[Finding], dict[str, Any]]  # findings, and the report section they describe ({} if none)
+Analyzer = Callable[[WheelContext, Policy], Result]
 
-# Every per-wheel rule, in report order: pure functions of the facts and the policy.
+
+def _only(fn: Callable[[WheelContext, Policy], list[Finding]]) -> Analyzer:
+    """A rule that only finds (no report section of its own)."""
+    return lambda c, p: (fn(c, p), {})
+
+
+# Every per-wheel rule, in report order: pure functions of the facts and the policy, each run once;
+# isa, cuda, cuda-listing and size also give the report's CPU, CUDA and size sections.
 ANALYZERS: tuple[tuple[str, Analyzer], ...] = (
-    ("limits", lambda c, p: wheel_rules.limits(c.w)),
-    ("safety", lambda c, p: wheel_rules.safety(c.w)),
+    ("limits", _only(lambda c, p: wheel_rules.limits(c.w))),
+    ("safety", _only(lambda c, p: wheel_rules.safety(c.w))),
     (
         "layout",
-        lambda c, p: wheel_rules.layout(
-            c.w, {n: m.sha256 for m in c.w.members if (n := m.name) in c.w.elfs}, p.top_level_forbidden
+        _only(
+            lambda c, p: wheel_rules.layout(
+                c.w, {n: m.sha256 for m in c.w.members if (n := m.name) in c.w.elfs}, p.top_level_forbidden
+            )
         ),
     ),
-    ("architecture", lambda c, p: wheel_rules.architecture(c.w, list(c.elfs), list(c.w.non_elf))),
-    ("integrity", lambda c, p: wheel_rules.integrity(c.w)),
-    ("wheel-file", lambda c, p: wheel_rules.wheel_file(c.w, list(c.elfs))),
-    ("metadata", lambda c, p: wheel_rules.metadata(c.w)),
-    ("tags", lambda c, p: wheel_rules.tags(c.w, list(c.elfs))),
-    ("elf-abi", lambda c, p: elf_rules.elf_abi(c.w.filename, str(c.w.name), list(c.elfs), p)),
+    ("architecture", _only(lambda c, p: wheel_rules.architecture(c.w, list(c.elfs), list(c.w.non_elf)))),
+    ("integrity", _only(lambda c, p: wheel_rules.integrity(c.w))),
+    ("wheel-file", _only(lambda c, p: wheel_rules.wheel_file(c.w, list(c.elfs)))),
+    ("metadata", _only(lambda c, p: wheel_rules.metadata(c.w))),
+    ("tags", _only(lambda c, p: wheel_rules.tags(c.w, list(c.elfs)))),
+    ("elf-abi", _only(lambda c, p: elf_rules.elf_abi(c.w.filename, str(c.w.name), list(c.elfs), p))),
     (
         "rpath",
-        lambda c, p: elf_rules.rpath(c.w.filename, list(c.elfs), c.tree, c.system, c.external, p.always_external),
+        _only(
+            lambda c, p: elf_rules.rpath(c.w.filename, list(c.elfs), c.tree, c.system, c.external, p.always_external)
+        ),
     ),
-    ("isa", lambda c, p: isa_rules.isa(c.w.filename, c.uses, p)[0]),
-    ("build-manifest", lambda c, p: manifest_rules.manifest(c.w, c.w.elfs, p, c.uses)),
-    ("cuda", lambda c, p: cuda_rules.cuda(c.w, c.kernel_payload, p, c.system)[0]),
-    ("cuda-listing", lambda c, p: cuda_rules.listing(c.w)[0]),
-    ("size", lambda c, p: size_rules.size(c.w, p, c.baseline)[0]),
+    ("isa", lambda c, p: isa_rules.isa(c.w.filename, c.uses, p)),
+    ("build-manifest", _only(lambda c, p: manifest_rules.manifest(c.w, c.w.elfs, p, c.uses))),
+    ("cuda", lambda c, p: cuda_rules.cuda(c.w, c.kernel_payload, p, c.system)),
+    ("cuda-listing", lambda c, p: cuda_rules.listing(c.w)),
+    ("size", lambda c, p: size_rules.size(c.w, p, c.baseline)),
 )
 
 
@@ -159,15 +172,14 @@ def audit_wheel(path: Path, policy: Policy, baseline: dict[str, Any] | None = No
     if policy.payload is not None:
         res.summary = summarize(w, policy.payload.manifest_member)
     res.installed = ctx.tree
-    for _name, analyze in ANALYZERS:
-        res.findings += analyze(ctx, policy)
-    # the report's sections: the same pure functions' descriptive half
-    res.cpu = isa_rules.isa(w.filename, ctx.uses, policy)[1]
-    res.cuda = cuda_rules.cuda(w, ctx.kernel_payload, policy, ctx.system)[1]
-    listing = cuda_rules.listing(w)[1]
-    if listing:
-        res.cuda = {**res.cuda, "embedded": listing}
-    res.sizes = size_rules.size(w, policy, baseline)[1]
+    sections: dict[str, dict[str, Any]] = {}
+    for name, analyze in ANALYZERS:
+        found, sections[name] = analyze(ctx, policy)
+        res.findings += found
+    res.cpu, res.sizes = sections["isa"], sections["size"]
+    res.cuda = (
+        {**sections["cuda"], "embedded": sections["cuda-listing"]} if sections["cuda-listing"] else sections["cuda"]
+    )
     res.platform, res.platform_reason = manylinux.honest_platform(list(ctx.elfs), ctx.chains, ctx.arch)
     res.findings = [_waive(f, str(w.name), policy) for f in res.findings]
     return res
