@@ -38,6 +38,12 @@ def _state(dist: Path) -> dict[str, bytes]:
     return {p.name: p.read_bytes() for p in dist.iterdir()}
 
 
+def _stub_building(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The assembly's wheel building and metadata reading replaced: what runs for real is the swap."""
+    monkeypatch.setattr(assembly, "build_set", _fake_build(tmp_path))
+    monkeypatch.setattr(assembly, "read_metadata", lambda path: ("1.0", []))
+
+
 def _leftovers(parent: Path) -> list[str]:
     return sorted(p.name for p in parent.iterdir() if p.name.startswith(".dist-"))
 
@@ -45,8 +51,7 @@ def _leftovers(parent: Path) -> list[str]:
 def test_a_failed_consistency_check_after_staging_leaves_dist(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     dist = tmp_path / "dist"
     before = _previous(dist)
-    monkeypatch.setattr(assembly, "build_set", _fake_build(tmp_path))
-    monkeypatch.setattr(assembly, "read_metadata", lambda path: ("1.0", []))
+    _stub_building(tmp_path, monkeypatch)
     monkeypatch.setattr("carriers.consistency.check", lambda cs, meta: Report(("drift",), "", ()))
     with pytest.raises(ConsistencyError, match="drift"):
         assembly.assemble(load(), tmp_path / "k.whl", dist)
@@ -57,8 +62,7 @@ def test_a_failed_consistency_check_after_staging_leaves_dist(tmp_path: Path, mo
 def test_a_failed_swap_puts_the_previous_release_back(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     dist = tmp_path / "dist"
     before = _previous(dist)
-    monkeypatch.setattr(assembly, "build_set", _fake_build(tmp_path))
-    monkeypatch.setattr(assembly, "read_metadata", lambda path: ("1.0", []))
+    _stub_building(tmp_path, monkeypatch)
     monkeypatch.setattr("carriers.consistency.check", lambda cs, meta: Report((), "torch", ()))
     real = Path.rename
 
@@ -77,8 +81,7 @@ def test_a_failed_swap_puts_the_previous_release_back(tmp_path: Path, monkeypatc
 def test_a_successful_assembly_replaces_dist_whole(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     dist = tmp_path / "dist"
     _previous(dist)
-    monkeypatch.setattr(assembly, "build_set", _fake_build(tmp_path))
-    monkeypatch.setattr(assembly, "read_metadata", lambda path: ("1.0", []))
+    _stub_building(tmp_path, monkeypatch)
     monkeypatch.setattr("carriers.consistency.check", lambda cs, meta: Report((), "torch", ()))
     assembly.assemble(load(), tmp_path / "k.whl", dist)
     assert sorted(_state(dist)) == ["SHA256SUMS", "manifest.json", "new-1.0-py3-none-any.whl"]
