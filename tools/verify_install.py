@@ -29,7 +29,7 @@ from packaging.tags import sys_tags
 from packaging.utils import canonicalize_name, parse_wheel_filename
 
 from carriers import load as load_carriers
-from tools import indexes, progress
+from tools import indexes, progress, sft_e2e
 from tools.lock import directive
 from tools.profiles import carrier_metadata, closure
 
@@ -259,6 +259,11 @@ def verify_sft_cpu(dist: Path, work: Path) -> dict[str, Any]:
         raise VerifyError(f"upstream distributions provide {sorted(bad)} instead of the forks: {bad}")
     result["shared_paths"] = check_collisions(venv)
     result["train_resume"] = venv_json(venv, "training/resume control", str(ROOT / "tools" / "train_control.py"))
+    e2e = venv_json(venv, "kt_kernel.sft end-to-end", str(ROOT / "tools" / "sft_e2e.py"))
+    wrong = sft_e2e.problems(e2e)
+    if wrong:
+        raise VerifyError("kt_kernel.sft end-to-end (tools/sft_e2e.py) in the sft-cpu profile:\n" + "\n".join(wrong))
+    result["kt_sft"] = {k: e2e[k] for k in ("losses", "torch_losses", "trajectory_rel_diff")}
     result["install_s"] = round(t1 - t0, 1)
     result["core_unchanged"] = list(CORE)
     return result

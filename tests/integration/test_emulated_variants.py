@@ -20,6 +20,7 @@ import pytest
 from tests.conftest import ROOT
 from tests.integration.conftest import SCRIPTS, Venv
 from tests.integration.test_kernel_wheel import VARIANTS, missing_on_host, out_of_bounds
+from tests.integration.test_sft import report, sft_problems
 
 CACHE = ROOT / "build" / "cache" / "simde"
 
@@ -169,3 +170,17 @@ def test_emulated_variant_propagates_nan(variant: str, emulated: Path, fresh_ven
         assert result["variant"] == f"{variant}-emulated"
         assert (result["nan_rows"], result["finite_rows"]) == ([1, 3], [0, 2, 4, 5]), result
         assert result["others_unchanged"], result
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_emulated_variant_sft_gradients(variant: str, emulated: Path, fresh_venv: Venv) -> None:
+    """kt_kernel.sft's forward (the variant's emulated ISA code) and backward against torch autograd."""
+    result = fresh_venv.json(
+        str(SCRIPTS / "sft_grads.py"),
+        "--quick",
+        env={"KT_TEST_VARIANT_LIBRARY": str(emulated / f"libkt_cpu_{variant}.so")},
+    )
+    assert result["variant"] == f"{variant}-emulated"
+    print(report(result))
+    bad = sft_problems(result, quick=True)
+    assert not bad, "\n".join(bad)

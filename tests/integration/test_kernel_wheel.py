@@ -72,6 +72,16 @@ def missing_on_host(variant: str) -> list[str]:
     return [f for f in features if CPUINFO_FLAG[f] not in flags]
 
 
+def skip_unless_host_runs(variant: str, elsewhere: str = "") -> None:
+    """Skip, saying which CPU features this host lacks for `variant` (and where else it is covered)."""
+    missing = missing_on_host(variant)
+    if missing:
+        pytest.skip(
+            f"this host cannot run {variant}: /proc/cpuinfo lacks {', '.join(CPUINFO_FLAG[f] for f in missing)}"
+            + (f" ({elsewhere})" if elsewhere else "")
+        )
+
+
 def test_every_ladder_feature_has_a_cpuinfo_name() -> None:
     assert {f for v in LADDER for f in v["features"]} <= set(CPUINFO_FLAG)
 
@@ -116,11 +126,7 @@ def test_override_to_unknown_variant_is_a_clear_import_error(fresh_venv: Venv) -
 
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_variant_matches_torch_fp32_reference(variant: str, fresh_venv: Venv) -> None:
-    missing = missing_on_host(variant)
-    if missing:
-        pytest.skip(
-            f"this host cannot run {variant}: /proc/cpuinfo lacks {', '.join(CPUINFO_FLAG[f] for f in missing)}"
-        )
+    skip_unless_host_runs(variant)
     result = fresh_venv.json(str(SCRIPTS / "numerics.py"), env={"KT_KERNEL_CPU_VARIANT": variant})
     assert result["variant"] == variant
     cases = result["cases"]

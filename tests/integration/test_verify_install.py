@@ -75,6 +75,7 @@ def test_sft_cpu_profile_end_to_end(tmp_path: Path, kt_wheel: Path) -> None:
     assert result["train_resume"]["adapter_bit_identical"] is True
     assert result["train_resume"]["optimizer_bit_identical"] is True
     assert result["train_resume"]["trained"] is True
+    assert result["kt_sft"]["trajectory_rel_diff"] < 0.01
     assert json.dumps(result)
 
 

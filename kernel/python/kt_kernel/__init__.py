@@ -94,7 +94,7 @@ def build_manifest() -> dict[str, Any]:
 
 
 # numpy and the kernels' Python API load only after the CPU check passed.
-from ._moe import MoE, moe_forward  # noqa: E402
+from ._moe import LoRA, MoE, Saved, moe_forward  # noqa: E402
 from ._quant import QuantizedWeights, dequantize, quantize  # noqa: E402
 
 __all__ = [
@@ -102,8 +102,10 @@ __all__ = [
     "CpuReport",
     "CpuVariantError",
     "KTKernelError",
+    "LoRA",
     "MoE",
     "QuantizedWeights",
+    "Saved",
     "__cpu_variant__",
     "__version__",
     "build_manifest",
@@ -112,3 +114,12 @@ __all__ = [
     "moe_forward",
     "quantize",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    # kt_kernel.sft (fine-tuning, needs torch) loads on first use: inference never imports it.
+    if name == "sft":
+        import importlib
+
+        return importlib.import_module(".sft", __name__)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

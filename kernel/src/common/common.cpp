@@ -97,6 +97,13 @@ bool validate_args(const kt_moe_args& a, char* err, size_t err_len) {
   if (a.tokens > 0 && (!a.x || !a.ids || !a.weights || !a.y || !a.gate.q || !a.up.q || !a.down.q ||
                        !a.gate.scale || !a.up.scale || !a.down.scale))
     return fail("null pointer argument");
+  if (a.lora.rank < 0 || a.lora.rank > 1024) return fail("LoRA rank must be in [0, 1024]");
+  if (a.lora.rank > 0 && (!a.lora.gate_a || !a.lora.gate_b || !a.lora.up_a || !a.lora.up_b || !a.lora.down_a ||
+                          !a.lora.down_b))
+    return fail("LoRA rank > 0 needs all six A/B pointers");
+  if ((a.saved.gate || a.saved.up || a.saved.lora) &&
+      (!a.saved.gate || !a.saved.up || (a.lora.rank > 0 && !a.saved.lora)))
+    return fail("a training forward saves gate, up and (with LoRA) the LoRA projections: a pointer is null");
   return true;
 }
 
@@ -120,23 +127,27 @@ class CondVar {
   pthread_cond_t cv_;
 };
 
-// A process-wide pool of worker threads, created on first use and never destroyed
-// (no destructor runs at exit with workers blocked on the condition variable).
-// Spawning threads per call cost ~40 us each, several times per MoE forward.
+// A pool of worker threads per calling thread, created on first use and never destroyed
+// (no destructor runs at exit with workers blocked on the condition variable). Spawning threads
+// per call cost ~40 us each, several times per MoE forward. One pool per caller lets callers run
+// concurrently, each on its own workers (tensor-parallel partitions, kt_kernel.sft.dist_utils).
 class Pool {
  public:
   static Pool& get(int threads) {
     std::call_once(init_flag_, [] { pthread_atfork(nullptr, nullptr, &Pool::after_fork); });
-    std::lock_guard<std::mutex> g(global_);
-    if (!instance_ || instance_->size() < threads - 1) {
+    thread_local Pool* mine = nullptr;
+    thread_local uint64_t mine_fork = 0;
+    const uint64_t forks = forks_.load(std::memory_order_relaxed);
+    if (!mine || mine_fork != forks || mine->size() < threads - 1) {
       // Grow by replacing: the old pool's workers stay parked (rare: thread count rises).
-      instance_ = new Pool(threads - 1);
+      mine = new Pool(threads - 1);
+      mine_fork = forks;
     }
-    return *instance_;
+    return *mine;
   }
 
   void run(int64_t n, int threads, const std::function<void(int64_t, int)>& fn) {
-    std::lock_guard<std::mutex> serial(run_);  // one job at a time per process
+    std::lock_guard<std::mutex> serial(run_);  // one job at a time per pool
     {
       std::lock_guard<std::mutex> g(m_);
       fn_ = &fn;
@@ -179,8 +190,8 @@ class Pool {
     }
   }
 
-  // In a forked child only the forking thread exists: start over with a new pool.
-  static void after_fork() { instance_ = nullptr; }
+  // In a forked child only the forking thread exists: every caller starts over with a new pool.
+  static void after_fork() { forks_.fetch_add(1, std::memory_order_relaxed); }
 
   std::mutex m_, run_;
   CondVar cv_start_, cv_done_;
@@ -191,13 +202,11 @@ class Pool {
   uint64_t generation_ = 0;
 
   static std::once_flag init_flag_;
-  static std::mutex global_;
-  static Pool* instance_;
+  static std::atomic<uint64_t> forks_;
 };
 
 std::once_flag Pool::init_flag_;
-std::mutex Pool::global_;
-Pool* Pool::instance_ = nullptr;
+std::atomic<uint64_t> Pool::forks_{0};
 
 }  // namespace
 

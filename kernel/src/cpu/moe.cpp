@@ -13,6 +13,7 @@
 #include "amx.h"
 #include "common.h"
 #include "dot.h"
+#include "moe_grad.h"
 
 #ifndef KT_VARIANT_NAME
 #error "KT_VARIANT_NAME must be set by add_cpu_variant()"
@@ -50,8 +51,6 @@ void to_bf16_groups(const float* v, int64_t n, int g, uint16_t* b, float* gsum) 
   }
 }
 
-inline float silu(float v) { return v / (1.f + std::exp(-v)); }
-
 struct Plan {
   const kt_moe_args& a;
   Routing r;
@@ -60,8 +59,12 @@ struct Plan {
   size_t ldx, ldxb, ldxg, ldh, ldhq, ldhb, ldhg, ldo, ld_amx;
   int64_t kmax;
   Scratch s;
-  size_t o_xq, o_xs, o_xb, o_xg, o_xi, o_h, o_hq, o_hs, o_hb, o_hg, o_hi, o_out, o_amx;
+  size_t o_xq, o_xs, o_xb, o_xg, o_xi, o_h, o_hq, o_hs, o_hb, o_hg, o_hi, o_out, o_amx, o_la = 0, ldla = 0;
   bool int_groups;  // RAWINT4 on int8 activations: int32 group sums of the activations
+  int rank = 0;     // LoRA rank (0: none)
+  float lscale = 0.f;
+  std::vector<int64_t> expert_of;  // sorted pair -> expert (training forward only)
+  std::vector<int64_t> orig;       // sorted pair -> row t * topk + k (training forward only)
 
   explicit Plan(const kt_moe_args& args) : a(args) {}
 
@@ -94,6 +97,12 @@ struct Plan {
     o_hg = bf16_path ? s.reserve(P * ldhg) : 0;
     o_hi = int_groups ? s.reserve(P * ldhg) : 0;
     o_out = s.reserve(P * ldo);
+    rank = a.lora.rank;
+    lscale = a.lora.scale;
+    if (rank > 0) {
+      ldla = align_up(4 * 3 * static_cast<size_t>(rank));
+      o_la = s.reserve(P * ldla);
+    }
     // AMX, per thread: packed B (16*K), padded A (16*K), two C blocks ((P+16)*16 int32 each), K = max(H, I)
     kmax = H > I ? H : I;
     ld_amx = align_up(32 * kmax + 128 * (P + 16));
@@ -124,6 +133,26 @@ struct Plan {
   int32_t* xi(int64_t p) const { return s.at<int32_t>(o_xi + p * ldxg); }
   int32_t* hi(int64_t p) const { return s.at<int32_t>(o_hi + p * ldhg); }
   float* out(int64_t p) const { return s.at<float>(o_out + p * ldo); }
+  // A_gate x, A_up x, A_down h of pair p: [3, rank]
+  float* la(int64_t p) const { return s.at<float>(o_la + p * ldla); }
+
+  // The gate/up projections of pair p (expert e), row r, from the base weights' dot products:
+  // adds the LoRA terms, keeps them for the backward when asked, returns h = silu(g) * u.
+  float finish_gate_up(int64_t e, int64_t p, int64_t r, float g, float u) const {
+    if (rank > 0) {
+      g += lscale * dot_f32(a.lora.gate_b + (e * I + r) * rank, la(p), rank);
+      u += lscale * dot_f32(a.lora.up_b + (e * I + r) * rank, la(p) + rank, rank);
+    }
+    if (a.saved.gate) {
+      a.saved.gate[orig[p] * I + r] = g;
+      a.saved.up[orig[p] * I + r] = u;
+    }
+    return silu(g) * u;
+  }
+  float finish_down(int64_t e, int64_t p, int64_t r, float o) const {
+    if (rank > 0) o += lscale * dot_f32(a.lora.down_b + (e * H + r) * rank, la(p) + 2 * rank, rank);
+    return o;
+  }
 };
 
 // One projection row against one prepared activation row; returns the real dot.
@@ -187,7 +216,7 @@ void gate_up_amx(const Plan& pl, int64_t e, int64_t r0, int thread) {
       const int64_t row = e * pl.I + r0 + n;
       const float g = static_cast<float>(cg[i * 16 + n]) * pl.xs()[b + i] * a.gate.scale[row];
       const float u = static_cast<float>(cu[i * 16 + n]) * pl.xs()[b + i] * a.up.scale[row];
-      pl.h(b + i)[r0 + n] = silu(g) * u;
+      pl.h(b + i)[r0 + n] = pl.finish_gate_up(e, b + i, r0 + n, g, u);
     }
 }
 
@@ -201,7 +230,8 @@ void down_amx(const Plan& pl, int64_t e, int64_t r0, int64_t rows, int thread) {
     amx_gemm_i8_rows16(pl.hq(b), static_cast<int64_t>(pl.ldhq), m, dw, I, c, ws.pack_b, ws.pad_a);
     for (int64_t i = 0; i < m; ++i)
       for (int64_t n = 0; n < 16; ++n)
-        pl.out(b + i)[rr + n] = static_cast<float>(c[i * 16 + n]) * pl.hs()[b + i] * a.down.scale[e * pl.H + rr + n];
+        pl.out(b + i)[rr + n] = pl.finish_down(
+            e, b + i, rr + n, static_cast<float>(c[i * 16 + n]) * pl.hs()[b + i] * a.down.scale[e * pl.H + rr + n]);
   }
 }
 
@@ -222,6 +252,14 @@ int moe_forward(const kt_moe_args* args, char* err, size_t err_len) {
   const Proj up{a.up, pl.I, pl.H, a.wfmt, a.group_size, pl.H / gs};
   const Proj down{a.down, pl.H, pl.I, a.wfmt, a.group_size, pl.I / gs};
   const bool amx = amx_available() && a.wfmt == KT_INT8;
+  const bool training = pl.rank > 0 || a.saved.gate != nullptr;
+  if (training) {
+    pl.expert_of.resize(static_cast<size_t>(pl.P));
+    pl.orig.resize(static_cast<size_t>(pl.P));
+    for (int64_t e : pl.r.active)
+      for (int64_t p = pl.r.expert_begin[e]; p < pl.r.expert_begin[e + 1]; ++p) pl.expert_of[p] = e;
+    for (int64_t i = 0; i < pl.P; ++i) pl.orig[pl.r.pair_of[i]] = i;
+  }
 
   // 1. Activations per sorted pair: int8 + scale, or bf16 + group sums. A token with a NaN or an
   // infinity is marked: quantization would turn it into finite numbers (silent corruption in a
@@ -239,6 +277,11 @@ int moe_forward(const kt_moe_args* args, char* err, size_t err_len) {
     bool finite = true;
     for (int64_t i = 0; i < pl.H; ++i) finite &= std::isfinite(row[i]);
     nonfinite[static_cast<size_t>(p)] = finite ? 0 : 1;
+    if (pl.rank > 0) {
+      const int64_t e = pl.expert_of[p];
+      lora_a(a.lora.gate_a + e * pl.rank * pl.H, row, pl.H, pl.rank, pl.la(p));
+      lora_a(a.lora.up_a + e * pl.rank * pl.H, row, pl.H, pl.rank, pl.la(p) + pl.rank);
+    }
     prepare(pl, p, row, pl.H, pl.xq(p), pl.xs(), pl.int_groups ? pl.xi(p) : nullptr,
             pl.bf16_path ? pl.xb(p) : nullptr, pl.bf16_path ? pl.xg(p) : nullptr);
   });
@@ -262,11 +305,13 @@ int moe_forward(const kt_moe_args* args, char* err, size_t err_len) {
       for (int64_t r = r0; r < r0 + kRowsA; ++r) {
         const float g = gate.dot(e, r, q, pl.xs()[p], xi, xb, xg);
         const float u = up.dot(e, r, q, pl.xs()[p], xi, xb, xg);
-        h[r] = silu(g) * u;
+        h[r] = pl.finish_gate_up(e, p, r, g, u);
       }
     }
   });
   parallel_for(pl.P, threads, [&](int64_t p, int) {
+    if (pl.rank > 0)
+      lora_a(a.lora.down_a + pl.expert_of[p] * pl.rank * pl.I, pl.h(p), pl.I, pl.rank, pl.la(p) + 2 * pl.rank);
     prepare(pl, p, pl.h(p), pl.I, pl.hq(p), pl.hs(), pl.int_groups ? pl.hi(p) : nullptr,
             pl.bf16_path ? pl.hb(p) : nullptr, pl.bf16_path ? pl.hg(p) : nullptr);
   });
@@ -285,9 +330,23 @@ int moe_forward(const kt_moe_args* args, char* err, size_t err_len) {
       const float* hg = pl.bf16_path ? pl.hg(p) : nullptr;
       const int32_t* hi = pl.int_groups ? pl.hi(p) : nullptr;
       float* o = pl.out(p);
-      for (int64_t r = r0; r < r0 + kRowsC; ++r) o[r] = down.dot(e, r, q, pl.hs()[p], hi, hb, hg);
+      for (int64_t r = r0; r < r0 + kRowsC; ++r) o[r] = pl.finish_down(e, p, r, down.dot(e, r, q, pl.hs()[p], hi, hb, hg));
     }
   });
+
+  // The LoRA projections kept for the backward; a token with NaN or infinity keeps NaN rows.
+  if (a.saved.gate) {
+    const float nan = std::numeric_limits<float>::quiet_NaN();
+    const int64_t nl = 3 * static_cast<int64_t>(pl.rank);
+    parallel_for(pl.P, threads, [&](int64_t p, int) {
+      const int64_t row = pl.orig[p];
+      if (nl > 0) std::memcpy(a.saved.lora + row * nl, pl.la(p), static_cast<size_t>(nl) * 4);
+      if (!nonfinite[static_cast<size_t>(p)]) return;
+      std::fill(a.saved.gate + row * pl.I, a.saved.gate + (row + 1) * pl.I, nan);
+      std::fill(a.saved.up + row * pl.I, a.saved.up + (row + 1) * pl.I, nan);
+      if (nl > 0) std::fill(a.saved.lora + row * nl, a.saved.lora + (row + 1) * nl, nan);
+    });
+  }
 
   // 4. y[t] = sum_k w[t,k] * out[pair(t,k)]
   parallel_for(a.tokens, threads, [&](int64_t t, int) {
@@ -319,7 +378,7 @@ int moe_forward(const kt_moe_args* args, char* err, size_t err_len) {
   return 0;
 }
 
-const kt_cpu_ops kOps = {KT_CPU_ABI_VERSION, KT_VARIANT_NAME, &moe_forward};
+const kt_cpu_ops kOps = {KT_CPU_ABI_VERSION, KT_VARIANT_NAME, &moe_forward, &moe_backward};
 
 }  // namespace
 }  // namespace kt

@@ -1,0 +1,282 @@
+// MoE expert backward for one CPU variant (fine-tuning with LoRA on the experts).
+//
+// Forward, per pair p = (token t, k) routed to expert e, s = alpha / rank:
+//   g = Wg x + s Bg Ag x,   u = Wu x + s Bu Au x,   h = silu(g) * u
+//   o = Wd h + s Bd Ad h,   y[t] = sum_k w[t,k] o_p
+// Backward from dy = dL/dy[t]:
+//   q  = Wd^T dy + s Ad^T (Bd^T dy)       (so that dot(dy, o) = dot(q, h))
+//   dw = dot(q, h),   dh = w q,   dg = dh u silu'(g),   du = dh silu(g)
+//   dx = sum_k Wg^T dg + Wu^T du + s Ag^T (Bg^T dg) + s Au^T (Bu^T du)
+//   dBg = s dg (Ag x)^T,  dAg = s (Bg^T dg) x^T,  likewise up;  dBd = s (w dy)(Ad h)^T,  dAd = s w (Bd^T dy) h^T
+// The quantized base weights are read (dequantized a row block at a time), never written.
+// Products with W^T run over (expert, column block) work items: each item owns its output
+// columns, so no two threads write the same float and no reduction is needed.
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <vector>
+
+#include "common.h"
+#include "moe_grad.h"
+
+namespace kt {
+namespace {
+
+constexpr int64_t kCols = 256;  // output columns per work item (1 KiB of fp32 per pair)
+constexpr int64_t kRows = 4;    // weight rows dequantized and applied together
+
+struct QView {
+  const kt_qweight& w;
+  int64_t rows, cols;
+  int wfmt, g;
+  // fp32 values of row r of expert e, columns [c0, c1) (c0, c1 multiples of 32).
+  void row(int64_t e, int64_t r, int64_t c0, int64_t c1, float* dst) const {
+    const int64_t row = e * rows + r;
+    if (wfmt == KT_INT8) {
+      const int8_t* q = static_cast<const int8_t*>(w.q) + row * cols;
+      const float sc = w.scale[row];
+#pragma omp simd
+      for (int64_t c = c0; c < c1; ++c) dst[c - c0] = static_cast<float>(q[c]) * sc;
+      return;
+    }
+    const uint8_t* q = static_cast<const uint8_t*>(w.q) + row * (cols >> 1);
+    const float* sr = w.scale + row * (cols / g);
+    for (int64_t b = c0; b < c1; b += 32) {
+      const uint8_t* by = q + (b >> 1);
+      const float sc = sr[b / g];
+      float* d = dst + (b - c0);
+#pragma omp simd
+      for (int j = 0; j < 16; ++j) {
+        d[j] = static_cast<float>(static_cast<int8_t>(static_cast<uint8_t>(by[j] << 4)) >> 4) * sc;
+        d[j + 16] = static_cast<float>(static_cast<int8_t>(by[j]) >> 4) * sc;
+      }
+    }
+  }
+};
+
+// out_i[0, c1 - c0) += sum_r v_i[r] * W[e][r, c0:c1) for the n rows (i < n) given by pointers.
+void accumulate_wt(const QView& w, int64_t e, int64_t c0, int64_t c1, const float* const* v, float* const* out,
+                   int64_t n) {
+  alignas(64) float buf[kRows][kCols];
+  const int64_t nc = c1 - c0;
+  for (int64_t r0 = 0; r0 < w.rows; r0 += kRows) {
+    for (int64_t j = 0; j < kRows; ++j) w.row(e, r0 + j, c0, c1, buf[j]);
+    for (int64_t i = 0; i < n; ++i) {
+      const float a0 = v[i][r0], a1 = v[i][r0 + 1], a2 = v[i][r0 + 2], a3 = v[i][r0 + 3];
+      float* o = out[i];
+#pragma omp simd
+      for (int64_t c = 0; c < nc; ++c) o[c] += a0 * buf[0][c] + a1 * buf[1][c] + a2 * buf[2][c] + a3 * buf[3][c];
+    }
+  }
+}
+
+int fail(char* err, size_t err_len, const char* msg) {
+  std::snprintf(err, err_len, "%s", msg);
+  return 1;
+}
+
+}  // namespace
+
+int moe_backward(const kt_moe_args* args, const kt_moe_grad_args* gr, char* err, size_t err_len) {
+  const kt_moe_args& a = *args;
+  if (!validate_args(a, err, err_len)) return 1;
+  const int64_t T = a.tokens, K = a.topk, H = a.hidden, I = a.inter, E = a.experts, P = T * K;
+  const int R = a.lora.rank;
+  const float s = a.lora.scale;
+  if (T > 0 && (!a.saved.gate || !a.saved.up || (R > 0 && !a.saved.lora)))
+    return fail(err, err_len, "the backward needs what its training forward saved (gate, up, LoRA projections)");
+  if (T > 0 && (!gr->dy || !gr->dx || !gr->dweights)) return fail(err, err_len, "null dy, dx or dweights");
+  float* const dl[6] = {gr->d_gate_a, gr->d_gate_b, gr->d_up_a, gr->d_up_b, gr->d_down_a, gr->d_down_b};
+  if (R > 0) {
+    for (float* d : dl)
+      if (!d) return fail(err, err_len, "LoRA rank > 0 needs all six LoRA gradient pointers");
+    // Every LoRA gradient has E * rank * (hidden or inter) elements.
+    const int64_t n[6] = {E * R * H, E * I * R, E * R * H, E * I * R, E * R * I, E * H * R};
+    for (int i = 0; i < 6; ++i) std::memset(dl[i], 0, static_cast<size_t>(n[i]) * 4);
+  }
+  if (T == 0) return 0;
+  const int threads = a.num_threads < 1 ? 1 : a.num_threads;
+  Routing rt;
+  if (!build_routing(a, &rt, err, err_len)) return 1;
+  std::vector<int64_t> expert_of(static_cast<size_t>(P)), orig(static_cast<size_t>(P));
+  for (int64_t e : rt.active)
+    for (int64_t p = rt.expert_begin[e]; p < rt.expert_begin[e + 1]; ++p) expert_of[p] = e;
+  for (int64_t i = 0; i < P; ++i) orig[rt.pair_of[i]] = i;
+
+  // Scratch: dy in fp32 per token, q/dg/du per pair (inter), dx per pair (hidden), B^T vectors.
+  const size_t ldH = align_up(4 * H), ldI = align_up(4 * I), ldR = align_up(4 * 3 * static_cast<size_t>(R > 0 ? R : 1));
+  Scratch sc;
+  const bool dy_bf16 = a.x_dtype == KT_BF16;
+  const size_t o_dy = dy_bf16 ? sc.reserve(T * ldH) : 0;
+  const size_t o_q = sc.reserve(P * ldI), o_dg = sc.reserve(P * ldI), o_du = sc.reserve(P * ldI);
+  const size_t o_dx = sc.reserve(P * ldH), o_bv = sc.reserve(P * ldR);
+  if (!sc.allocate()) return fail(err, err_len, "out of memory allocating MoE backward scratch buffers");
+  auto dy = [&](int64_t t) {
+    return dy_bf16 ? sc.at<float>(o_dy + t * ldH) : static_cast<const float*>(gr->dy) + t * H;
+  };
+  auto q = [&](int64_t p) { return sc.at<float>(o_q + p * ldI); };
+  auto dg = [&](int64_t p) { return sc.at<float>(o_dg + p * ldI); };
+  auto du = [&](int64_t p) { return sc.at<float>(o_du + p * ldI); };
+  auto dxp = [&](int64_t p) { return sc.at<float>(o_dx + p * ldH); };
+  auto bv = [&](int64_t p) { return sc.at<float>(o_bv + p * ldR); };  // Bd^T dy, Bg^T dg, Bu^T du
+  auto lsaved = [&](int64_t p) { return a.saved.lora + orig[p] * 3 * R; };  // Ag x, Au x, Ad h
+  auto x_row = [&](int64_t t, float* dst) {
+    if (a.x_dtype == KT_BF16) {
+      const uint16_t* x = static_cast<const uint16_t*>(a.x) + t * H;
+      for (int64_t i = 0; i < H; ++i) dst[i] = bf16_to_f32(x[i]);
+    } else {
+      std::memcpy(dst, static_cast<const float*>(a.x) + t * H, static_cast<size_t>(H) * 4);
+    }
+  };
+  // B^T v for a LoRA B of shape [rows, R]: out[j] = sum_r B[r, j] v[r]
+  auto bt = [&](const float* b, const float* v, int64_t rows, float* out) {
+    std::fill(out, out + R, 0.f);
+    for (int64_t r = 0; r < rows; ++r) axpy_f32(v[r], b + r * R, out, R);
+  };
+
+  if (dy_bf16)
+    parallel_for(T, threads, [&](int64_t t, int) {
+      const uint16_t* src = static_cast<const uint16_t*>(gr->dy) + t * H;
+      float* d = sc.at<float>(o_dy + t * ldH);
+      for (int64_t i = 0; i < H; ++i) d[i] = bf16_to_f32(src[i]);
+    });
+  const int gsz = a.group_size > 0 ? a.group_size : 1;
+  const QView gate{a.gate, I, H, a.wfmt, gsz}, up{a.up, I, H, a.wfmt, gsz}, down{a.down, H, I, a.wfmt, gsz};
+
+  // 1. Bd^T dy per pair.
+  if (R > 0)
+    parallel_for(P, threads, [&](int64_t p, int) {
+      bt(a.lora.down_b + expert_of[p] * H * R, dy(rt.pair_token[p]), H, bv(p));
+    });
+
+  // 2. q = Wd^T dy + s Ad^T (Bd^T dy), per (expert, column block of inter).
+  std::vector<std::pair<int64_t, int64_t>> items;
+  for (int64_t e : rt.active)
+    for (int64_t c0 = 0; c0 < I; c0 += kCols) items.emplace_back(e, c0);
+  parallel_for(static_cast<int64_t>(items.size()), threads, [&](int64_t it, int) {
+    const int64_t e = items[it].first, c0 = items[it].second, c1 = std::min(I, c0 + kCols);
+    const int64_t b = rt.expert_begin[e], n = rt.expert_begin[e + 1] - b;
+    std::vector<const float*> v(static_cast<size_t>(n));
+    std::vector<float*> out(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) {
+      v[i] = dy(rt.pair_token[b + i]);
+      out[i] = q(b + i) + c0;
+      std::fill(out[i], out[i] + (c1 - c0), 0.f);
+    }
+    accumulate_wt(down, e, c0, c1, v.data(), out.data(), n);
+    if (R > 0)
+      for (int64_t i = 0; i < n; ++i)
+        for (int j = 0; j < R; ++j) axpy_f32(s * bv(b + i)[j], a.lora.down_a + (e * R + j) * I + c0, out[i], c1 - c0);
+  });
+
+  // 3. Routing-weight gradient, dg and du per pair; Bg^T dg and Bu^T du.
+  parallel_for(P, threads, [&](int64_t p, int) {
+    const int64_t row = orig[p];
+    const float* g = a.saved.gate + row * I;
+    const float* u = a.saved.up + row * I;
+    const float w = a.weights[row];
+    float* qp = q(p);
+    float* dgp = dg(p);
+    float* dup = du(p);
+    float dw = 0.f;
+    for (int64_t i = 0; i < I; ++i) {
+      const float sg = 1.f / (1.f + std::exp(-g[i]));
+      const float act = g[i] * sg;
+      dw += qp[i] * act * u[i];
+      const float dh = w * qp[i];
+      dgp[i] = dh * u[i] * sg * (1.f + g[i] * (1.f - sg));
+      dup[i] = dh * act;
+    }
+    gr->dweights[row] = dw;
+    if (R > 0) {
+      const int64_t e = expert_of[p];
+      bt(a.lora.gate_b + e * I * R, dgp, I, bv(p) + R);
+      bt(a.lora.up_b + e * I * R, dup, I, bv(p) + 2 * R);
+    }
+  });
+
+  // 4. dx per pair = Wg^T dg + Wu^T du + s Ag^T (Bg^T dg) + s Au^T (Bu^T du), per (expert, column block of hidden).
+  items.clear();
+  for (int64_t e : rt.active)
+    for (int64_t c0 = 0; c0 < H; c0 += kCols) items.emplace_back(e, c0);
+  parallel_for(static_cast<int64_t>(items.size()), threads, [&](int64_t it, int) {
+    const int64_t e = items[it].first, c0 = items[it].second, c1 = std::min(H, c0 + kCols);
+    const int64_t b = rt.expert_begin[e], n = rt.expert_begin[e + 1] - b;
+    std::vector<const float*> vg(static_cast<size_t>(n)), vu(static_cast<size_t>(n));
+    std::vector<float*> out(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) {
+      vg[i] = dg(b + i);
+      vu[i] = du(b + i);
+      out[i] = dxp(b + i) + c0;
+      std::fill(out[i], out[i] + (c1 - c0), 0.f);
+    }
+    accumulate_wt(gate, e, c0, c1, vg.data(), out.data(), n);
+    accumulate_wt(up, e, c0, c1, vu.data(), out.data(), n);
+    if (R > 0)
+      for (int64_t i = 0; i < n; ++i)
+        for (int j = 0; j < R; ++j) {
+          axpy_f32(s * bv(b + i)[R + j], a.lora.gate_a + (e * R + j) * H + c0, out[i], c1 - c0);
+          axpy_f32(s * bv(b + i)[2 * R + j], a.lora.up_a + (e * R + j) * H + c0, out[i], c1 - c0);
+        }
+  });
+
+  // 5. dx[t] = sum_k dx of its pairs.
+  parallel_for(T, threads, [&](int64_t t, int) {
+    float* d = gr->dx + t * H;
+    std::memcpy(d, dxp(rt.pair_of[t * K]), static_cast<size_t>(H) * 4);
+    for (int64_t k = 1; k < K; ++k) axpy_f32(1.f, dxp(rt.pair_of[t * K + k]), d, H);
+  });
+
+  // 6. LoRA gradients: one work item per (active expert, tensor); each writes only its own tensor.
+  if (R > 0) {
+    const int64_t nact = static_cast<int64_t>(rt.active.size());
+    parallel_for(nact * 6, threads, [&](int64_t it, int) {
+      const int64_t e = rt.active[it / 6];
+      const int which = static_cast<int>(it % 6);
+      const int64_t b = rt.expert_begin[e], end = rt.expert_begin[e + 1];
+      std::vector<float> tmp(static_cast<size_t>(std::max(H, I)));
+      for (int64_t p = b; p < end; ++p) {
+        const int64_t row = orig[p];
+        const float* ls = lsaved(p);
+        switch (which) {
+          case 0:  // dAg [R, H] += s (Bg^T dg) x^T
+          case 2: {  // dAu
+            x_row(rt.pair_token[p], tmp.data());
+            float* d = dl[which] + e * R * H;
+            const float* bvec = bv(p) + (which == 0 ? R : 2 * R);
+            for (int j = 0; j < R; ++j) axpy_f32(s * bvec[j], tmp.data(), d + j * H, H);
+            break;
+          }
+          case 1:  // dBg [I, R] += s dg (Ag x)^T
+          case 3: {  // dBu
+            const float* dv = which == 1 ? dg(p) : du(p);
+            const float* lv = ls + (which == 1 ? 0 : R);
+            float* d = dl[which] + e * I * R;
+            for (int64_t i = 0; i < I; ++i) axpy_f32(s * dv[i], lv, d + i * R, R);
+            break;
+          }
+          case 4: {  // dAd [R, I] += s w (Bd^T dy) h^T
+            const float* g = a.saved.gate + row * I;
+            const float* u = a.saved.up + row * I;
+            for (int64_t i = 0; i < I; ++i) tmp[i] = silu(g[i]) * u[i];
+            float* d = dl[4] + e * R * I;
+            const float sw = s * a.weights[row];
+            for (int j = 0; j < R; ++j) axpy_f32(sw * bv(p)[j], tmp.data(), d + j * I, I);
+            break;
+          }
+          default: {  // dBd [H, R] += s w dy (Ad h)^T
+            const float* dv = dy(rt.pair_token[p]);
+            float* d = dl[5] + e * H * R;
+            const float sw = s * a.weights[row];
+            for (int64_t h = 0; h < H; ++h) axpy_f32(sw * dv[h], ls + 2 * R, d + h * R, R);
+            break;
+          }
+        }
+      }
+    });
+  }
+  return 0;
+}
+
+}  // namespace kt
