@@ -294,13 +294,14 @@ def lock(session: nox.Session) -> None:
 
 @nox.session(python=PYTHON, default=False)
 def bench(session: nox.Session) -> None:
-    """Kernel throughput per variant vs torch bf16 and the bandwidth roofline; build times; the CUDA payload
+    """Kernel throughput per variant vs torch bf16 and the bandwidth roofline; kt_kernel.sft forward+backward vs
+    torch autograd (tools/bench_sft.py); build times; the CUDA payload
     (size, cold/warm materialization, disk, audit, assembly) beside the gzip reference, on dist/; the audit's
     time and peak RSS on the torch wheel and a 2 GiB zip bomb beside auditwheel show."""
     p = _parser("bench")
     p.add_argument("--no-build-times", action="store_true", help="skip the cold/incremental build timing")
     p.add_argument("--json", default=str(ROOT / "build" / "bench.json"))
-    p.add_argument("--only", choices=["kernel", "payload", "audit"], help="run one part only")
+    p.add_argument("--only", choices=["kernel", "sft", "payload", "audit"], help="run one part only")
     p.add_argument("--assembly", action="store_true", help="payload: also time a cold and a warm assembly")
     args = p.parse_args(session.posargs)
     _install_lock(session, "test")
@@ -308,7 +309,7 @@ def bench(session: nox.Session) -> None:
         session.run("python", "-m", "tools.bench_audit", "--json", str(ROOT / "build" / "bench-audit.json"))
     if args.only == "audit":
         return
-    if args.only != "kernel":
+    if args.only not in ("kernel", "sft"):
         session.run(
             "python",
             "-m",
@@ -324,6 +325,9 @@ def bench(session: nox.Session) -> None:
     session.run("python", "kernel/tools/build_wheel.py", "--dist", str(KERNEL_OUT))
     (wheel,) = KERNEL_OUT.glob("kt_kernel-*.whl")
     session.install("--no-deps", "--force-reinstall", str(wheel))
-    session.run(
-        "python", "-m", "tools.bench", "--json", args.json, *(["--no-build-times"] if args.no_build_times else [])
-    )
+    if args.only != "sft":
+        session.run(
+            "python", "-m", "tools.bench", "--json", args.json, *(["--no-build-times"] if args.no_build_times else [])
+        )
+    if args.only in (None, "sft"):
+        session.run("python", "-m", "tools.bench_sft", "--json", str(ROOT / "build" / "bench-sft.json"))

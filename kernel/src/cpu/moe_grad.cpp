@@ -23,8 +23,20 @@
 namespace kt {
 namespace {
 
-constexpr int64_t kCols = 256;  // output columns per work item (1 KiB of fp32 per pair)
-constexpr int64_t kRows = 4;    // weight rows dequantized and applied together
+constexpr int64_t kCols = 64;   // output columns per work item
+constexpr int64_t kRows = 256;  // weight rows dequantized into one block (64 KiB of fp32)
+constexpr int kTile = 4;        // pairs per register tile
+
+// One vector register of fp32 for this variant: GCC vector extensions, compiled with the variant's
+// -m flags (ymm for AVX2, zmm for AVX-512; emulated builds get the baseline's registers).
+#if defined(__AVX512F__)
+constexpr int kVecBytes = 64;
+#else
+constexpr int kVecBytes = 32;
+#endif
+typedef float vf __attribute__((vector_size(kVecBytes)));
+constexpr int kVec = kVecBytes / 4;
+static_assert(kCols % (2 * kVec) == 0, "a column block is a whole number of two-register tiles");
 
 struct QView {
   const kt_qweight& w;
@@ -55,19 +67,44 @@ struct QView {
   }
 };
 
-// out_i[0, c1 - c0) += sum_r v_i[r] * W[e][r, c0:c1) for the n rows (i < n) given by pointers.
-void accumulate_wt(const QView& w, int64_t e, int64_t c0, int64_t c1, const float* const* v, float* const* out,
-                   int64_t n) {
-  alignas(64) float buf[kRows][kCols];
-  const int64_t nc = c1 - c0;
-  for (int64_t r0 = 0; r0 < w.rows; r0 += kRows) {
-    for (int64_t j = 0; j < kRows; ++j) w.row(e, r0 + j, c0, c1, buf[j]);
-    for (int64_t i = 0; i < n; ++i) {
-      const float a0 = v[i][r0], a1 = v[i][r0 + 1], a2 = v[i][r0 + 2], a3 = v[i][r0 + 3];
-      float* o = out[i];
-#pragma omp simd
-      for (int64_t c = 0; c < nc; ++c) o[c] += a0 * buf[0][c] + a1 * buf[1][c] + a2 * buf[2][c] + a3 * buf[3][c];
+// out_m[j0, j0 + 2 * kVec) += sum_{r in [r0, r1)} v_m[r] * buf[r - r0][j0 ...] for M pairs: M x 2
+// accumulators stay in registers across the rows.
+template <int M>
+inline void tile(const float* const* v, int64_t r0, int64_t r1, const float* buf, float* const* out, int64_t j0) {
+  vf acc[M][2];
+  for (int m = 0; m < M; ++m) {
+    acc[m][0] = *reinterpret_cast<const vf*>(out[m] + j0);
+    acc[m][1] = *reinterpret_cast<const vf*>(out[m] + j0 + kVec);
+  }
+  for (int64_t r = r0; r < r1; ++r) {
+    const float* wr = buf + (r - r0) * kCols + j0;
+    const vf w0 = *reinterpret_cast<const vf*>(wr);
+    const vf w1 = *reinterpret_cast<const vf*>(wr + kVec);
+    for (int m = 0; m < M; ++m) {
+      const float a = v[m][r];
+      acc[m][0] += a * w0;
+      acc[m][1] += a * w1;
     }
+  }
+  for (int m = 0; m < M; ++m) {
+    *reinterpret_cast<vf*>(out[m] + j0) = acc[m][0];
+    *reinterpret_cast<vf*>(out[m] + j0 + kVec) = acc[m][1];
+  }
+}
+
+// out_i[0, kCols) += sum_r v_i[r] * W[e][r, c0 + ...) for the n rows (i < n) given by pointers; each
+// out_i is 64-byte aligned. The weight block is dequantized once per item, then a register-tiled GEMM.
+// `buf` is the calling thread's kRows x kCols block.
+void accumulate_wt(const QView& w, int64_t e, int64_t c0, const float* const* v, float* const* out, int64_t n,
+                   float* buf) {
+  for (int64_t r0 = 0; r0 < w.rows; r0 += kRows) {
+    const int64_t r1 = std::min(w.rows, r0 + kRows);
+    for (int64_t r = r0; r < r1; ++r) w.row(e, r, c0, c0 + kCols, buf + (r - r0) * kCols);
+    int64_t i = 0;
+    for (; i + kTile <= n; i += kTile)
+      for (int64_t j0 = 0; j0 < kCols; j0 += 2 * kVec) tile<kTile>(v + i, r0, r1, buf, out + i, j0);
+    for (; i < n; ++i)
+      for (int64_t j0 = 0; j0 < kCols; j0 += 2 * kVec) tile<1>(v + i, r0, r1, buf, out + i, j0);
   }
 }
 
@@ -111,6 +148,7 @@ int moe_backward(const kt_moe_args* args, const kt_moe_grad_args* gr, char* err,
   const size_t o_dy = dy_bf16 ? sc.reserve(T * ldH) : 0;
   const size_t o_q = sc.reserve(P * ldI), o_dg = sc.reserve(P * ldI), o_du = sc.reserve(P * ldI);
   const size_t o_dx = sc.reserve(P * ldH), o_bv = sc.reserve(P * ldR);
+  const size_t o_blk = sc.reserve(static_cast<size_t>(threads) * kRows * kCols * 4);  // dequantized weight blocks
   if (!sc.allocate()) return fail(err, err_len, "out of memory allocating MoE backward scratch buffers");
   auto dy = [&](int64_t t) {
     return dy_bf16 ? sc.at<float>(o_dy + t * ldH) : static_cast<const float*>(gr->dy) + t * H;
@@ -119,6 +157,7 @@ int moe_backward(const kt_moe_args* args, const kt_moe_grad_args* gr, char* err,
   auto dg = [&](int64_t p) { return sc.at<float>(o_dg + p * ldI); };
   auto du = [&](int64_t p) { return sc.at<float>(o_du + p * ldI); };
   auto dxp = [&](int64_t p) { return sc.at<float>(o_dx + p * ldH); };
+  auto block = [&](int tid) { return sc.at<float>(o_blk + static_cast<size_t>(tid) * kRows * kCols * 4); };
   auto bv = [&](int64_t p) { return sc.at<float>(o_bv + p * ldR); };  // Bd^T dy, Bg^T dg, Bu^T du
   auto lsaved = [&](int64_t p) { return a.saved.lora + orig[p] * 3 * R; };  // Ag x, Au x, Ad h
   auto x_row = [&](int64_t t, float* dst) {
@@ -154,8 +193,8 @@ int moe_backward(const kt_moe_args* args, const kt_moe_grad_args* gr, char* err,
   std::vector<std::pair<int64_t, int64_t>> items;
   for (int64_t e : rt.active)
     for (int64_t c0 = 0; c0 < I; c0 += kCols) items.emplace_back(e, c0);
-  parallel_for(static_cast<int64_t>(items.size()), threads, [&](int64_t it, int) {
-    const int64_t e = items[it].first, c0 = items[it].second, c1 = std::min(I, c0 + kCols);
+  parallel_for(static_cast<int64_t>(items.size()), threads, [&](int64_t it, int tid) {
+    const int64_t e = items[it].first, c0 = items[it].second, c1 = c0 + kCols;
     const int64_t b = rt.expert_begin[e], n = rt.expert_begin[e + 1] - b;
     std::vector<const float*> v(static_cast<size_t>(n));
     std::vector<float*> out(static_cast<size_t>(n));
@@ -164,7 +203,7 @@ int moe_backward(const kt_moe_args* args, const kt_moe_grad_args* gr, char* err,
       out[i] = q(b + i) + c0;
       std::fill(out[i], out[i] + (c1 - c0), 0.f);
     }
-    accumulate_wt(down, e, c0, c1, v.data(), out.data(), n);
+    accumulate_wt(down, e, c0, v.data(), out.data(), n, block(tid));
     if (R > 0)
       for (int64_t i = 0; i < n; ++i)
         for (int j = 0; j < R; ++j) axpy_f32(s * bv(b + i)[j], a.lora.down_a + (e * R + j) * I + c0, out[i], c1 - c0);
@@ -200,8 +239,8 @@ int moe_backward(const kt_moe_args* args, const kt_moe_grad_args* gr, char* err,
   items.clear();
   for (int64_t e : rt.active)
     for (int64_t c0 = 0; c0 < H; c0 += kCols) items.emplace_back(e, c0);
-  parallel_for(static_cast<int64_t>(items.size()), threads, [&](int64_t it, int) {
-    const int64_t e = items[it].first, c0 = items[it].second, c1 = std::min(H, c0 + kCols);
+  parallel_for(static_cast<int64_t>(items.size()), threads, [&](int64_t it, int tid) {
+    const int64_t e = items[it].first, c0 = items[it].second, c1 = c0 + kCols;
     const int64_t b = rt.expert_begin[e], n = rt.expert_begin[e + 1] - b;
     std::vector<const float*> vg(static_cast<size_t>(n)), vu(static_cast<size_t>(n));
     std::vector<float*> out(static_cast<size_t>(n));
@@ -211,8 +250,8 @@ int moe_backward(const kt_moe_args* args, const kt_moe_grad_args* gr, char* err,
       out[i] = dxp(b + i) + c0;
       std::fill(out[i], out[i] + (c1 - c0), 0.f);
     }
-    accumulate_wt(gate, e, c0, c1, vg.data(), out.data(), n);
-    accumulate_wt(up, e, c0, c1, vu.data(), out.data(), n);
+    accumulate_wt(gate, e, c0, vg.data(), out.data(), n, block(tid));
+    accumulate_wt(up, e, c0, vu.data(), out.data(), n, block(tid));
     if (R > 0)
       for (int64_t i = 0; i < n; ++i)
         for (int j = 0; j < R; ++j) {
