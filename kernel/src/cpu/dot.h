@@ -84,6 +84,9 @@ static inline int32_t dot_i8(const int8_t* w, const int8_t* x, int64_t n) {
   return _mm512_reduce_add_epi32(acc);
 }
 
+// The ZMM paths read the activations in natural order.
+static inline void i4_activation_order(int8_t*, int64_t) {}
+
 // sum over groups g of s[g] * (int dot of group g); x is int8, xg its group sums.
 static inline float dot_i4(const uint8_t* w, const float* s, const int8_t* x, const int32_t* xg, int64_t n, int g) {
   __m512 facc = _mm512_setzero_ps();
@@ -130,14 +133,6 @@ static inline __m256i dot_step(__m256i acc, __m256i w, __m256i x) {
   return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(aw, sx), _mm256_set1_epi16(1)));
 }
 
-// 16 packed bytes (one 32-element block) -> 32 offset nibbles (n ^ 8) in natural order.
-static inline __m256i unpack32_u4(const uint8_t* p) {
-  // Flipping bit 3 of both nibbles before the split offsets them in one step.
-  const __m128i b = _mm_xor_si128(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)), _mm_set1_epi8(-120));
-  const __m256i v = _mm256_inserti128_si256(_mm256_castsi128_si256(b), _mm_srli_epi16(b, 4), 1);
-  return _mm256_and_si256(v, _mm256_set1_epi8(0x0F));
-}
-
 static inline int32_t dot_i8(const int8_t* w, const int8_t* x, int64_t n) {
   __m256i acc = _mm256_setzero_si256();
   for (int64_t i = 0; i < n; i += kStep) {
@@ -148,25 +143,80 @@ static inline int32_t dot_i8(const int8_t* w, const int8_t* x, int64_t n) {
   return hsum_epi32(acc);
 }
 
-static inline float dot_i4(const uint8_t* w, const float* s, const int8_t* x, const int32_t* xg, int64_t n, int g) {
-  __m256 facc = _mm256_setzero_ps();
-  const __m256i ones = _mm256_set1_epi16(1);
-  float corr = 0.f;
-  for (int64_t b = 0, gi = 0; b < n; b += g, ++gi) {  // no division in the loop: idiv costs ~40 cycles
-    // int16 partial sums stay exact for up to 4 blocks: 4 * 2 * 15 * 127 < 32767.
-    __m256i iacc = _mm256_setzero_si256();
-    for (int64_t i = b; i < b + g; i += 64) {
-      __m256i p = _mm256_maddubs_epi16(unpack32_u4(w + (i >> 1)), _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + i)));
-      if (g > 32)
-        p = _mm256_add_epi16(p, _mm256_maddubs_epi16(unpack32_u4(w + (i >> 1) + 16),
-                                                     _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + i + 32))));
-      iacc = _mm256_add_epi32(iacc, _mm256_madd_epi16(p, ones));
-    }
-    facc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(iacc), _mm256_set1_ps(s[gi]), facc);
-    corr += s[gi] * static_cast<float>(xg[gi]);
+// RAWINT4 x int8 activations. 32 packed bytes (two 32-element blocks) are loaded as one register;
+// their low nibbles are [block 0 elements 0-15 | block 1 elements 0-15] and their high nibbles
+// [block 0 elements 16-31 | block 1 elements 16-31]. The activations are stored in that order once
+// per row (i4_activation_order), so unpacking is two masks and a shift, with no lane crossing.
+// Offset nibbles u = n ^ 8 = value + 8 are unsigned for vpmaddubsw; sum value * x = sum u * x - 8 * sum x.
+static inline void i4_activation_order(int8_t* x, int64_t n) {
+  for (int64_t i = 0; i < n; i += 64) {
+    alignas(32) int8_t t[32];
+    std::memcpy(t, x + i + 16, 32);           // block 0 elements 16-31, block 1 elements 0-15
+    std::memcpy(x + i + 16, t + 16, 16);      // block 1 elements 0-15
+    std::memcpy(x + i + 32, t, 16);           // block 0 elements 16-31
   }
-  return hsum_ps(facc) - 8.f * corr;
 }
+
+// R rows against one activation row: the activation loads and the loop are shared (gate and up
+// rows of one expert, or neighbouring down rows); out[r] = the dot of row r.
+template <int R>
+static inline void dot_i4_rows(const uint8_t* const* w, const float* const* s, const int8_t* x, const int32_t* xg,
+                               int64_t n, int g, float* out) {
+  const __m256i mask = _mm256_set1_epi8(0x0F), flip = _mm256_set1_epi8(-120), ones = _mm256_set1_epi16(1);
+  __m256 facc[R];
+  for (int r = 0; r < R; ++r) facc[r] = _mm256_setzero_ps();
+  // int16 partial sums stay exact: 2 * 2 * 15 * 127 < 32767.
+  auto step = [&](const uint8_t* wr, __m256i xa, __m256i xb) {
+    const __m256i v = _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(wr)), flip);
+    const __m256i lo = _mm256_and_si256(v, mask), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), mask);
+    const __m256i p = _mm256_add_epi16(_mm256_maddubs_epi16(lo, xa), _mm256_maddubs_epi16(hi, xb));
+    return _mm256_madd_epi16(p, ones);  // lanes 0-3: block 0, lanes 4-7: block 1
+  };
+  auto xload = [&](int64_t i, int off) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + i + off)); };
+  if (g == 32) {
+    const __m256i lanes = _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1);
+    for (int64_t i = 0; i < n; i += 64) {
+      const __m256i xa = xload(i, 0), xb = xload(i, 32);
+      for (int r = 0; r < R; ++r) {
+        const __m128d pair = _mm_load_sd(reinterpret_cast<const double*>(s[r] + (i >> 5)));
+        const __m256 s2 = _mm256_permutevar8x32_ps(_mm256_castpd_ps(_mm256_castpd128_pd256(pair)), lanes);
+        facc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(step(w[r] + (i >> 1), xa, xb)), s2, facc[r]);
+      }
+    }
+  } else {
+    for (int64_t b = 0, gi = 0; b < n; b += g, ++gi) {  // no division in the loop: idiv costs ~40 cycles
+      __m256i iacc[R];
+      for (int r = 0; r < R; ++r) iacc[r] = _mm256_setzero_si256();
+      for (int64_t i = b; i < b + g; i += 64) {
+        const __m256i xa = xload(i, 0), xb = xload(i, 32);
+        for (int r = 0; r < R; ++r) {
+          _mm_prefetch(reinterpret_cast<const char*>(w[r] + (i >> 1) + 1024), _MM_HINT_T0);
+          iacc[r] = _mm256_add_epi32(iacc[r], step(w[r] + (i >> 1), xa, xb));
+        }
+      }
+      for (int r = 0; r < R; ++r) facc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(iacc[r]), _mm256_set1_ps(s[r][gi]), facc[r]);
+    }
+  }
+  // - 8 * sum_g s[g] * xg[g], eight groups at a time
+  const int64_t ng = n / g;
+  for (int r = 0; r < R; ++r) {
+    __m256 corr = _mm256_setzero_ps();
+    int64_t k = 0;
+    for (; k + 8 <= ng; k += 8)
+      corr = _mm256_fmadd_ps(_mm256_loadu_ps(s[r] + k),
+                             _mm256_cvtepi32_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(xg + k))), corr);
+    float tail = 0.f;
+    for (; k < ng; ++k) tail += s[r][k] * static_cast<float>(xg[k]);
+    out[r] = hsum_ps(facc[r]) - 8.f * (hsum_ps(corr) + tail);
+  }
+}
+
+static inline float dot_i4(const uint8_t* w, const float* s, const int8_t* x, const int32_t* xg, int64_t n, int g) {
+  float out;
+  dot_i4_rows<1>(&w, &s, x, xg, n, g, &out);
+  return out;
+}
+#define KT_I4_ROWS 1
 
 #endif  // KT_ZMM
 

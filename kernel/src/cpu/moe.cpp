@@ -181,7 +181,32 @@ struct Proj {
     return dot_i4(wr, sr, q, qg, cols, g) * qs;
 #endif
   }
+  const uint8_t* i4_row(int64_t e, int64_t r) const {
+    return static_cast<const uint8_t*>(w.q) + (e * rows + r) * (cols >> 1);
+  }
+  const float* i4_scale(int64_t e, int64_t r) const { return w.scale + (e * rows + r) * groups; }
 };
+
+#if defined(KT_I4_ROWS) && !KT_BF16_DOT
+// RAWINT4 on int8 activations, several rows per pass over the activations (dot.h).
+constexpr bool kI4Rows = true;
+template <int R>
+void i4_rows(const Proj* const* proj, const int64_t* row, int64_t e, const int8_t* q, float qs, const int32_t* qg,
+             float* out) {
+  const uint8_t* w[R];
+  const float* s[R];
+  for (int i = 0; i < R; ++i) {
+    w[i] = proj[i]->i4_row(e, row[i]);
+    s[i] = proj[i]->i4_scale(e, row[i]);
+  }
+  dot_i4_rows<R>(w, s, q, qg, proj[0]->cols, proj[0]->g, out);
+  for (int i = 0; i < R; ++i) out[i] *= qs;
+}
+#else
+constexpr bool kI4Rows = false;
+template <int R>
+void i4_rows(const Proj* const*, const int64_t*, int64_t, const int8_t*, float, const int32_t*, float*) {}
+#endif
 
 void prepare(const Plan& pl, int64_t p, const float* v, int64_t n, int8_t* q, float* qs, int32_t* qg, uint16_t* b,
              float* gs) {
@@ -197,6 +222,7 @@ void prepare(const Plan& pl, int64_t p, const float* v, int64_t n, int8_t* q, fl
       for (int64_t j = i; j < i + g; ++j) sum += q[j];
       qg[i / g] = sum;
     }
+    i4_activation_order(q, n);  // the order this variant's RAWINT4 dot reads
   }
 }
 
@@ -303,9 +329,16 @@ int moe_forward(const kt_moe_args* args, char* err, size_t err_len) {
       const int32_t* xi = pl.int_groups ? pl.xi(p) : nullptr;
       float* h = pl.h(p);
       for (int64_t r = r0; r < r0 + kRowsA; ++r) {
-        const float g = gate.dot(e, r, q, pl.xs()[p], xi, xb, xg);
-        const float u = up.dot(e, r, q, pl.xs()[p], xi, xb, xg);
-        h[r] = pl.finish_gate_up(e, p, r, g, u);
+        float gu[2];
+        if (kI4Rows && a.wfmt == KT_RAWINT4) {
+          const Proj* both[2] = {&gate, &up};
+          const int64_t rows[2] = {r, r};
+          i4_rows<2>(both, rows, e, q, pl.xs()[p], xi, gu);
+        } else {
+          gu[0] = gate.dot(e, r, q, pl.xs()[p], xi, xb, xg);
+          gu[1] = up.dot(e, r, q, pl.xs()[p], xi, xb, xg);
+        }
+        h[r] = pl.finish_gate_up(e, p, r, gu[0], gu[1]);
       }
     }
   });
@@ -330,7 +363,17 @@ int moe_forward(const kt_moe_args* args, char* err, size_t err_len) {
       const float* hg = pl.bf16_path ? pl.hg(p) : nullptr;
       const int32_t* hi = pl.int_groups ? pl.hi(p) : nullptr;
       float* o = pl.out(p);
-      for (int64_t r = r0; r < r0 + kRowsC; ++r) o[r] = pl.finish_down(e, p, r, down.dot(e, r, q, pl.hs()[p], hi, hb, hg));
+      if (kI4Rows && a.wfmt == KT_RAWINT4) {
+        const Proj* two[2] = {&down, &down};
+        for (int64_t r = r0; r < r0 + kRowsC; r += 2) {
+          const int64_t rows[2] = {r, r + 1};
+          float d[2];
+          i4_rows<2>(two, rows, e, q, pl.hs()[p], hi, d);
+          for (int i = 0; i < 2; ++i) o[r + i] = pl.finish_down(e, p, r + i, d[i]);
+        }
+      } else {
+        for (int64_t r = r0; r < r0 + kRowsC; ++r) o[r] = pl.finish_down(e, p, r, down.dot(e, r, q, pl.hs()[p], hi, hb, hg));
+      }
     }
   });
 
