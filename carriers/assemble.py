@@ -35,11 +35,7 @@ class Built:
     payload: dict[str, Any] | None = None  # the lazy CUDA archive's summary (on one entry)
 
 
-def read_metadata(path: Path) -> tuple[str, list[str]]:
-    """(Version, Requires-Dist lines) of a wheel."""
-    members = wheelio.read(path)
-    text = members[f"{wheelio.dist_info(members)}/METADATA"].decode("utf-8")
-    return wheelio.metadata_field(text, "Version")[0], wheelio.metadata_field(text, "Requires-Dist")
+read_metadata = wheelio.read_metadata  # (Version, Requires-Dist) of a built wheel
 
 
 @dataclass(frozen=True)

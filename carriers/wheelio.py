@@ -38,6 +38,19 @@ def dist_info(members: Mapping[str, bytes]) -> str:
     return found.pop()
 
 
+def read_metadata(path: Path) -> tuple[str, list[str]]:
+    """(Version, Requires-Dist lines) of a wheel, reading only its METADATA member."""
+    try:
+        with zipfile.ZipFile(path) as zf:
+            names = dict.fromkeys(zf.namelist(), b"")
+            text = zf.read(f"{dist_info(names)}/METADATA").decode("utf-8")
+    except (OSError, KeyError, UnicodeDecodeError, zipfile.BadZipFile) as exc:
+        raise InputError(f"{path}: no readable .dist-info/METADATA ({exc})") from exc
+    except InputError as exc:
+        raise InputError(f"{path}: {exc}") from exc
+    return metadata_field(text, "Version")[0], metadata_field(text, "Requires-Dist")
+
+
 def record_hash(data: bytes) -> str:
     """A sha256 in RECORD's form."""
     return "sha256=" + base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()

@@ -8,23 +8,19 @@ only the third-party requirements they declare.
 
 from __future__ import annotations
 
-import zipfile
-from email.parser import HeaderParser
 from pathlib import Path
 
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name, parse_wheel_filename
+
+from carriers import wheelio
 
 
 def carrier_metadata(dist: Path) -> dict[str, list[str]]:
     """carrier name -> Requires-Dist lines, for every wheel in dist/."""
     out: dict[str, list[str]] = {}
     for wheel in sorted(dist.glob("*.whl")):
-        name = canonicalize_name(parse_wheel_filename(wheel.name)[0])
-        with zipfile.ZipFile(wheel) as zf:
-            meta = next(n for n in zf.namelist() if n.endswith(".dist-info/METADATA"))
-            msg = HeaderParser().parsestr(zf.read(meta).decode("utf-8"))
-        out[name] = msg.get_all("Requires-Dist", [])
+        out[canonicalize_name(parse_wheel_filename(wheel.name)[0])] = wheelio.read_metadata(wheel)[1]
     return out
 
 

@@ -21,12 +21,12 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-import zipfile
-from email.parser import HeaderParser
 from pathlib import Path
 
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name, parse_wheel_filename
+
+from carriers import wheelio
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -45,9 +45,7 @@ def upload_order(dist: Path, files: list[str]) -> list[str]:
         by_name.setdefault(str(canonicalize_name(parse_wheel_filename(f)[0])), []).append(f)
     graph: dict[str, set[str]] = {}
     for name, fnames in by_name.items():
-        with zipfile.ZipFile(dist / fnames[0]) as zf:
-            meta = next(n for n in zf.namelist() if n.endswith(".dist-info/METADATA"))
-            reqs = HeaderParser().parsestr(zf.read(meta).decode()).get_all("Requires-Dist", [])
+        reqs = wheelio.read_metadata(dist / fnames[0])[1]
         deps = {str(canonicalize_name(Requirement(r).name)) for r in reqs} & set(by_name)
         graph[name] = deps - {name}
     # A cycle (sglang-kt requires sglang-kernel-kt, which requires every payload part carrier,
