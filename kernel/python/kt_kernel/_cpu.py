@@ -55,6 +55,8 @@ def _did_you_mean(word: str, choices: Iterable[str]) -> str:
 
 @dataclass(frozen=True)
 class Variant:
+    """One rung of the CPU ladder: its name, the CPUID features it needs, its marker."""
+
     name: str
     features: frozenset[str]
     marker: str
@@ -151,6 +153,8 @@ class CpuState:
 
 @dataclass(frozen=True)
 class VariantStatus:
+    """Whether this host can run one variant, and if not, which features it lacks."""
+
     name: str
     usable: bool
     missing: tuple[str, ...] = ()
@@ -166,6 +170,8 @@ class VariantStatus:
 
 @dataclass(frozen=True)
 class Decision:
+    """The variant chosen for this process, every variant's status, and whether the environment forced it."""
+
     chosen: str
     statuses: tuple[VariantStatus, ...]
     overridden: bool = False
@@ -173,6 +179,7 @@ class Decision:
 
 
 def statuses(ladder: Ladder, state: CpuState, built: Iterable[str] | None = None) -> tuple[VariantStatus, ...]:
+    """Each ladder variant's status on this CPU and OS (`built`: the variants in this wheel)."""
     built_set = set(ladder.names if built is None else built)
     out = []
     for v in ladder.variants:

@@ -63,6 +63,7 @@ def _manifest_section() -> dict[str, Any]:
 
 
 def cache_root() -> Path:
+    """Where extracted CUDA libraries are cached: $KT_KERNEL_CACHE_DIR, else $XDG_CACHE_HOME/kt-kernel/cuda."""
     return _cache_root("cuda")
 
 
@@ -156,6 +157,8 @@ def is_legacy(section: dict[str, Any]) -> bool:
 
 @dataclass(frozen=True)
 class CudaLibrary:
+    """The loaded CUDA libraries: the common one, the Hopper one where the GPU is sm90, and the arch."""
+
     common: ctypes.CDLL
     hopper: ctypes.CDLL | None
     arch: str

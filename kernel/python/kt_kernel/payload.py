@@ -66,6 +66,8 @@ class PayloadError(KTKernelError):
 
 @dataclass(frozen=True)
 class Part:
+    """One part of the lazy CUDA archive: the carrier wheel that holds it, its member, size and sha256."""
+
     index: int
     distribution: str
     version: str
@@ -79,6 +81,8 @@ class Part:
 
 @dataclass(frozen=True)
 class Manifest:
+    """The lazy CUDA archive's manifest: the archive's hash, size, compression and its parts."""
+
     path: Path
     release: str
     sha256: str
@@ -117,6 +121,7 @@ def find_manifest() -> Path:
 
 
 def load_manifest(path: Path | None = None) -> Manifest:
+    """The manifest at `path` (default: the installed one), validated; PayloadError if unreadable."""
     path = path or find_manifest()
     try:
         data = json.loads(path.read_text())
@@ -425,6 +430,7 @@ def _is_complete(final: Path, m: Manifest) -> bool:
 
 
 def target_dir(m: Manifest, root: Path | None = None) -> Path:
+    """The cache directory the archive with this manifest extracts into (named by its sha256)."""
     return (root or cache_root()) / m.sha256
 
 
@@ -507,6 +513,7 @@ def verify(manifest: Path | Manifest | None = None, root: Path | None = None) ->
 
 
 def main(argv: list[str] | None = None) -> int:
+    """`python -m kt_kernel.payload materialize|verify|where`; returns the exit status."""
     p = argparse.ArgumentParser(prog="python -m kt_kernel.payload", description=__doc__.splitlines()[0])
     p.add_argument("command", choices=["materialize", "verify", "where"])
     p.add_argument("--manifest", type=Path, help="a manifest other than the installed sgl_kernel's")

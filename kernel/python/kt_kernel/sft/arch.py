@@ -14,6 +14,8 @@ from .._cpu import KTKernelError
 
 @dataclass(frozen=True)
 class MoEArch:
+    """One model family's MoE block: router, experts and shared-experts names, weight layouts, activation."""
+
     family: str
     model_types: tuple[str, ...]
     router: str = "gate"  # stays in torch
@@ -33,6 +35,7 @@ ARCHES: tuple[MoEArch, ...] = (
 
 
 def arch_for(model_type: str) -> MoEArch:
+    """The MoEArch of a transformers `model_type`; a clear error naming the known ones otherwise."""
     for arch in ARCHES:
         if model_type in arch.model_types:
             return arch

@@ -23,6 +23,7 @@ _EXECUTORS: dict[int, ThreadPoolExecutor] = {}
 
 
 def bounds(inter: int, n: int) -> list[tuple[int, int]]:
+    """[start, end) of each of `n` equal partitions of the intermediate dimension."""
     step = inter // n
     return [(i * step, (i + 1) * step) for i in range(n)]
 
@@ -49,6 +50,7 @@ def split_cols(qw: QuantizedWeights, b: list[tuple[int, int]]) -> list[Quantized
 
 
 def shard_lora(lora: LoRA, b: list[tuple[int, int]]) -> list[LoRA]:
+    """Each partition's view of an expert LoRA (replicated A of gate/up and B of down; the rest split)."""
     if len(b) == 1:
         return [lora]
     return [

@@ -41,6 +41,7 @@ def expert_weights(experts: Any, arch: MoEArch, where: str) -> tuple[torch.Tenso
 def quantize_experts(
     gate: torch.Tensor, up: torch.Tensor, down: torch.Tensor, config: KTConfig, where: str
 ) -> tuple[QuantizedWeights, QuantizedWeights, QuantizedWeights]:
+    """gate, up and down quantized as the config says; shapes the kernels cannot take are errors."""
     hidden, inter = gate.shape[2], gate.shape[1]
     if hidden % 64 or inter % 64:
         raise KTKernelError(

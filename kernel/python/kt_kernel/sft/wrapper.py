@@ -90,6 +90,7 @@ def mark_expert_lora_trainable(model: nn.Module) -> int:
 
 
 def kt_experts(model: nn.Module) -> list[Wrapped]:
+    """Every KT experts module in the model, with its path (without PEFT's prefix)."""
     base = _base(model)
     return [Wrapped(path, m) for path, m in base.named_modules() if isinstance(m, ExpertsBase)]
 
@@ -165,6 +166,7 @@ def save_expert_lora(model: nn.Module, directory: str | Path) -> Path:
 
 
 def load_expert_lora(model: nn.Module, directory: str | Path) -> None:
+    """Load what save_expert_lora wrote into a wrapped model; rank and alpha must match."""
     from safetensors.torch import load_file
 
     directory = Path(directory)
