@@ -79,6 +79,8 @@ def problems(r: dict[str, Any]) -> list[str]:
             f"loss trajectory differs from torch experts by {r['trajectory_rel_diff']:.4f}: "
             f"{losses} vs {r['torch_losses']}"
         )
+    if r["converted_reload_max_abs_diff"] != 0.0:
+        bad.append(f"expert LoRA converted to PEFT's layout reloads with max diff {r['converted_reload_max_abs_diff']}")
     if r["reload_max_abs_diff"] != 0.0 or r["trained_vs_untrained_max_abs_diff"] < 0.1:
         bad.append(
             f"reloaded adapters: max diff {r['reload_max_abs_diff']} (want 0), "
@@ -191,10 +193,24 @@ def main() -> None:
         fresh.eval()
         with torch.no_grad():
             got = fresh(input_ids=probe).logits
+        # the same expert LoRA through kt-lora-convert into PEFT's per-expert layout, loaded from there
+        from kt_kernel import lora_convert
+        from kt_kernel.sft import load_expert_lora_state_dict
+        from safetensors.torch import load_file
+
+        peft_file = f"{d}/experts_peft.safetensors"
+        assert lora_convert.main(["to-peft", f"{d}/kt_expert_adapter.safetensors", peft_file]) == 0
+        converted = build("kt")
+        set_peft_model_state_dict(converted, load_peft_weights(d))
+        load_expert_lora_state_dict(converted, load_file(peft_file))
+        converted.eval()
+        with torch.no_grad():
+            got_converted = converted(input_ids=probe).logits
         untrained = build("kt").eval()
         with torch.no_grad():
             base = untrained(input_ids=probe).logits
     result["reload_max_abs_diff"] = float((got - want).abs().max())
+    result["converted_reload_max_abs_diff"] = float((got_converted - want).abs().max())
     result["trained_vs_untrained_max_abs_diff"] = float((base - want).abs().max())
     print(json.dumps(result))
 

@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from .._cpu import KTKernelError
-from .arch import MoEArch, arch_for
+from .arch import arch_for
 from .base import ExpertsBase
 from .config import PROJECTIONS, KTConfig
 from .layer import BACKENDS
@@ -95,14 +95,9 @@ def kt_experts(model: nn.Module) -> list[Wrapped]:
     return [Wrapped(path, m) for path, m in base.named_modules() if isinstance(m, ExpertsBase)]
 
 
-def _names(arch: MoEArch, path: str, e: int, proj: str) -> tuple[str, str]:
-    module = arch.per_expert[PROJECTIONS.index(proj)]
-    stem = f"{PEFT_PREFIX}{path}.{e}.{module}"
-    return f"{stem}.lora_A.weight", f"{stem}.lora_B.weight"
-
-
-def _slots(model: nn.Module) -> list[tuple[str, torch.Tensor]]:
-    """(PEFT name, the expert's A or B slice) for every targeted expert LoRA tensor of the model."""
+def _slots(model: nn.Module) -> list[tuple[str, list[str], torch.Tensor]]:
+    """For every targeted expert LoRA tensor: its name in the KT layout, its E per-expert names in
+    PEFT's layout, and the parameter ([E, rank, in] for A, [E, out, rank] for B)."""
     arch = arch_for(_model_type(model))
     out = []
     for w in kt_experts(model):
@@ -110,39 +105,46 @@ def _slots(model: nn.Module) -> list[tuple[str, torch.Tensor]]:
         if lora is None:
             continue
         for proj in lora.targets:
-            a, b = getattr(lora, param_name(proj, "A")), getattr(lora, param_name(proj, "B"))
-            for e in range(w.experts.num_experts):
-                na, nb = _names(arch, w.path, e, proj)
-                out += [(na, a[e]), (nb, b[e])]
+            module = arch.per_expert[PROJECTIONS.index(proj)]
+            for ab in "AB":
+                stacked = f"{PEFT_PREFIX}{w.path}.{module}.lora_{ab}.weight"
+                per = [f"{PEFT_PREFIX}{w.path}.{e}.{module}.lora_{ab}.weight" for e in range(w.experts.num_experts)]
+                out.append((stacked, per, getattr(lora, param_name(proj, ab))))
     return out
 
 
 def expert_lora_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
-    """The expert LoRA under PEFT's names, one Linear per expert and projection:
-    ``base_model.model.<block>.experts.<e>.gate_proj.lora_A.weight`` [rank, in] and ``lora_B`` [out, rank]."""
-    return {name: t.detach().clone().contiguous() for name, t in _slots(model)}
+    """The expert LoRA in the KT layout: per MoE block and projection, the experts stacked,
+    ``base_model.model.<block>.experts.gate_proj.lora_A.weight`` [E, rank, in] and ``lora_B`` [E, out, rank]
+    (``kt-lora-convert to-peft`` splits them into PEFT's one tensor per expert)."""
+    return {name: t.detach().clone().contiguous() for name, _, t in _slots(model)}
 
 
 def load_expert_lora_state_dict(model: nn.Module, state: dict[str, torch.Tensor]) -> None:
-    """Copy an expert LoRA (PEFT names, as exported) into the wrapped model; every expected tensor
-    must be present with its shape, and no key may be left over."""
+    """Copy an expert LoRA into the wrapped model, from the KT layout or PEFT's per-expert one; every
+    expected tensor must be present with its shape, and no key may be left over."""
     left = set(state)
     with torch.no_grad():
-        for name, dst in _slots(model):
-            if name not in state:
-                raise KTKernelError(f"expert LoRA lacks {name}; was it saved from this model?")
-            src = state[name]
+        for name, per, dst in _slots(model):
+            if name in state:
+                src, used = state[name], [name]
+            elif all(n in state for n in per):
+                src, used = torch.stack([state[n] for n in per]), per
+            else:
+                raise KTKernelError(
+                    f"expert LoRA lacks {name} (or its per-expert tensors); was it saved from this model?"
+                )
             if tuple(src.shape) != tuple(dst.shape):
                 raise KTKernelError(f"{name}: shape {list(src.shape)}, the model has {list(dst.shape)}")
             dst.copy_(src)
-            left.discard(name)
+            left.difference_update(used)
     if left:
         raise KTKernelError(f"expert LoRA has {len(left)} tensors this model has no place for, e.g. {sorted(left)[0]}")
 
 
 def save_expert_lora(model: nn.Module, directory: str | Path) -> Path:
-    """Write the expert LoRA beside a PEFT adapter: ``kt_expert_adapter.safetensors`` (PEFT names)
-    and ``kt_expert_adapter.json`` (rank, alpha, targets, weight format)."""
+    """Write the expert LoRA beside a PEFT adapter: ``kt_expert_adapter.safetensors`` (KT layout, see
+    :func:`expert_lora_state_dict`) and ``kt_expert_adapter.json`` (rank, alpha, targets, weight format)."""
     from safetensors.torch import save_file
 
     directory = Path(directory)
