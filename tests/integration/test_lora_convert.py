@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import json
 import resource
+import subprocess
 import time
 from pathlib import Path
 
@@ -201,3 +202,19 @@ def test_not_an_adapter_and_existing_output(sft_venv: Venv, tmp_path: Path) -> N
     assert rc == 2, err
     assert "exists; remove it" in err, err
     assert (tmp_path / "exists.safetensors").read_bytes() == b"keep"
+
+
+def test_the_commands_of_the_fine_tuning_doc_run(sft_venv: Venv, tmp_path: Path) -> None:  # noqa: F811
+    """docs/fine-tuning.md's console block, run as written (kt-lora-convert from the venv's bin)."""
+    from tests.unit.test_docs import commands
+
+    (tmp_path / "out").mkdir()
+    sft_venv.run("-c", BAD, str(tmp_path / "peft.safetensors"), "none")
+    convert(
+        sft_venv, "to-kt", str(tmp_path / "peft.safetensors"), str(tmp_path / "out" / "kt_expert_adapter.safetensors")
+    )
+    script = sft_venv.python.parent / "kt-lora-convert"
+    for argv in commands():
+        proc = subprocess.run([str(script), *argv[1:]], cwd=tmp_path, capture_output=True, text=True, check=False)
+        assert proc.returncode == 0, (argv, proc.stderr)
+    assert proc.stdout.startswith("identical"), proc.stdout
