@@ -49,6 +49,8 @@ def sft_problems(result: dict[str, Any], quick: bool = False) -> list[str]:
         bad.append(f"checkpointing changes the gradients by {result['checkpointing']}")
     if not (result["base_unchanged"] and result["lora_moved"]):
         bad.append(f"optimizer steps: base unchanged {result['base_unchanged']}, LoRA moved {result['lora_moved']}")
+    if not result["buffers_reused"]:
+        bad.append("the saved-activation buffers were reallocated between steps of the same size")
     if result["zero_tokens"] != {"y_shape": [0, 256], "dx_shape": [0, 256], "lora_grads_zero": True}:
         bad.append(f"zero tokens: {result['zero_tokens']}")
     nan = result["nan"]

@@ -124,12 +124,17 @@ checkpointing = max(rel(grads(ck, x, ids, w, dy)[n], full[n]) for n in NAMES)
 # Optimizer steps change the LoRA, never the quantized base weights.
 before = kt.base_digest()
 lora_before = [p.detach().clone() for p in kt.adapter().tensors()]
+pool_addresses = [b.gate.ctypes.data for b in kt.pool.buffers]
 opt = torch.optim.AdamW(kt.adapter().parameters(), lr=1e-2)
 for _step in range(3):
     opt.zero_grad()
     (kt(x, ids, w) * dy).sum().backward()
     opt.step()
 base_unchanged = kt.base_digest() == before
+# the saved-activation buffers were sized by the first step and reused by the others
+buffers_reused = kt.pool.capacity == x.shape[0] * K and all(
+    b.gate.ctypes.data == a for b, a in zip(kt.pool.buffers, pool_addresses, strict=True)
+)
 lora_moved = all(not torch.equal(a, b) for a, b in zip(lora_before, kt.adapter().tensors(), strict=True))
 
 # Zero tokens.
@@ -162,6 +167,7 @@ print(
             "loss_scaling": loss_scaling,
             "checkpointing": checkpointing,
             "base_unchanged": base_unchanged,
+            "buffers_reused": buffers_reused,
             "lora_moved": lora_moved,
             "zero_tokens": zero_tokens,
             "nan": nan,
