@@ -6,7 +6,6 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 from dataclasses import dataclass
@@ -18,6 +17,7 @@ from packaging.version import Version
 from tools import progress
 from tools.lock import parse_lock
 
+from . import proc
 from .errors import InputError
 from .model import ROOT, Source
 
@@ -94,10 +94,10 @@ def fetch(name: str, lock: Path = LOCK, cache: Path | None = None) -> Input:
             f"{name}=={version}",
         ]
         progress.say("inputs", f"downloading {name}=={version} (locked by hash) ...")
-        proc = progress.run_quiet(cmd, f"inputs: {name}")
+        got = progress.run_quiet(cmd, f"inputs: {name}")
         wheels = sorted(Path(tmp).glob("*.whl"))
-        if proc.returncode != 0 or len(wheels) != 1:
-            raise InputError(f"downloading {name}=={version} failed:\n{proc.stderr.strip()[-2000:]}")
+        if got.returncode != 0 or len(wheels) != 1:
+            raise InputError(f"downloading {name}=={version} failed:\n{got.stderr.strip()[-2000:]}")
         digest = sha256(wheels[0])
         if digest not in hashes:
             raise InputError(
@@ -132,28 +132,25 @@ def build_source(name: str, source: Source, cache: Path | None = None) -> Input:
     with tempfile.TemporaryDirectory() as tmp:
         tree = Path(tmp) / "src"
 
-        def git(*args: str) -> None:
-            proc = subprocess.run(["git", *args], capture_output=True, text=True, check=False)
-            if proc.returncode != 0:
-                raise InputError(f"git {' '.join(args)} failed for {name} ({source.git}): {proc.stderr.strip()}")
+        def git(*args: str) -> str:
+            return proc.run(["git", *args], f"git {' '.join(args)} for {name} ({source.git})", InputError)
 
         git("clone", "--quiet", "--no-checkout", source.git, str(tree))
         git("-C", str(tree), "checkout", "--quiet", "--detach", source.commit)
-        head = subprocess.run(
-            ["git", "-C", str(tree), "rev-parse", "HEAD"], capture_output=True, text=True, check=True
-        ).stdout.strip()
+        head = git("-C", str(tree), "rev-parse", "HEAD").strip()
         if head != source.commit:
             raise InputError(f"{source.git}: checked out {head}, not the pinned commit {source.commit}")
         out = Path(tmp) / "out"
-        proc = subprocess.run(
+        proc.run(
             [sys.executable, "-m", "build", "--wheel", "--outdir", str(out), str(tree)],
-            capture_output=True,
-            text=True,
-            check=False,
+            f"building {name} from {source.git}@{source.commit[:12]}",
+            InputError,
         )
         wheels = sorted(out.glob("*.whl"))
-        if proc.returncode != 0 or len(wheels) != 1:
-            raise InputError(f"building {name} from {source.git}@{source.commit[:12]} failed:\n{proc.stderr[-2000:]}")
+        if len(wheels) != 1:
+            raise InputError(
+                f"building {name} from {source.git}@{source.commit[:12]} made {len(wheels)} wheels, not one"
+            )
         cache.mkdir(parents=True, exist_ok=True)
         dest = cache / wheels[0].name
         shutil.move(str(wheels[0]), dest)

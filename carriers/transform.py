@@ -14,7 +14,7 @@ from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name, parse_wheel_filename
 from packaging.version import Version
 
-from . import wheelio
+from . import proc, wheelio
 from .errors import ConsistencyError, InputError, PatchError
 from .model import Carrier, CarrierSet
 
@@ -118,7 +118,7 @@ def apply_patches(members: dict[str, bytes], patches: tuple[Path, ...], what: st
                     f"{patch} no longer applies to {files[-1]} in {what}: {'; '.join(failed) or dry.stdout.strip()}. "
                     "Refresh the patch against this upstream version, or drop it if upstream fixed the problem."
                 )
-            subprocess.run(cmd, capture_output=True, text=True, check=True)
+            proc.run(cmd, f"applying {patch} to {what}", PatchError, "refresh the patch against this upstream version")
         return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
@@ -108,3 +109,15 @@ def test_the_torch_line_is_the_pin_every_carrier_allows() -> None:
     assert torch_summary("==2.14.1,>=1.10.0,>=1.13.0,>=2.0.0,>=2.10.0,>=2.4,>=2.5") == "==2.14.1"
     assert torch_summary(">=2.4,<2.15") == "<2.15,>=2.4"
     assert torch_summary("==2.3.0,>=2.4") == "==2.3.0,>=2.4"  # a pin outside the rest is not hidden
+
+
+def test_a_failing_tool_is_the_callers_error_naming_the_step() -> None:
+    from carriers import proc
+    from carriers.errors import InputError, PatchError
+
+    assert proc.run([sys.executable, "-c", "print('ok')"], "echo", InputError) == "ok\n"
+    fail = "import sys; print('boom', file=sys.stderr); sys.exit(3)"
+    with pytest.raises(PatchError, match=r"applying x.patch failed \(exit 3\): boom\nrefresh it"):
+        proc.run([sys.executable, "-c", fail], "applying x.patch", PatchError, "refresh it")
+    with pytest.raises(InputError, match="git clone: cannot run no-such-tool-kt"):
+        proc.run(["no-such-tool-kt"], "git clone", InputError)
