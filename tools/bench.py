@@ -59,6 +59,7 @@ def read_bandwidth(threads: int, gib: float = 1.0) -> float:
 
 
 def worker(variant: str, fmt: Literal["int8", "rawint4"], group: int) -> dict[str, Any]:
+    """One variant and format in this process: decode and prefill timings beside torch bf16."""
     import kt_kernel
     import numpy as np
     import torch
@@ -153,6 +154,7 @@ def build_times() -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """`nox -s bench` (kernel part): every usable variant in its own process, then build times."""
     p = argparse.ArgumentParser(prog="nox -s bench --")
     p.add_argument("--json", type=Path, default=ROOT / "build" / "bench.json")
     p.add_argument("--no-build-times", action="store_true")

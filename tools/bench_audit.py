@@ -48,6 +48,7 @@ def zip_bomb(path: Path, gib: float = 2.0) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Audit time and peak RSS on the torch wheel and a zip bomb, beside auditwheel show."""
     p = argparse.ArgumentParser(prog="python -m tools.bench_audit")
     local = indexes.mirror()
     p.add_argument(

@@ -103,6 +103,7 @@ print(json.dumps({"import_s": t1 - t0, "call_s": t2 - t1, "dir": str(out)}))
 
 
 def ours(site: Path, manifest: Path, cache: Path) -> dict[str, Any]:
+    """Cold materialization of the lazy CUDA archive by kt_kernel.payload in a fresh process."""
     env = {**os.environ, "PYTHONPATH": str(site)}
     t0 = time.perf_counter()
     proc = subprocess.run(
@@ -169,18 +170,21 @@ def reference_materialize(parts: list[Path], digest: str, hashes: dict[str, str]
 
 
 def reference_warm(final: Path, hashes: dict[str, str]) -> None:
+    """The gzip reference's warm path: every extracted file re-hashed against its manifest."""
     for n, h in hashes.items():
         if _sha_file(final / n) != h:
             raise RuntimeError(f"reference: {n} hash mismatch")
 
 
 def timed(fn: Callable[[], Any]) -> tuple[float, Any]:
+    """(seconds, result) of one call."""
     t0 = time.perf_counter()
     value = fn()
     return time.perf_counter() - t0, value
 
 
 def audit_numbers(dist: Path) -> dict[str, Any]:
+    """The audit of dist/ in a fresh process: passed, seconds and peak RSS (its own and its tools')."""
     code = (
         "import json, resource, time, sys; from pathlib import Path; from audits import core, load_policy; "
         "t=time.perf_counter(); r=core.run([Path(sys.argv[1])], load_policy()); "
@@ -194,6 +198,7 @@ def audit_numbers(dist: Path) -> dict[str, Any]:
 
 
 def assembly_numbers(kernel: Path) -> dict[str, Any]:
+    """A cold and a warm assembly of the carriers around `kernel`, timed."""
     cache = ROOT / "build" / "cache" / "payload"
     out: dict[str, Any] = {}
     with tempfile.TemporaryDirectory() as tmp:
@@ -223,6 +228,7 @@ def assembly_numbers(kernel: Path) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """`nox -s bench -- --only payload`: payload size, materialization and audit numbers."""
     p = argparse.ArgumentParser(prog="python -m tools.bench_payload", description=__doc__.splitlines()[0])
     p.add_argument("--dist", type=Path, default=ROOT / "dist")
     p.add_argument("--kernel", type=Path, default=ROOT / "build" / "kt-kernel" / "out")

@@ -33,6 +33,7 @@ def _timeit(fn: Any, reps: int = 3) -> float:
 
 
 def worker(fmt: str, tokens: int, tp: int) -> dict[str, Any]:
+    """One format, token count and TP in this process: KT fwd+bwd, and (TP1) torch autograd beside it."""
     import kt_kernel
     import torch
     from kt_kernel.sft import KTConfig, KTExperts
@@ -104,6 +105,7 @@ def worker(fmt: str, tokens: int, tp: int) -> dict[str, Any]:
 
 
 def line(variant: str, r: dict[str, Any], rows: list[dict[str, Any]]) -> str:
+    """One printed result row."""
     head = f"{variant:<12} {r['fmt']:<7} T={r['tokens']:<5}"
     if r["tp"] > 1:
         tp1 = next(x for x in rows if (x["fmt"], x["tokens"], x["tp"]) == (r["fmt"], r["tokens"], 1))
@@ -116,6 +118,7 @@ def line(variant: str, r: dict[str, Any], rows: list[dict[str, Any]]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """`nox -s bench -- --only sft`: every usable variant in its own process."""
     p = argparse.ArgumentParser(prog="python -m tools.bench_sft")
     p.add_argument("--json", type=Path, default=ROOT / "build" / "bench-sft.json")
     p.add_argument("--formats", nargs="+", default=["int8", "rawint4"])

@@ -90,6 +90,7 @@ def problems(r: dict[str, Any]) -> list[str]:
 
 
 def config(family: str) -> Any:
+    """The tiny random transformers config of one family."""
     import transformers
 
     cls, extra = FAMILIES[family]
@@ -97,12 +98,14 @@ def config(family: str) -> Any:
 
 
 def tokens(seed: int, rows: int = 4, length: int = 24) -> Any:
+    """Fixed random token ids (a seeded generator)."""
     import torch
 
     return torch.randint(0, 128, (rows, length), generator=torch.Generator().manual_seed(seed))
 
 
 def families() -> dict[str, Any]:
+    """Each family wrapped: its MoE blocks and how far the logits moved (quantized weights)."""
     import torch
     from kt_kernel.sft import KTConfig, wrap_model
     from transformers import AutoModelForCausalLM
@@ -124,6 +127,7 @@ def families() -> dict[str, Any]:
 
 
 def build(backend: str) -> Any:
+    """The tiny Qwen3-MoE with PEFT LoRA and the expert LoRA of `backend` (same seeds every time)."""
     import torch
     from kt_kernel.sft import KTConfig, wrap_model
     from peft import LoraConfig, get_peft_model
@@ -139,6 +143,7 @@ def build(backend: str) -> Any:
 
 
 def train(backend: str) -> tuple[Any, list[float], dict[str, Any]]:
+    """STEPS AdamW steps on one batch: (model, losses, trainability and frozen-base facts)."""
     import torch
     from kt_kernel.sft import kt_experts
 
@@ -171,6 +176,7 @@ def train(backend: str) -> tuple[Any, list[float], dict[str, Any]]:
 
 
 def main() -> None:
+    """Print the JSON result (see the module docstring)."""
     import torch
     from kt_kernel.sft import load_expert_lora, save_expert_lora
     from peft import load_peft_weights, set_peft_model_state_dict

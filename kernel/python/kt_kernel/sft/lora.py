@@ -19,6 +19,7 @@ SHAPES = {
 
 def param_name(proj: str, ab: str) -> str:
     # "lora_" in the name: PEFT's get_peft_model keeps such parameters trainable.
+    """The parameter name of a projection's A or B (contains 'lora_', as PEFT's adapters do)."""
     return f"lora_{proj}_{ab}"
 
 
