@@ -295,13 +295,14 @@ def lock(session: nox.Session) -> None:
 @nox.session(python=PYTHON, default=False)
 def bench(session: nox.Session) -> None:
     """Kernel throughput per variant vs torch bf16 and the bandwidth roofline; kt_kernel.sft forward+backward vs
-    torch autograd (tools/bench_sft.py); build times; the CUDA payload
+    torch autograd (tools/bench_sft.py); kt-prepare-data serial vs parallel (tools/bench_data_prep.py);
+    build times; the CUDA payload
     (size, cold/warm materialization, disk, audit, assembly) beside the gzip reference, on dist/; the audit's
     time and peak RSS on the torch wheel and a 2 GiB zip bomb beside auditwheel show."""
     p = _parser("bench")
     p.add_argument("--no-build-times", action="store_true", help="skip the cold/incremental build timing")
     p.add_argument("--json", default=str(ROOT / "build" / "bench.json"))
-    p.add_argument("--only", choices=["kernel", "sft", "payload", "audit"], help="run one part only")
+    p.add_argument("--only", choices=["kernel", "sft", "data_prep", "payload", "audit"], help="run one part only")
     p.add_argument("--assembly", action="store_true", help="payload: also time a cold and a warm assembly")
     args = p.parse_args(session.posargs)
     _install_lock(session, "test")
@@ -309,7 +310,7 @@ def bench(session: nox.Session) -> None:
         session.run("python", "-m", "tools.bench_audit", "--json", str(ROOT / "build" / "bench-audit.json"))
     if args.only == "audit":
         return
-    if args.only not in ("kernel", "sft"):
+    if args.only not in ("kernel", "sft", "data_prep"):
         session.run(
             "python",
             "-m",
@@ -325,9 +326,12 @@ def bench(session: nox.Session) -> None:
     session.run("python", "kernel/tools/build_wheel.py", "--dist", str(KERNEL_OUT))
     (wheel,) = KERNEL_OUT.glob("kt_kernel-*.whl")
     session.install("--no-deps", "--force-reinstall", str(wheel))
-    if args.only != "sft":
+    if args.only in (None, "kernel"):
         session.run(
             "python", "-m", "tools.bench", "--json", args.json, *(["--no-build-times"] if args.no_build_times else [])
         )
     if args.only in (None, "sft"):
         session.run("python", "-m", "tools.bench_sft", "--json", str(ROOT / "build" / "bench-sft.json"))
+    if args.only in (None, "data_prep"):
+        _install_lock(session, "sft-test")  # transformers and tokenizers, the pins the tests use
+        session.run("python", "-m", "tools.bench_data_prep", "--json", str(ROOT / "build" / "bench-data-prep.json"))
