@@ -13,7 +13,16 @@ from typing import Any
 from packaging.utils import InvalidWheelFilename, parse_wheel_filename
 
 from . import manylinux
-from .analyzers import cuda_rules, elf_rules, isa_rules, manifest_rules, payload_rules, size_rules, wheel_rules
+from .analyzers import (
+    cuda_rules,
+    dist_rules,
+    elf_rules,
+    isa_rules,
+    manifest_rules,
+    payload_rules,
+    size_rules,
+    wheel_rules,
+)
 from .analyzers._common import finding
 from .analyzers.manifest_rules import MANIFEST
 from .errors import AuditError
@@ -42,6 +51,7 @@ class WheelResult:
     platform_reason: str = ""  # what keeps a more portable tag out
     summary: WheelSummary | None = None  # what the release-level payload rules need
     installed: tuple[str, ...] = ()  # member paths, for the release-level collision rule
+    names: dist_rules.DistNames | None = None  # for the release-level distribution-name rule
 
 
 def read_options(policy: Policy, dist_name: str = "") -> ReadOptions:
@@ -172,6 +182,13 @@ def audit_wheel(path: Path, policy: Policy, baseline: dict[str, Any] | None = No
     if policy.payload is not None:
         res.summary = summarize(w, policy.payload.manifest_member)
     res.installed = ctx.tree
+    res.names = dist_rules.DistNames(
+        w.filename,
+        str(w.name),
+        w.lookups,
+        w.text(f"{w.dist_info}/{dist_rules.UPSTREAM_FILE}"),
+        all(n in ctx.tree for n in dist_rules.ALIAS_FILES),
+    )
     sections: dict[str, dict[str, Any]] = {}
     for name, analyze in ANALYZERS:
         found, sections[name] = analyze(ctx, policy)
@@ -240,6 +257,8 @@ def run(paths: list[Path], policy: Policy, baseline_file: Path | None = None) ->
     by_file = {r.wheel: r for r in results}
     for f in wheel_rules.collisions({r.wheel: r.installed for r in results}):
         by_file[f.wheel].findings.append(f)
+    for f in dist_rules.name_lookups([r.names for r in results if r.names is not None]):
+        by_file[f.wheel].findings.append(_waive(f, f.wheel.split("-")[0].replace("_", "-").lower(), policy))
     findings = [f for r in results for f in r.findings]
     return {
         "schema_version": SCHEMA_VERSION,

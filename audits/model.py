@@ -88,6 +88,8 @@ RULES: dict[str, Rule] = {
         Rule("wheel.top-level", "wheel", "a top-level lib/, include/, bin/... that installs into site-packages"),
         Rule("wheel.duplicate-library", "wheel", "identical shared-library bytes stored more than once"),
         Rule("release.path-collision", "wheel", "two distributions of the release install the same path"),
+        Rule("dist.name-lookup", "wheel", "code looks a distribution up by an upstream name the release renames"),
+        Rule("dist.upstream-record", "wheel", "a renamed distribution without a readable .dist-info/kt_upstream.json"),
         # 2. tags
         Rule("tag.ext-suffix", "wheel", "an extension module's suffix does not match the python/abi tag"),
         Rule("tag.manylinux-overclaim", "wheel", "an ELF needs symbol versions newer than the platform tag allows"),

@@ -20,12 +20,16 @@ Kind = Literal["native", "umbrella", "fork", "repack"]
 _KEYS = {
     "native": {"kind", "version", "payload_part"},
     "umbrella": {"kind", "version", "summary", "requires", "requires_python", "extras", "payload_part"},
-    "fork": {"kind", "upstream", "version", "post", "source", "payload_part", "payload"},
+    "fork": {"kind", "upstream", "version", "post", "source", "payload_part", "payload", "dist_alias"},
     "repack": {"kind", "upstream", "version"},
 }
 # `payload = "manifest"`: this fork provides the package the lazy CUDA archive serves and holds
 # its manifest; `payload_part = N`: this carrier's wheel holds part N of the archive.
 PAYLOAD_ROLES = {"manifest"}
+# `dist_alias = true`: this fork ships carriers/alias/ (a .pth and its module), by which every renamed
+# distribution answers importlib.metadata lookups by its upstream name. One fork hosts it: the one
+# every environment holding a renamed distribution has (transformers-kt).
+ALIAS_DIR = Path(__file__).resolve().parent / "alias"
 _VERSION_RULES = {"native": {"kt"}, "umbrella": {"kt"}, "fork": {"kt", "post"}, "repack": {"upstream"}}
 
 
@@ -54,6 +58,7 @@ class Carrier:
     patches: tuple[Path, ...] = field(default=())
     payload_part: int = 0  # 1-based position of the archive part this wheel carries; 0: none
     payload_manifest: bool = False
+    dist_alias: bool = False
 
     @property
     def import_package(self) -> str:
@@ -161,11 +166,22 @@ def load(path: Path = DEFINITIONS, patches_dir: Path | None = None, version: str
                 patches=patches,
                 payload_part=part,
                 payload_manifest=role == "manifest",
+                dist_alias=_flag(spec, "dist_alias", path, name),
             )
         )
     cs = CarrierSet(tuple(carriers), version or kt_version())
     _check_payload(cs, path)
+    hosts = [c.name for c in cs.carriers if c.dist_alias]
+    if len(hosts) > 1:
+        raise DefinitionError(f"{path}: {hosts} all set dist_alias = true; one fork ships the alias")
     return cs
+
+
+def _flag(spec: dict[str, Any], key: str, path: Path, name: str) -> bool:
+    value = spec.get(key, False)
+    if not isinstance(value, bool):
+        raise DefinitionError(f"{path}: [{name}] {key} = {value!r}; it takes true or false")
+    return value
 
 
 def _check_payload(cs: CarrierSet, path: Path) -> None:

@@ -3,6 +3,7 @@ dependency-only repacks, and the generated umbrella."""
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import subprocess
@@ -15,8 +16,11 @@ from packaging.utils import canonicalize_name, parse_wheel_filename
 from packaging.version import Version
 
 from . import proc, wheelio
+from .alias._kt_dist_alias import UPSTREAM_FILE  # <dist-info>/kt_upstream.json of every fork and repack
 from .errors import ConsistencyError, InputError, PatchError
-from .model import Carrier, CarrierSet
+from .model import ALIAS_DIR, Carrier, CarrierSet
+
+ALIAS_FILES = ("_kt_dist_alias.py", "_kt_dist_alias.pth")
 
 Rewrite = Callable[[str], str]
 
@@ -149,6 +153,13 @@ def derive(
         meta, name=c.name, version=None if c.kind == "repack" else new_version, requirement=rewrite
     )
     members[f"{new_di}/METADATA"] = meta.encode("utf-8")
+    upstream = {"carrier": c.name, "name": c.upstream, "version": str(up_version)}
+    members[f"{new_di}/{UPSTREAM_FILE}"] = (json.dumps(upstream, sort_keys=True) + "\n").encode()
+    if c.dist_alias:
+        for name in ALIAS_FILES:
+            if name in members:
+                raise ConsistencyError(f"{c.name}: upstream {up_name} already ships {name}")
+            members[name] = (ALIAS_DIR / name).read_bytes()
     tag = "-".join(src.name[:-4].split("-")[-3:])  # the input's own spelling, compressed sets included
     out = out_dir / wheelio.wheel_name(c.name, new_version, tag)
     executable = frozenset(n for n in members if "/scripts/" in n or n.endswith(".so"))

@@ -28,6 +28,7 @@ from typing import Any
 from packaging.tags import sys_tags
 from packaging.utils import canonicalize_name, parse_wheel_filename
 
+from audits.readers._python import find_lookups
 from carriers import load as load_carriers
 from tools import indexes, progress, sft_e2e
 from tools.lock import directive
@@ -135,19 +136,18 @@ def snapshot(venv: Path, names: tuple[str, ...]) -> dict[str, dict[str, str]]:
 
 
 FORKS = """
-import json, sys
-from importlib.metadata import PackageNotFoundError, distribution
+import json, re, sys
+from importlib.metadata import distributions
+# The listing, not a lookup by name: a lookup by an upstream name is answered by the fork
+# (carriers/alias), the listing shows what is really installed.
+installed = {re.sub(r"[-_.]+", "-", d.metadata["Name"]).lower(): d for d in distributions()}
 out = {}
 for up in sys.argv[1:]:
-    try:
-        distribution(up)
+    if up in installed:
         out[up] = "UPSTREAM INSTALLED"
         continue
-    except PackageNotFoundError:
-        pass
-    try:
-        d = distribution(up + "-kt")
-    except PackageNotFoundError:
+    d = installed.get(up + "-kt")
+    if d is None:
         out[up] = "MISSING"
         continue
     # The fork must be what provides the import package, file for file.
@@ -155,6 +155,67 @@ for up in sys.argv[1:]:
     out[up] = d.metadata["Name"] if mine else "files not from the fork"
 print(json.dumps(out))
 """
+# Lookups by distribution name (issue: code asks version("peft") and a fork installs as peft-kt):
+# every renamed upstream in the env answers with the upstream's name and version, and the sites the
+# release's audit found (dist.name-lookup) see it: trl's __version__, accelerate's and transformers'
+# "is peft available", transformers' require_version.
+DIST_NAMES = """
+import json, sys
+from importlib.metadata import distributions, metadata, version
+out = {"lookups": {}}
+for d in distributions():
+    up = d.read_text("kt_upstream.json")
+    if up:
+        up = json.loads(up)
+        out["lookups"][up["name"]] = {"want": [up["name"], up["version"]],
+                                      "got": [metadata(up["name"])["Name"], version(up["name"])]}
+import trl
+from accelerate.utils import is_peft_available as accelerate_sees_peft
+from transformers.utils import is_peft_available as transformers_sees_peft
+from transformers.utils.versions import require_version
+require_version("peft>=0.1")
+out["sites"] = {"trl.__version__": trl.__version__, "accelerate is_peft_available": accelerate_sees_peft(),
+                "transformers is_peft_available": transformers_sees_peft(), "require_version": "ok"}
+print(json.dumps(out))
+"""
+
+
+def closure_lookups(venv: Path, renamed: set[str]) -> list[str]:
+    """file:line of every lookup of a renamed upstream by the installed closure's own code (the
+    release's wheels are scanned by the audit; these are the third-party ones a profile pulls in)."""
+    site = next(venv.glob("lib/python*/site-packages"))
+    ours = {f"{c.import_package}/" for c in load_carriers().carriers}
+    out = []
+    for f in sorted(site.rglob("*.py")):
+        rel = f.relative_to(site).as_posix()
+        if rel.startswith(tuple(ours)):
+            continue
+        out += [
+            f"{rel}:{lk.line} {lk.call}({lk.name!r}) [{lk.api}]"
+            for lk in find_lookups(rel, f.read_bytes())
+            if str(canonicalize_name(lk.name)) in renamed
+        ]
+    return out
+
+
+def dist_name_problems(found: dict[str, Any]) -> list[str]:
+    """What DIST_NAMES found wrong: a renamed upstream not answering as itself, or a site that still misses."""
+    wrong = [
+        f"version({n!r}) gives {v['got']}, not {v['want']}"
+        for n, v in found["lookups"].items()
+        if v["got"] != v["want"]
+    ]
+    sites = found["sites"]
+    want_trl = found["lookups"].get("trl", {}).get("want", [None, None])[1]
+    if sites["trl.__version__"] != want_trl:
+        wrong.append(f"trl.__version__ is {sites['trl.__version__']!r}, not {want_trl!r}")
+    wrong += [f"{k} is {v}" for k, v in sites.items() if v is False]
+    wrong += [
+        f"{site}: pkg_resources never asks the alias" for site in found.get("closure", []) if "[pkg_resources]" in site
+    ]
+    return wrong
+
+
 SMOKE = """
 import importlib, json
 from importlib.metadata import packages_distributions, version
@@ -265,6 +326,10 @@ def verify_sft_cpu(dist: Path, work: Path) -> dict[str, Any]:
     if bad:
         raise VerifyError(f"upstream distributions provide {sorted(bad)} instead of the forks: {bad}")
     result["shared_paths"] = check_collisions(venv)
+    result["dist_names"] = venv_json(venv, "lookups by distribution name", "-c", DIST_NAMES)
+    result["dist_names"]["closure"] = closure_lookups(venv, set(UPSTREAM))
+    if wrong := dist_name_problems(result["dist_names"]):
+        raise VerifyError("lookups by upstream distribution name in the sft-cpu profile:\n" + "\n".join(wrong))
     result["train_resume"] = venv_json(venv, "training/resume control", str(ROOT / "tools" / "train_control.py"))
     e2e = venv_json(venv, "kt_kernel.sft end-to-end", str(ROOT / "tools" / "sft_e2e.py"))
     wrong = sft_e2e.problems(e2e)

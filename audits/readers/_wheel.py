@@ -17,7 +17,7 @@ import tempfile
 import zipfile
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import IO, BinaryIO, cast
 
@@ -29,6 +29,7 @@ from ..errors import AuditError
 from ..model import Limits
 from ._cuda import list_arch_bytes, list_archs
 from ._elf import ElfFacts, is_elf, read_elf_stream
+from ._python import MAX_SOURCE_BYTES, Lookup, find_lookups
 
 _CHUNK = 1 << 20
 # ELF members up to this size are spooled in memory, larger ones to a temporary file.
@@ -44,6 +45,7 @@ class ReadOptions:
     code: Callable[[str], bool] = lambda name: False  # ELF members whose code is disassembled
     exports: bool = False  # read every ELF's exported symbols
     cuobjdump: str | None = None  # list SASS/PTX of ELF members holding a .nv_fatbin section
+    python: bool = True  # find lookups by distribution name in the .py members (readers/_python.py)
 
 
 @dataclass(frozen=True)
@@ -108,6 +110,7 @@ class WheelFacts:
     cuda_inspected: bool = False  # cuobjdump was available
     size: int = 0  # bytes of the wheel file
     sha256: str = ""  # of the wheel file
+    lookups: tuple[Lookup, ...] = ()  # calls that look a distribution up by a literal name
 
     @property
     def filename(self) -> str:
@@ -157,6 +160,7 @@ def read_wheel(path: Path, options: ReadOptions | None = None) -> WheelFacts:
     non_elf: list[str] = []
     unreadable: list[tuple[str, str]] = []
     cuda: list[CudaListing] = []
+    lookups: list[Lookup] = []
     try:
         with zipfile.ZipFile(path) as zf:
             for info in zf.infolist():
@@ -175,6 +179,10 @@ def read_wheel(path: Path, options: ReadOptions | None = None) -> WheelFacts:
                     unreadable.append((info.filename, str(exc) or type(exc).__name__))
                     members.append(Member(info.filename, None, mode, kind, size=info.file_size))
                     continue
+                if _is_source(m.name, opts) and m.data is not None:
+                    lookups += find_lookups(m.name, m.data)
+                    if not opts.keep(m.name):
+                        m = replace(m, data=None)  # parsed; not held
                 members.append(m)
                 if isinstance(elf, ElfFacts):
                     elfs[m.name] = elf
@@ -203,7 +211,12 @@ def read_wheel(path: Path, options: ReadOptions | None = None) -> WheelFacts:
         cuda_inspected=opts.cuobjdump is not None,
         size=size,
         sha256=digest,
+        lookups=tuple(lookups),
     )
+
+
+def _is_source(name: str, opts: ReadOptions) -> bool:
+    return opts.python and name.endswith(".py") and ".dist-info/" not in name
 
 
 def _read_member(
@@ -211,7 +224,11 @@ def _read_member(
 ) -> tuple[Member, ElfFacts | str | None, CudaListing | None]:
     """Stream one member through its hashes; keep its bytes if asked, spool it if ELF."""
     h = hashlib.sha256()
-    keep = ".dist-info/" in info.filename or opts.keep(info.filename)
+    keep = (
+        ".dist-info/" in info.filename
+        or opts.keep(info.filename)
+        or (_is_source(info.filename, opts) and info.file_size <= MAX_SOURCE_BYTES)
+    )
     kept = io.BytesIO() if keep else None
     spool: IO[bytes] | None = None
     size = 0

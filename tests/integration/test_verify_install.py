@@ -13,6 +13,8 @@ import pytest
 
 from carriers import load
 from carriers.assemble import assemble
+from carriers.model import ALIAS_DIR
+from carriers.transform import ALIAS_FILES
 from tests.wheelkit import pure_wheel_members, write_wheel
 from tools import verify_install as vi
 
@@ -38,9 +40,14 @@ def test_dist_that_disagrees_with_its_sums_is_refused(tmp_path: Path) -> None:
 
 
 def test_fork_check_tells_fork_from_upstream(tmp_path: Path) -> None:
+    """Also with the alias installed: version("foo") answers with foo-kt's record, but the fork
+    check reads the listing and still sees foo-kt, not an upstream foo."""
     venv = _venv(tmp_path / "venv")
     fork = pure_wheel_members("foo_kt", "1.0")
     fork["foo/__init__.py"] = fork.pop("foo_kt/__init__.py")
+    fork["foo_kt-1.0.dist-info/kt_upstream.json"] = b'{"carrier": "foo-kt", "name": "foo", "version": "0.9"}'
+    for name in ALIAS_FILES:
+        fork[name] = (ALIAS_DIR / name).read_bytes()
     upstream = pure_wheel_members("bar", "1.0")
     lines = []
     for name, members in (("foo_kt", fork), ("bar", upstream)):
@@ -56,6 +63,10 @@ def test_fork_check_tells_fork_from_upstream(tmp_path: Path) -> None:
         "bar": "UPSTREAM INSTALLED",
         "baz": "MISSING",
     }
+    assert (
+        vi.venv_json(venv, "alias", "-c", "import json, importlib.metadata as m; print(json.dumps(m.version('foo')))")
+        == "0.9"
+    )
 
 
 @pytest.mark.network
@@ -76,6 +87,16 @@ def test_sft_cpu_profile_end_to_end(tmp_path: Path, kt_wheel: Path) -> None:
     assert result["train_resume"]["optimizer_bit_identical"] is True
     assert result["train_resume"]["trained"] is True
     assert result["kt_sft"]["trajectory_rel_diff"] < 0.01
+    # lookups by the upstream names answer as upstream (docs/dist-names.md)
+    names = result["dist_names"]
+    assert set(names["lookups"]) == {"transformers", "accelerate", "peft", "trl"}
+    assert all(v["got"] == v["want"] for v in names["lookups"].values()), names
+    assert names["sites"] == {
+        "trl.__version__": names["lookups"]["trl"]["want"][1],
+        "accelerate is_peft_available": True,
+        "transformers is_peft_available": True,
+        "require_version": "ok",
+    }
     assert json.dumps(result)
 
 

@@ -75,6 +75,24 @@ def test_pin_to_an_unknown_carrier_is_refused(tmp_path: Path) -> None:
         load(bad, version="0.6.1")
 
 
+@pytest.mark.parametrize(
+    ("old", "new", "message"),
+    [
+        ("payload_part = 5\n", "payload_part = 5\ndist_alias = true\n", "one fork ships the alias"),
+        ("payload_part = 4\ndist_alias = true", 'payload_part = 4\ndist_alias = "yes"', "it takes true or false"),
+        ('upstream = "trl"\n', 'upstream = "trl"\ndist_alias = true\n', "unknown key 'dist_alias' for a repack"),
+    ],
+)
+def test_the_alias_has_one_fork_to_host_it(tmp_path: Path, old: str, new: str, message: str) -> None:
+    bad = tmp_path / "carriers.toml"
+    text = DEFINITIONS.read_text()
+    assert old in text
+    bad.write_text(text.replace(old, new, 1))
+    with pytest.raises(DefinitionError, match=message):
+        load(bad, version="0.6.1")
+    assert [c.name for c in load(version="0.6.1").carriers if c.dist_alias] == ["transformers-kt"]
+
+
 def test_rename_keeps_bounds_extras_and_markers_byte_for_byte() -> None:
     line = 'transformers[kernels]>=4.56.2,!=5.1.0 ; extra == "deepspeed"'
     assert (

@@ -498,7 +498,9 @@ def _workers(n: int | None) -> int:
     return max(1, n if n is not None else min(os.cpu_count() or 1, 8))
 
 
-def prepare(data: Sequence[Path], tokenizer_dir: Path, out: Path, opts: Options, workers: int | None = None) -> dict:
+def prepare(
+    data: Sequence[Path], tokenizer_dir: Path, out: Path, opts: Options, workers: int | None = None
+) -> dict[str, Any]:
     """Write train.jsonl, eval.jsonl and manifest.json into `out` (atomically); returns the manifest."""
     if not 0 <= opts.eval_ratio < 1:
         raise PrepError(f"--eval-ratio {opts.eval_ratio}: give a fraction in [0, 1)")
@@ -616,9 +618,9 @@ def verify(
         if problem:
             problems.append(problem)
     progress.close()
-    for n, rest in lines.items():
+    for split, rest in lines.items():
         if (extra := sum(1 for _ in rest)) and not problems:
-            problems.append(f"{out / (n + '.jsonl')}: {extra} records more than the inputs give")
+            problems.append(f"{out / (split + '.jsonl')}: {extra} records more than the inputs give")
     return problems
 
 
