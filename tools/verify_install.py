@@ -28,7 +28,6 @@ from typing import Any
 from packaging.tags import sys_tags
 from packaging.utils import canonicalize_name, parse_wheel_filename
 
-from audits.readers._python import find_lookups
 from carriers import load as load_carriers
 from tools import indexes, progress, sft_e2e
 from tools.lock import directive
@@ -180,9 +179,24 @@ print(json.dumps(out))
 """
 
 
+def _lookup_reader() -> Any:
+    """audits/readers/_python.py, the audit's own reader of lookups by name (stdlib only), by path:
+    the audit package's other readers need iced-x86 and pyelftools, which this session lacks."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("kt_lookup_reader", ROOT / "audits" / "readers" / "_python.py")
+    assert spec is not None
+    assert spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod  # dataclasses look their module up while the class is built
+    spec.loader.exec_module(mod)
+    return mod
+
+
 def closure_lookups(venv: Path, renamed: set[str]) -> list[str]:
     """file:line of every lookup of a renamed upstream by the installed closure's own code (the
     release's wheels are scanned by the audit; these are the third-party ones a profile pulls in)."""
+    find_lookups = _lookup_reader().find_lookups
     site = next(venv.glob("lib/python*/site-packages"))
     ours = {f"{c.import_package}/" for c in load_carriers().carriers}
     out = []
@@ -196,6 +210,15 @@ def closure_lookups(venv: Path, renamed: set[str]) -> list[str]:
             if str(canonicalize_name(lk.name)) in renamed
         ]
     return out
+
+
+def doctor(venv: Path) -> dict[str, Any]:
+    """kt-doctor's JSON report of the venv (its console script, as a user runs it)."""
+    proc = subprocess.run([str(venv / "bin" / "kt-doctor"), "--json"], capture_output=True, text=True, check=False)
+    if proc.returncode not in (0, 1):
+        raise VerifyError(f"kt-doctor failed in {venv} (exit {proc.returncode}):\n{proc.stderr[-2000:]}")
+    report: dict[str, Any] = json.loads(proc.stdout)
+    return report
 
 
 def dist_name_problems(found: dict[str, Any]) -> list[str]:
@@ -330,6 +353,9 @@ def verify_sft_cpu(dist: Path, work: Path) -> dict[str, Any]:
     result["dist_names"]["closure"] = closure_lookups(venv, set(UPSTREAM))
     if wrong := dist_name_problems(result["dist_names"]):
         raise VerifyError("lookups by upstream distribution name in the sft-cpu profile:\n" + "\n".join(wrong))
+    result["doctor"] = doctor(venv)
+    if result["doctor"]["conflicts"]:
+        raise VerifyError(f"kt-doctor finds conflicts in the fresh sft-cpu profile: {result['doctor']}")
     result["train_resume"] = venv_json(venv, "training/resume control", str(ROOT / "tools" / "train_control.py"))
     e2e = venv_json(venv, "kt_kernel.sft end-to-end", str(ROOT / "tools" / "sft_e2e.py"))
     wrong = sft_e2e.problems(e2e)

@@ -15,6 +15,7 @@ from carriers import load
 from carriers.assemble import assemble
 from carriers.model import ALIAS_DIR
 from carriers.transform import ALIAS_FILES
+from tests.conftest import ROOT
 from tests.wheelkit import pure_wheel_members, write_wheel
 from tools import verify_install as vi
 
@@ -87,6 +88,11 @@ def test_sft_cpu_profile_end_to_end(tmp_path: Path, kt_wheel: Path) -> None:
     assert result["train_resume"]["optimizer_bit_identical"] is True
     assert result["train_resume"]["trained"] is True
     assert result["kt_sft"]["trajectory_rel_diff"] < 0.01
+    owners = {p["package"]: [o["name"] for o in p["owners"]] for p in result["doctor"]["packages"]}
+    assert result["doctor"]["conflicts"] == 0
+    assert owners["peft"] == ["peft-kt"]
+    assert owners["transformers"] == ["transformers-kt"]
+    _doctor_finds_and_repairs_a_clobbered_peft(tmp_path / "work" / "sft-cpu", dist, tmp_path)
     # lookups by the upstream names answer as upstream (docs/dist-names.md)
     names = result["dist_names"]
     assert set(names["lookups"]) == {"transformers", "accelerate", "peft", "trl"}
@@ -98,6 +104,30 @@ def test_sft_cpu_profile_end_to_end(tmp_path: Path, kt_wheel: Path) -> None:
         "require_version": "ok",
     }
     assert json.dumps(result)
+
+
+def _doctor_finds_and_repairs_a_clobbered_peft(venv: Path, dist: Path, tmp: Path) -> None:
+    """`pip install peft` (upstream, hash-locked in lockfiles/sft-test.txt) on top of peft-kt: kt-doctor
+    exits 1 naming both writers and the repair; the repair, run as printed (the fork from dist/), heals it."""
+    lock = (ROOT / "lockfiles" / "sft-test.txt").read_text()
+    block = lock[lock.index("\npeft==") + 1 :].split("\n")
+    req = tmp / "upstream-peft.txt"
+    req.write_text("\n".join(block[: next(i for i, ln in enumerate(block) if not ln.endswith("\\")) + 1]) + "\n")
+    proc = vi.pip(venv, "install", "--require-hashes", "--no-deps", "-r", str(req))
+    assert proc.returncode == 0, proc.stderr
+    doctor = subprocess.run([str(venv / "bin" / "kt-doctor")], capture_output=True, text=True, check=False)
+    assert doctor.returncode == 1, doctor.stdout
+    assert "peft-kt 0.21.2 and peft 0.21.2 all write peft/" in doctor.stdout, doctor.stdout
+    repairs = [ln.strip() for ln in doctor.stdout.splitlines() if ln.startswith("    pip ")]
+    assert repairs == ["pip uninstall -y peft", "pip install --force-reinstall --no-deps peft-kt==0.21.2"]
+    for cmd in repairs:
+        args = cmd.split()[1:]
+        if args[0] == "install":  # the fork from this release's dist/, not an index
+            args += ["--no-index", "--find-links", str(dist)]
+        proc = vi.pip(venv, *args)
+        assert proc.returncode == 0, (cmd, proc.stderr)
+    healed = subprocess.run([str(venv / "bin" / "kt-doctor")], capture_output=True, text=True, check=False)
+    assert healed.returncode == 0, healed.stdout
 
 
 def test_extracted_libraries_resolve_beside_them_in_the_env_or_the_system(tmp_path: Path) -> None:

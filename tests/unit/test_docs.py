@@ -3,29 +3,20 @@ kt-prepare-data's parsers)."""
 
 from __future__ import annotations
 
-import importlib.util
 import re
 import shlex
-import sys
 import types
 
 import pytest
 
-from tests.conftest import ROOT
+from tests.conftest import KT_SRC, ROOT, load_source_module
 
 DOC = ROOT / "docs" / "fine-tuning.md"
 
 
 def _tool(module: str = "lora_convert") -> types.ModuleType:
     """kt_kernel/MODULE.py by path: the package itself needs its compiled core."""
-    path = ROOT / "kernel" / "python" / "kt_kernel" / f"{module}.py"
-    spec = importlib.util.spec_from_file_location(f"{module}_doc", path)
-    assert spec is not None
-    assert spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod
-    spec.loader.exec_module(mod)
-    return mod
+    return load_source_module(f"{module}_doc", KT_SRC / f"{module}.py")
 
 
 def commands(tool: str = "kt-lora-convert") -> list[list[str]]:

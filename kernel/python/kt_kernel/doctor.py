@@ -1,0 +1,159 @@
+"""Which installed distribution owns each import package of the KT stack, and is that right?
+
+    kt-doctor              (also: python -m kt_kernel.doctor)
+    kt-doctor --json       machine-readable
+    kt-doctor --site DIR   another environment's site-packages
+
+A KT environment must get ``transformers``, ``accelerate``, ``peft``, ``trl``, ``sglang``,
+``sgl_kernel``, ... from exactly one distribution each, the KT one where the release forks or
+repacks the upstream (``transformers-kt``, ``peft-kt``, ...). pip cannot see the difference: an
+``pip install peft`` on top writes the same ``peft/`` files as ``peft-kt`` and both stay
+"installed". The owners come from each distribution's RECORD (``importlib.metadata``'s listing, so
+the release's name alias plays no part). A conflict is two distributions writing one package, or an
+upstream distribution where an installed KT distribution requires the fork; each gets the pip
+commands that repair it. Exit status: 0 healthy, 1 a conflict.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass, field
+from importlib import metadata
+from pathlib import Path
+
+PACKAGES = ("kt_kernel", "transformers", "accelerate", "peft", "trl", "llamafactory", "sglang", "sgl_kernel")
+UPSTREAM_FILE = "kt_upstream.json"  # what the release's carriers write into each fork's dist-info
+
+
+def _norm(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+@dataclass
+class Owner:
+    """One distribution writing files of the package."""
+
+    name: str
+    version: str
+    kt: bool  # a KT distribution (records an upstream) or the KT kernel itself
+
+
+@dataclass
+class Package:
+    """One import package: its owners, its state and, for a conflict, the repair."""
+
+    package: str
+    owners: list[Owner] = field(default_factory=list)
+    state: str = "absent"  # absent | ok | conflict
+    problem: str = ""
+    repair: list[str] = field(default_factory=list)
+
+
+def _owners(dists: Iterable[metadata.Distribution]) -> dict[str, list[Owner]]:
+    """Top-level import package -> the distributions whose RECORD lists files in it."""
+    out: dict[str, list[Owner]] = {}
+    for d in dists:
+        name = d.metadata["Name"]
+        if not name:
+            continue
+        kt = bool(d.read_text(UPSTREAM_FILE)) or _norm(name) in ("kt-kernel", "ktransformers")
+        tops = set()
+        try:
+            files = d.files or []
+        except (TypeError, ValueError):  # a malformed RECORD: no files to attribute
+            files = []
+        for f in files:
+            parts = f.parts
+            if not parts or parts[0].endswith((".dist-info", ".data")) or parts[0] in ("..", "__pycache__"):
+                continue
+            top = parts[0][:-3] if len(parts) == 1 and parts[0].endswith(".py") else parts[0]
+            tops.add(top)
+        for top in tops:
+            out.setdefault(top, []).append(Owner(name, d.version, kt))
+    return out
+
+
+def _wanted_forks(dists: Iterable[metadata.Distribution]) -> dict[str, str]:
+    """upstream name -> the fork some installed distribution requires instead (`peft` -> `peft-kt ==X`)."""
+    out = {}
+    for d in dists:
+        for req in d.requires or []:
+            m = re.match(r"\s*([A-Za-z0-9][A-Za-z0-9._-]*?)-kt\b\s*(\[[^\]]*\])?\s*([^;]*)", req)
+            if m:
+                out[_norm(m.group(1))] = f"{_norm(m.group(1))}-kt{m.group(3).strip()}"
+    return out
+
+
+def diagnose(packages: Iterable[str] = PACKAGES, site: Path | None = None) -> list[Package]:
+    """The state of each import package in this environment (or in `site`)."""
+    dists = list(metadata.distributions(path=[str(site)]) if site else metadata.distributions())
+    owners, wanted = _owners(dists), _wanted_forks(dists)
+    out = []
+    for pkg in packages:
+        p = Package(pkg, sorted(owners.get(pkg, []), key=lambda o: (not o.kt, o.name)))
+        upstream = [o for o in p.owners if not o.kt]
+        forks = [o for o in p.owners if o.kt]
+        if not p.owners:
+            out.append(p)
+            continue
+        p.state = "ok"
+        if len(p.owners) > 1:
+            p.state = "conflict"
+            names = " and ".join(f"{o.name} {o.version}" for o in p.owners)
+            p.problem = f"{names} all write {pkg}/: whichever installed last wins, file by file"
+        elif upstream and _norm(upstream[0].name) in wanted:
+            p.state = "conflict"
+            want = wanted[_norm(upstream[0].name)]
+            p.problem = f"upstream {upstream[0].name} provides {pkg}, where the KT release requires {want}"
+        if p.state == "conflict":
+            for o in upstream:
+                p.repair.append(f"pip uninstall -y {o.name}")
+            keep = forks[0] if forks else None
+            if keep is not None:
+                p.repair.append(f"pip install --force-reinstall --no-deps {keep.name}=={keep.version}")
+            elif upstream and _norm(upstream[0].name) in wanted:
+                p.repair.append(f"pip install --no-deps '{wanted[_norm(upstream[0].name)]}'")
+        out.append(p)
+    return out
+
+
+def render(report: list[Package]) -> str:
+    """The table a person reads, and the repairs."""
+    lines = [f"{'package':<14} {'state':<9} owner(s)"]
+    for p in report:
+        owners = ", ".join(f"{o.name} {o.version}" for o in p.owners) or "-"
+        lines.append(f"{p.package:<14} {p.state:<9} {owners}")
+    for p in report:
+        if p.state == "conflict":
+            lines += ["", f"{p.package}: {p.problem}", "  repair:", *(f"    {c}" for c in p.repair)]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The kt-doctor command: 0 when every package has one right owner, 1 on a conflict."""
+    p = argparse.ArgumentParser(prog="kt-doctor", description=__doc__.splitlines()[0])
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.add_argument("--site", type=Path, help="inspect this site-packages directory instead of this environment")
+    p.add_argument(
+        "packages", nargs="*", default=list(PACKAGES), help=f"import packages (default: {' '.join(PACKAGES)})"
+    )
+    args = p.parse_args(argv)
+    if args.site is not None and not args.site.is_dir():
+        print(f"kt-doctor: {args.site}: no such directory", file=sys.stderr)
+        return 2
+    report = diagnose(args.packages, args.site)
+    conflicts = [r for r in report if r.state == "conflict"]
+    if args.json:
+        print(json.dumps({"packages": [asdict(r) for r in report], "conflicts": len(conflicts)}, indent=2))
+    else:
+        print(render(report))
+        print(f"\n{len(conflicts)} conflict(s)" if conflicts else "\nno conflicts")
+    return 1 if conflicts else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

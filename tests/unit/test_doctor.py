@@ -1,0 +1,95 @@
+"""kt-doctor on site directories built here: a healthy KT environment, one where `pip install peft`
+clobbered peft-kt, one where upstream replaced a fork the umbrella requires, and its exit codes."""
+
+from __future__ import annotations
+
+import json
+import types
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import KT_SRC, load_source_module
+
+
+def _doctor() -> types.ModuleType:
+    """kt_kernel/doctor.py by path: the package itself needs its compiled core."""
+    return load_source_module("kt_doctor", KT_SRC / "doctor.py")
+
+
+def _dist(
+    site: Path, name: str, version: str, files: list[str], *, upstream: str = "", requires: tuple[str, ...] = ()
+) -> None:
+    di = f"{name.replace('-', '_')}-{version}.dist-info"
+    (site / di).mkdir(parents=True)
+    meta = f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n" + "".join(
+        f"Requires-Dist: {r}\n" for r in requires
+    )
+    (site / di / "METADATA").write_text(meta)
+    if upstream:
+        (site / di / "kt_upstream.json").write_text(json.dumps({"carrier": name, "name": upstream, "version": version}))
+    (site / di / "RECORD").write_text("".join(f"{f},,\n" for f in [*files, f"{di}/METADATA", f"{di}/RECORD"]))
+
+
+@pytest.fixture
+def healthy(tmp_path: Path) -> Path:
+    site = tmp_path / "site-packages"
+    _dist(site, "kt-kernel", "0.6.1", ["kt_kernel/__init__.py"])
+    _dist(
+        site,
+        "ktransformers",
+        "0.6.1",
+        ["ktransformers/__init__.py"],
+        requires=('peft-kt==0.21.2; extra == "sft"', "kt-kernel==0.6.1"),
+    )
+    _dist(
+        site,
+        "transformers-kt",
+        "5.19.0.post1",
+        ["transformers/__init__.py", "_kt_dist_alias.py"],
+        upstream="transformers",
+    )
+    _dist(site, "peft-kt", "0.21.2", ["peft/__init__.py", "peft/tuners/lora.py"], upstream="peft")
+    return site
+
+
+def test_a_healthy_environment_has_one_kt_owner_per_package(healthy: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    doctor = _doctor()
+    assert doctor.main(["--site", str(healthy)]) == 0
+    out = capsys.readouterr().out
+    assert "no conflicts" in out
+    report = {p.package: p for p in doctor.diagnose(site=healthy)}
+    assert [(o.name, o.kt) for o in report["peft"].owners] == [("peft-kt", True)]
+    assert report["transformers"].state == "ok"
+    assert report["sglang"].state == "absent"
+
+
+def test_pip_install_peft_on_top_is_a_conflict_with_its_repair(
+    healthy: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _dist(healthy, "peft", "0.21.2", ["peft/__init__.py"])
+    doctor = _doctor()
+    assert doctor.main(["--site", str(healthy), "--json"]) == 1
+    data = json.loads(capsys.readouterr().out)
+    (peft,) = [p for p in data["packages"] if p["package"] == "peft"]
+    assert peft["state"] == "conflict"
+    assert "peft-kt 0.21.2 and peft 0.21.2 all write peft/" in peft["problem"]
+    assert peft["repair"] == ["pip uninstall -y peft", "pip install --force-reinstall --no-deps peft-kt==0.21.2"]
+    assert data["conflicts"] == 1
+
+
+def test_upstream_where_the_umbrella_requires_the_fork(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    site = tmp_path / "site-packages"
+    _dist(site, "ktransformers", "0.6.1", ["ktransformers/__init__.py"], requires=('peft-kt==0.21.2; extra == "sft"',))
+    _dist(site, "peft", "0.17.0", ["peft/__init__.py"])
+    doctor = _doctor()
+    assert doctor.main(["--site", str(site), "peft"]) == 1
+    out = capsys.readouterr().out
+    assert "upstream peft provides peft, where the KT release requires peft-kt==0.21.2" in out
+    assert "pip uninstall -y peft" in out
+    assert "pip install --no-deps 'peft-kt==0.21.2'" in out
+
+
+def test_a_missing_site_is_a_usage_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert _doctor().main(["--site", str(tmp_path / "nope")]) == 2
+    assert "no such directory" in capsys.readouterr().err
