@@ -1,10 +1,11 @@
 """Python source reader: where a module looks a distribution up by a literal name.
 
 ``importlib.metadata.version("transformers")``, ``metadata``/``distribution``/``requires``/
-``files``, ``pkg_resources.get_distribution``/``require``, transformers' ``require_version``
-("peft>=0.5": the name is the requirement's), and the ``is_package_available``-style helpers
-projects wrap around them. A byte pattern picks the files worth parsing; ``ast`` then finds the
-calls (comments and strings that merely mention such a call are not calls).
+``files``, ``pkg_resources.get_distribution``/``require``, transformers' ``require_version`` and
+LlamaFactory's ``check_version`` ("peft>=0.5": the name is the requirement's), and the
+``is_package_available`` / ``get_package_version``-style helpers projects wrap around them.
+A byte pattern picks the files worth parsing; ``ast`` then finds the calls (comments and strings
+that merely mention such a call are not calls).
 """
 
 from __future__ import annotations
@@ -16,9 +17,11 @@ from dataclasses import dataclass
 # Calls whose first argument names a distribution (or a requirement on one).
 METADATA_CALLS = frozenset({"version", "metadata", "distribution", "requires", "files"})
 PKG_RESOURCES_CALLS = frozenset({"get_distribution", "require"})
-HELPER = re.compile(r"^(require_version(_core)?|_?is_package_available|_?get_package_version|_?get_version)$")
+HELPER = re.compile(
+    r"^(require_version(_core)?|_?check_version|_?is_package_available|_?get_package_version|_?get_version)$"
+)
 _PREFILTER = re.compile(
-    rb"(version|metadata|distribution|requires|files|get_distribution|require|package_available|package_version)"
+    rb"(version|metadata|distribution|requires|files|get_distribution|require|package_available)"
     rb"\(\s*[\"']"
 )
 _NAME = re.compile(r"\s*([A-Za-z0-9][A-Za-z0-9._-]*)")

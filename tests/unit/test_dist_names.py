@@ -39,6 +39,7 @@ s = 'version("peft")'  # a string, not a call
 E = importlib.metadata.version(name)  # not a literal: the reader cannot know
 import importlib.metadata as md
 F = md.metadata("sglang")
+check_version("transformers>=4.55.0,<=5.6.0")  # LlamaFactory's check_dependencies
 """
 
 
@@ -51,6 +52,7 @@ def test_the_reader_finds_each_lookup_by_a_literal_name() -> None:
         (10, "helper", "accelerate", "require_version"),
         (12, "helper", "peft", "_is_package_available"),
         (16, "importlib.metadata", "sglang", "md.metadata"),
+        (17, "helper", "transformers", "check_version"),
     ]
     assert find_lookups("bad.py", b"def (:\n version('x')") == ()  # not Python 3: nothing, no error
 
