@@ -24,7 +24,6 @@ the stored ids and labels against the rendering, and that each assistant turn's 
 from __future__ import annotations
 
 import argparse
-import bisect
 import hashlib
 import importlib
 import itertools
@@ -231,10 +230,12 @@ class Renderer:
 
     def encode(self, full: str, spans: list[tuple[int, int]]) -> tuple[list[int], list[int], list[tuple[int, int]]]:
         """Token ids, labels and each token's character span in `full`."""
+        import numpy as np
+
         if self.fast:
             enc = self.tok(full, add_special_tokens=False, return_offsets_mapping=True)
             ids = list(enc["input_ids"])
-            offsets = [(int(a), int(b)) for a, b in enc["offset_mapping"]]
+            offsets = [tuple(o) for o in enc["offset_mapping"]]
         else:  # no offsets from a slow tokenizer: encode the pieces between span boundaries apart
             cuts = sorted({0, len(full), *(c for s in spans for c in s)})
             ids, offsets = [], []
@@ -242,11 +243,12 @@ class Renderer:
                 piece = self.tok.encode(full[a:b], add_special_tokens=False)
                 ids += piece
                 offsets += [(a, b)] * len(piece)
-        starts = [s for s, _ in spans]
-        labels = []
-        for tid, (a, _) in zip(ids, offsets, strict=True):
-            k = bisect.bisect_right(starts, a) - 1
-            labels.append(tid if k >= 0 and a < spans[k][1] else IGNORE)
+        # a token is a target when its first character lies in a span (spans are sorted, disjoint)
+        first = np.fromiter((a for a, _ in offsets), dtype=np.int64, count=len(offsets))
+        bounds = np.asarray(spans, dtype=np.int64).reshape(-1, 2)
+        k = np.searchsorted(bounds[:, 0], first, side="right") - 1
+        inside = (k >= 0) & (first < bounds[np.maximum(k, 0), 1]) if len(bounds) else np.zeros(len(first), bool)
+        labels = np.where(inside, np.asarray(ids, dtype=np.int64), IGNORE).tolist()
         return ids, labels, offsets
 
 
