@@ -347,9 +347,15 @@ def test_cli_writes_report_and_exits_nonzero_on_errors(
 
 def test_every_rule_has_a_negative_test() -> None:
     """Each rule id appears in the assertions of this file or of the unit tests that feed the
-    payload, path-safety and architecture rules made-up facts (one defect each)."""
+    payload, path-safety, architecture and distribution-name rules made-up facts (one defect each)."""
     here = Path(__file__).resolve()
-    units = ("test_payload_rules.py", "test_wheel_safety.py", "test_audit_cli.py", "test_audit_world.py")
+    units = (
+        "test_payload_rules.py",
+        "test_wheel_safety.py",
+        "test_audit_cli.py",
+        "test_audit_world.py",
+        "test_dist_names.py",
+    )
     text = here.read_text() + "".join((here.parents[1] / "unit" / name).read_text() for name in units)
     untested = [r for r in RULES if f'"{r}"' not in text]
     assert untested == []
