@@ -229,19 +229,14 @@ def test_a_template_that_rewrites_earlier_turns_drops_those_examples(
     tokenizer: Path,
     tmp_path: Path,
 ) -> None:
+    """In this process (--workers 1, where a drop is raised in the same module that catches it) and
+    in spawned workers alike."""
     (tmp_path / "t.jinja").write_text(REWRITING)
-    out = tmp_path / "o"
-    prep(
-        sft_venv,
-        str(INPUTS[0]),
-        "--tokenizer",
-        str(tokenizer),
-        "--chat-template",
-        str(tmp_path / "t.jinja"),
-        "--out",
-        str(out),
-    )
-    m = json.loads(out.joinpath("manifest.json").read_text())
+    for workers in ("1", "2"):
+        args = ["--chat-template", str(tmp_path / "t.jinja"), "--workers", workers]
+        prep(sft_venv, str(INPUTS[0]), "--tokenizer", str(tokenizer), *args, "--out", str(tmp_path / workers))
+    assert (tmp_path / "1" / "manifest.json").read_bytes() == (tmp_path / "2" / "manifest.json").read_bytes()
+    m = json.loads((tmp_path / "1" / "manifest.json").read_text())
     reasons = {d["example"]: d["reason"] for d in m["dropped"]}
     assert "rewrites earlier turns" in reasons["chat_sharegpt.jsonl:3"], reasons
     assert "rewrites earlier turns" in reasons["chat_sharegpt.jsonl:7"], reasons

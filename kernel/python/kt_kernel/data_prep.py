@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import importlib
 import itertools
 import json
 import multiprocessing
@@ -449,18 +448,17 @@ def _batches(items: Iterable[Any], n: int) -> Iterator[list[Any]]:
         yield batch
 
 
-def _mapped(fn: Any, batches: Iterable[list[Any]], tokenizer_dir: Path, opts: Options, workers: int) -> Iterator[Any]:
-    """fn over the batches, results in input order: in this process, or in `workers` spawned ones."""
-    # by the package's name, so workers find it under `python -m` too (there this module is __main__)
-    mod = importlib.import_module("kt_kernel.data_prep")
-    fn = getattr(mod, fn.__name__)
+def _mapped(fn: Any, batches: Iterable[list[Any]], r: Renderer, tokenizer_dir: Path, workers: int) -> Iterator[Any]:
+    """fn over the batches, results in input order: in this process with `r`, or in `workers`
+    spawned ones, each loading its own renderer of `tokenizer_dir` with r's options."""
+    opts = r.opts
     if workers <= 1:
-        mod._init(str(tokenizer_dir), asdict(opts))
+        _WORKER["r"] = r  # the tokenizer loaded once, not again for the work
         for b in batches:
             yield from fn(b)
         return
     ctx = multiprocessing.get_context("spawn")  # no fork under tokenizers' threads
-    with ctx.Pool(workers, initializer=mod._init, initargs=(str(tokenizer_dir), asdict(opts))) as pool:
+    with ctx.Pool(workers, initializer=_init, initargs=(str(tokenizer_dir), asdict(opts))) as pool:
         for out in pool.imap(fn, batches, chunksize=1):
             yield from out
 
@@ -523,7 +521,7 @@ def prepare(
             (tmp / "eval.jsonl").open("w", encoding="utf-8", newline="\n") as ev,
         ):
             n = _workers(workers)
-            for res in _mapped(_prepare_batch, _batches(items, _batch_size(len(items), n)), tokenizer_dir, opts, n):
+            for res in _mapped(_prepare_batch, _batches(items, _batch_size(len(items), n)), r, tokenizer_dir, n):
                 progress.update()
                 if res.split is None:
                     counts["dropped"] += 1
@@ -615,7 +613,7 @@ def verify(
 
     progress = Progress(len(items), "verifying")
     n = _workers(workers)
-    for problem in _mapped(_verify_batch, _batches(jobs(), _batch_size(len(items), n)), tokenizer_dir, opts, n):
+    for problem in _mapped(_verify_batch, _batches(jobs(), _batch_size(len(items), n)), r, tokenizer_dir, n):
         progress.update()
         if problem:
             problems.append(problem)
@@ -692,4 +690,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    # The package's module, not this __main__ copy: spawned workers import kt_kernel.data_prep, and
+    # its classes (Drop, Renderer) must be the ones the work uses.
+    from kt_kernel.data_prep import main as _main
+
+    raise SystemExit(_main())
