@@ -258,7 +258,9 @@ def run(paths: list[Path], policy: Policy, baseline_file: Path | None = None) ->
     for f in wheel_rules.collisions({r.wheel: r.installed for r in results}):
         by_file[f.wheel].findings.append(f)
     for f in dist_rules.name_lookups([r.names for r in results if r.names is not None]):
-        by_file[f.wheel].findings.append(_waive(f, f.wheel.split("-")[0].replace("_", "-").lower(), policy))
+        names = by_file[f.wheel].names
+        assert names is not None  # the finding came from this wheel's facts
+        by_file[f.wheel].findings.append(_waive(f, names.dist, policy))
     findings = [f for r in results for f in r.findings]
     return {
         "schema_version": SCHEMA_VERSION,

@@ -10,9 +10,10 @@ lookups (``carriers/alias``) is recognised by its two top-level files.
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass
+
+from packaging.utils import canonicalize_name
 
 from ..model import Finding
 from ..readers._python import Lookup
@@ -31,10 +32,6 @@ class DistNames:
     lookups: tuple[Lookup, ...]
     upstream: str | None  # kt_upstream.json's text, None when the wheel has none
     ships_alias: bool
-
-
-def _norm(name: str) -> str:
-    return re.sub(r"[-_.]+", "-", name).lower()
 
 
 def _renamed(wheels: Sequence[DistNames]) -> tuple[dict[str, tuple[str, str]], list[Finding]]:
@@ -58,7 +55,7 @@ def _renamed(wheels: Sequence[DistNames]) -> tuple[dict[str, tuple[str, str]], l
             continue
         try:
             up = json.loads(w.upstream)
-            out[_norm(up["name"])] = (w.dist, str(up["version"]))
+            out[canonicalize_name(up["name"])] = (w.dist, str(up["version"]))
         except (ValueError, KeyError, TypeError) as exc:
             bad.append(
                 finding(
@@ -79,7 +76,7 @@ def name_lookups(wheels: Sequence[DistNames]) -> list[Finding]:
     hosts = sorted(w.dist for w in wheels if w.ships_alias)
     for w in wheels:
         for lk in w.lookups:
-            hit = renamed.get(_norm(lk.name))
+            hit = renamed.get(canonicalize_name(lk.name))
             if hit is None:
                 continue
             carrier, version = hit

@@ -395,9 +395,9 @@ def tokenizer_files(tokenizer_dir: Path) -> dict[str, str]:
     return files
 
 
-def fingerprint(data: Sequence[Path], tokenizer_dir: Path, r: Renderer) -> dict[str, Any]:
-    """What the manifest records about the inputs: names and sha256, never absolute paths."""
-    files = tokenizer_files(tokenizer_dir)
+def fingerprint(data: Sequence[Path], files: dict[str, str], r: Renderer) -> dict[str, Any]:
+    """What the manifest records about the inputs (`files`: tokenizer_files): names and sha256,
+    never absolute paths."""
     whole = hashlib.sha256("".join(f"{n}\0{h}\n" for n, h in sorted(files.items())).encode()).hexdigest()
     names = [p.name for p in data]
     if len(set(names)) != len(names):
@@ -507,9 +507,9 @@ def prepare(
     if out.exists():
         raise PrepError(f"{out} exists; remove it or choose another output directory")
     items = list(examples(data))  # reads (and checks) every input before anything is written
-    tokenizer_files(tokenizer_dir)
+    files = tokenizer_files(tokenizer_dir)
     r = Renderer(tokenizer_dir, opts)
-    meta = fingerprint(data, tokenizer_dir, r)
+    meta = fingerprint(data, files, r)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
@@ -589,9 +589,9 @@ def verify(
                 f"{out / name}: sha256 {got[:16]}... is not the manifest's {want['sha256'][:16]}... (edited?)"
             )
     items = list(examples(data))
-    tokenizer_files(tokenizer_dir)
+    files = tokenizer_files(tokenizer_dir)
     r = Renderer(tokenizer_dir, opts)
-    meta = fingerprint(data, tokenizer_dir, r)
+    meta = fingerprint(data, files, r)
     if meta["inputs"] != manifest["inputs"]:
         names = ", ".join(i["name"] for i in manifest["inputs"])
         raise PrepError(f"the DATA files given are not the ones {out} was prepared from ({names}, by sha256)")
