@@ -20,6 +20,7 @@ from audits.readers._python import find_lookups
 from carriers import transform
 from carriers.alias import _kt_dist_alias
 from carriers.model import ALIAS_DIR
+from tests.conftest import KT_SRC, load_source_module
 from tests.wheelkit import pure_wheel_members, write_wheel
 
 SOURCE = b"""\
@@ -121,6 +122,7 @@ def test_nothing_renamed_nothing_found() -> None:
 
 def test_the_audit_and_the_carriers_name_the_same_files() -> None:
     assert dist_rules.UPSTREAM_FILE == _kt_dist_alias.UPSTREAM_FILE
+    assert load_source_module("kt_doctor_names", KT_SRC / "doctor.py").UPSTREAM_FILE == dist_rules.UPSTREAM_FILE
     assert dist_rules.ALIAS_FILES == transform.ALIAS_FILES
     assert sorted(
         p.name for p in ALIAS_DIR.iterdir() if p.suffix in (".py", ".pth") and p.stem != "__init__"

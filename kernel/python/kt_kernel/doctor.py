@@ -97,6 +97,7 @@ def diagnose(packages: Iterable[str] = PACKAGES, site: Path | None = None) -> li
         p = Package(pkg, sorted(owners.get(pkg, []), key=lambda o: (not o.kt, o.name)))
         upstream = [o for o in p.owners if not o.kt]
         forks = [o for o in p.owners if o.kt]
+        want = wanted.get(_norm(upstream[0].name)) if upstream else None  # the fork required instead
         if not p.owners:
             out.append(p)
             continue
@@ -105,9 +106,8 @@ def diagnose(packages: Iterable[str] = PACKAGES, site: Path | None = None) -> li
             p.state = "conflict"
             names = " and ".join(f"{o.name} {o.version}" for o in p.owners)
             p.problem = f"{names} all write {pkg}/: whichever installed last wins, file by file"
-        elif upstream and _norm(upstream[0].name) in wanted:
+        elif want:
             p.state = "conflict"
-            want = wanted[_norm(upstream[0].name)]
             p.problem = f"upstream {upstream[0].name} provides {pkg}, where the KT release requires {want}"
         if p.state == "conflict":
             for o in upstream:
@@ -115,8 +115,8 @@ def diagnose(packages: Iterable[str] = PACKAGES, site: Path | None = None) -> li
             keep = forks[0] if forks else None
             if keep is not None:
                 p.repair.append(f"pip install --force-reinstall --no-deps {keep.name}=={keep.version}")
-            elif upstream and _norm(upstream[0].name) in wanted:
-                p.repair.append(f"pip install --no-deps '{wanted[_norm(upstream[0].name)]}'")
+            elif want:
+                p.repair.append(f"pip install --no-deps '{want}'")
         out.append(p)
     return out
 
