@@ -55,7 +55,7 @@ def parse_lock(path: Path) -> dict[str, Pin]:
         if not block or block.startswith("#"):
             continue
         first = block.split("\\", 1)[0].strip().split(";", 1)[0].strip()
-        m = re.fullmatch(r"([A-Za-z0-9._-]+)==([^\s]+)", first)
+        m = re.fullmatch(r"([A-Za-z0-9._-]+)(?:\[[^\]]*\])?==([^\s]+)", first)  # extras kept: --no-strip-extras
         if not m:
             raise LockError(f"{path}: cannot parse requirement line {first!r}; regenerate with `nox -s lock`")
         hashes = tuple(re.findall(r"--hash=sha256:([0-9a-f]{64})", block))
@@ -99,6 +99,13 @@ def check(name: str) -> list[str]:
         problems.append(f"{lock}: holds a machine path; locks must be portable")
     if indexes.needs_torch_index(text) and indexes.INDEX_LINE not in text:
         problems.append(f"{lock}: pins a +cpu torch but does not name {indexes.PYTORCH_CPU_INDEX}; run `nox -s lock`")
+    extras_pins = set(re.findall(r"^([A-Za-z0-9._-]+)\[[^\]]*\]==(\S+)", text, re.MULTILINE))
+    plain_pins = set(re.findall(r"^([A-Za-z0-9._-]+)==(\S+)", text, re.MULTILINE))
+    for project, version in sorted(extras_pins - plain_pins):
+        problems.append(
+            f"{lock}: {project}[...]=={version} has no plain {project}=={version} pin, so pip --require-hashes "
+            "refuses a plain requirement on it; run `nox -s lock`"
+        )
     pins = parse_lock(lock)
     for pin in pins.values():
         if not pin.hashes:
@@ -112,6 +119,22 @@ def check(name: str) -> list[str]:
                 f"{lock}: {req.name}=={locked.version} does not satisfy {req} in {src.name}; run `nox -s lock`"
             )
     return problems
+
+
+def with_plain_pins(body: str) -> str:
+    """Each `name[extras]==V` block followed by a `name==V` block with the same hashes (unless the lock
+    has one). pip's --require-hashes pins a project only through a line it reads: with the extras line
+    alone, another package's plain `name>=X` is "not pinned with ==" and fails the install."""
+    blocks = re.split(r"\n(?=[A-Za-z0-9])", body.strip("\n"))
+    plain = {b.split("==", 1)[0] for b in blocks if re.match(r"[A-Za-z0-9._-]+==", b)}
+    out = []
+    for block in blocks:
+        out.append(block)
+        m = re.match(r"([A-Za-z0-9._-]+)\[[^\]]*\](==.*)", block, re.DOTALL)
+        if m and m.group(1) not in plain:
+            out.append(m.group(1) + m.group(2))
+            plain.add(m.group(1))
+    return "\n".join(out) + "\n"
 
 
 def names() -> list[str]:
@@ -154,6 +177,10 @@ def generate(name: str) -> None:
         "compile",
         "--quiet",
         "--generate-hashes",
+        # A dependency required with an extra (`nvidia-cutlass-dsl[cu13]>=4.8`, by nvidia-cudnn-frontend)
+        # must appear in the lock with that extra: pip's --require-hashes refuses it otherwise ("all
+        # requirements must have their versions pinned with ==") and uv's default strips it.
+        "--no-strip-extras",
         "--no-header",
         "--no-annotate",
         "--python-version",
@@ -172,6 +199,7 @@ def generate(name: str) -> None:
     if proc.returncode != 0:
         raise LockError(f"locking {name} failed:\n{proc.stderr}")
     body = "\n".join(ln for ln in prev.read_text().splitlines() if not ln.startswith("--")) + "\n"
+    body = with_plain_pins(body)
     out.write_text(HEADER.format(name=name) + (indexes.INDEX_LINE + "\n" if torch_index else "") + body)
     print(f"locked {out.relative_to(ROOT)} ({len(parse_lock(out))} pins)")
 

@@ -46,3 +46,26 @@ def test_pin_without_hash_is_rejected(lockdir: Path) -> None:
 def test_machine_path_is_rejected(lockdir: Path) -> None:
     (lockdir / "nox.txt").write_text((lockdir / "nox.txt").read_text() + "--find-links file:///opt/wheels\n")
     assert any("machine path" in p for p in lock.check("nox"))
+
+
+def test_a_pin_with_extras_needs_its_plain_twin(lockdir: Path) -> None:
+    """pip --require-hashes pins a project only through a line it reads: `x[e]==1` alone leaves
+    another package's plain `x>=0.5` "not pinned with ==" (seen on the serve lock's nvidia-cutlass-dsl)."""
+    text = (lockdir / "serve.txt").read_text()
+    twin = text.index("\nnvidia-cutlass-dsl==")
+    end = text.index("\n", twin + 1)
+    while text[end + 1 :].startswith("    --hash"):
+        end = text.index("\n", end + 1)
+    (lockdir / "serve.txt").write_text(text[:twin] + text[end:])
+    assert any(
+        "nvidia-cutlass-dsl[...]==4.8.0 has no plain nvidia-cutlass-dsl==4.8.0" in p for p in lock.check("serve")
+    )
+
+
+def test_with_plain_pins_adds_each_missing_twin_once() -> None:
+    body = "a[x]==1 \\\n    --hash=sha256:aa\nb[y]==2 \\\n    --hash=sha256:bb\nb==2 \\\n    --hash=sha256:bb\n"
+    assert lock.with_plain_pins(body) == (
+        "a[x]==1 \\\n    --hash=sha256:aa\na==1 \\\n    --hash=sha256:aa\n"
+        "b[y]==2 \\\n    --hash=sha256:bb\nb==2 \\\n    --hash=sha256:bb\n"
+    )
+    assert lock.with_plain_pins(lock.with_plain_pins(body)) == lock.with_plain_pins(body)
