@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import tomllib
+from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.utils import canonicalize_name
 
 from .errors import DefinitionError
@@ -20,7 +21,20 @@ Kind = Literal["native", "umbrella", "fork", "repack"]
 _KEYS = {
     "native": {"kind", "version", "payload_part"},
     "umbrella": {"kind", "version", "summary", "requires", "requires_python", "extras", "payload_part"},
-    "fork": {"kind", "upstream", "version", "post", "source", "payload_part", "payload", "dist_alias"},
+    "fork": {
+        "kind",
+        "upstream",
+        "version",
+        "post",
+        "source",
+        "payload_part",
+        "payload",
+        "dist_alias",
+        "requires",
+        "pin_forks",
+        "requires_edit",
+        "requires_extra",
+    },
     "repack": {"kind", "upstream", "version"},
 }
 # `payload = "manifest"`: this fork provides the package the lazy CUDA archive serves and holds
@@ -59,6 +73,10 @@ class Carrier:
     payload_part: int = 0  # 1-based position of the archive part this wheel carries; 0: none
     payload_manifest: bool = False
     dist_alias: bool = False
+    # Forks whose upstream bounds exclude the release's versions (carriers.toml says why, per key):
+    pin_forks: bool = False  # every requirement on a replaced upstream -> its carrier, pinned exactly
+    requires_edit: tuple[tuple[str, str], ...] = ()  # (requirement name, new specifier), marker kept
+    requires_extra: tuple[tuple[str, tuple[str, ...]], ...] = ()  # (extra, requirement names moved to it)
 
     @property
     def import_package(self) -> str:
@@ -133,6 +151,8 @@ def load(path: Path = DEFINITIONS, patches_dir: Path | None = None, version: str
         if rule == "post" and int(spec.get("post", 0)) < 1:
             raise DefinitionError(f"{path}: [{name}] version = 'post' needs post = N (N >= 1)")
         for dep in [*spec.get("requires", []), *(d for ds in spec.get("extras", {}).values() for d in ds)]:
+            if not isinstance(dep, str):
+                raise DefinitionError(f"{path}: [{name}] requires/extras take carrier names, not {dep!r}")
             if dep not in names:
                 raise DefinitionError(f"{path}: [{name}] pins {dep!r}, which is not a carrier{_hint(dep, names)}")
         source = None
@@ -167,6 +187,9 @@ def load(path: Path = DEFINITIONS, patches_dir: Path | None = None, version: str
                 payload_part=part,
                 payload_manifest=role == "manifest",
                 dist_alias=_flag(spec, "dist_alias", path, name),
+                pin_forks=_flag(spec, "pin_forks", path, name),
+                requires_edit=_edits(spec, path, name),
+                requires_extra=_moved(spec, path, name),
             )
         )
     cs = CarrierSet(tuple(carriers), version or kt_version())
@@ -182,6 +205,44 @@ def _flag(spec: dict[str, Any], key: str, path: Path, name: str) -> bool:
     if not isinstance(value, bool):
         raise DefinitionError(f"{path}: [{name}] {key} = {value!r}; it takes true or false")
     return value
+
+
+def _edits(spec: dict[str, Any], path: Path, name: str) -> tuple[tuple[str, str], ...]:
+    """requires_edit = { NAME = "SPECIFIER" }: a valid PEP 440 specifier per normalized name."""
+    edits = spec.get("requires_edit", {})
+    if not isinstance(edits, dict):
+        raise DefinitionError(f'{path}: [{name}] requires_edit takes a table: {{ datasets = ">=2.16" }}')
+    out = []
+    for dep, new in sorted(edits.items()):
+        if canonicalize_name(dep) != dep:
+            raise DefinitionError(f"{path}: [{name}] requires_edit key {dep!r}: use {canonicalize_name(dep)!r}")
+        try:
+            SpecifierSet(new)
+        except (InvalidSpecifier, TypeError):
+            raise DefinitionError(
+                f'{path}: [{name}] requires_edit {dep} = {new!r} is not a version specifier (e.g. ">=2.16")'
+            ) from None
+        out.append((dep, str(new)))
+    return tuple(out)
+
+
+def _moved(spec: dict[str, Any], path: Path, name: str) -> tuple[tuple[str, tuple[str, ...]], ...]:
+    """requires_extra = { EXTRA = [NAME, ...] }: names moved behind an extra, each once."""
+    table = spec.get("requires_extra", {})
+    if not isinstance(table, dict) or not all(isinstance(v, list) for v in table.values()):
+        raise DefinitionError(f'{path}: [{name}] requires_extra takes a table of lists: {{ multimodal = ["av"] }}')
+    seen: set[str] = set()
+    for extra, deps in table.items():
+        for dep in deps:
+            if not isinstance(dep, str) or canonicalize_name(dep) != dep:
+                raise DefinitionError(f"{path}: [{name}] requires_extra.{extra}: {dep!r} is not a normalized name")
+            if dep in seen:
+                raise DefinitionError(f"{path}: [{name}] requires_extra names {dep!r} twice")
+            seen.add(dep)
+    clash = seen & {d for d, _ in _edits(spec, path, name)}
+    if clash:
+        raise DefinitionError(f"{path}: [{name}] {sorted(clash)} both edited and moved to an extra; do one")
+    return tuple((extra, tuple(deps)) for extra, deps in sorted(table.items()))
 
 
 def _check_payload(cs: CarrierSet, path: Path) -> None:

@@ -69,6 +69,8 @@ def make_rewrite(c: Carrier, cs: CarrierSet, versions: Mapping[str, str], upstre
         if target == c.name:  # self-reference through an extra: sglang[test] -> sglang-kt[test]
             return rename_requirement(line, target)
         specs = list(req.specifier)
+        if c.pin_forks:  # the upstream's own bounds give way to the release's sibling versions
+            return rename_requirement(line, target, f"=={versions[target]}")
         # A fork pins its sibling forks exactly: upstream `transformers==X` becomes
         # `transformers-kt==X.postN`, and X must be what the sibling derives from.
         if c.kind == "fork" and len(specs) == 1 and specs[0].operator == "==":
@@ -82,6 +84,46 @@ def make_rewrite(c: Carrier, cs: CarrierSet, versions: Mapping[str, str], upstre
         return rename_requirement(line, target)  # bounds unchanged, byte for byte
 
     return rewrite
+
+
+def _behind_extra(line: str, extra: str) -> str:
+    """A Requires-Dist value made conditional on `extra` (its own marker kept, and-ed)."""
+    req = Requirement(line)
+    if req.marker is not None and "extra" in str(req.marker):
+        raise ConsistencyError(f"Requires-Dist {line!r} already depends on an extra; it cannot move to [{extra}]")
+    marker = f'({req.marker}) and extra == "{extra}"' if req.marker else f'extra == "{extra}"'
+    extras = f"[{','.join(sorted(req.extras))}]" if req.extras else ""
+    return f"{req.name}{extras}{req.specifier}; {marker}"
+
+
+def edit_requirements(c: Carrier, what: str, rewrite: Rewrite) -> tuple[Rewrite, Callable[[], None]]:
+    """Carrier `c`'s requires_edit and requires_extra applied before `rewrite`; the second function,
+    called after every line went through, raises ConsistencyError for an edit that matched nothing
+    (the upstream dropped that requirement: the edit is stale)."""
+    edits = dict(c.requires_edit)
+    moved = {dep: extra for extra, deps in c.requires_extra for dep in deps}
+    used: set[str] = set()
+
+    def edited(line: str) -> str:
+        req = Requirement(line)
+        name = canonicalize_name(req.name)
+        if name in edits and not (req.marker is not None and "extra" in str(req.marker)):
+            used.add(name)
+            line = rename_requirement(line, req.name, edits[name])
+        elif name in moved:
+            used.add(name)
+            line = _behind_extra(line, moved[name])
+        return rewrite(line)
+
+    def check() -> None:
+        stale = sorted((set(edits) | set(moved)) - used)
+        if stale:
+            raise ConsistencyError(
+                f"{c.name}: {what} declares no requirement on {stale}; remove them from requires_edit/"
+                "requires_extra in carriers/carriers.toml"
+            )
+
+    return edited, check
 
 
 def _renamed_tree(members: Mapping[str, bytes], old: tuple[str, str], new: tuple[str, str]) -> dict[str, bytes]:
@@ -148,10 +190,16 @@ def derive(
     members = apply_patches(members, c.patches, f"{up_name} {up_version}") if c.kind == "fork" else members
     new_di = wheelio.dist_info(members)
     meta = members[f"{new_di}/METADATA"].decode("utf-8")
-    rewrite = make_rewrite(c, cs, versions, upstream_of)
-    meta = wheelio.edit_metadata(
-        meta, name=c.name, version=None if c.kind == "repack" else new_version, requirement=rewrite
+    rewrite, check_edits = edit_requirements(
+        c, f"upstream {up_name} {up_version}", make_rewrite(c, cs, versions, upstream_of)
     )
+    declared = set(wheelio.metadata_field(meta, "Provides-Extra"))
+    add = [f"Requires-Dist: {d}=={versions[d]}" for d in c.requires]
+    add += [f"Provides-Extra: {e}" for e, _ in c.requires_extra if e not in declared]
+    meta = wheelio.edit_metadata(
+        meta, name=c.name, version=None if c.kind == "repack" else new_version, requirement=rewrite, add=add
+    )
+    check_edits()
     members[f"{new_di}/METADATA"] = meta.encode("utf-8")
     upstream = {"carrier": c.name, "name": c.upstream, "version": str(up_version)}
     members[f"{new_di}/{UPSTREAM_FILE}"] = (json.dumps(upstream, sort_keys=True) + "\n").encode()

@@ -10,7 +10,7 @@ import io
 import os
 import re
 import zipfile
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from packaging.utils import canonicalize_name
@@ -107,18 +107,28 @@ def wheel_name(name: str, version: str, tag: str) -> str:
 
 
 def edit_metadata(
-    text: str, *, name: str | None = None, version: str | None = None, requirement: Callable[[str], str] | None = None
+    text: str,
+    *,
+    name: str | None = None,
+    version: str | None = None,
+    requirement: Callable[[str], str] | None = None,
+    add: Sequence[str] = (),
 ) -> str:
-    """Rewrite Name, Version and Requires-Dist header lines; every other byte stays."""
+    """Rewrite Name, Version and Requires-Dist header lines, and append the header lines `add`
+    (after the last Requires-Dist, or at the end of the header); every other byte stays."""
     head, sep, body = text.partition("\n\n")
     lines = head.split("\n")
+    last = len(lines)
     for i, line in enumerate(lines):
         if name is not None and line.startswith("Name: "):
             lines[i] = f"Name: {name}"
         elif version is not None and line.startswith("Version: "):
             lines[i] = f"Version: {version}"
-        elif requirement is not None and line.startswith("Requires-Dist: "):
-            lines[i] = "Requires-Dist: " + requirement(line[len("Requires-Dist: ") :])
+        elif line.startswith("Requires-Dist: "):
+            last = i + 1
+            if requirement is not None:
+                lines[i] = "Requires-Dist: " + requirement(line[len("Requires-Dist: ") :])
+    lines[last:last] = list(add)
     return "\n".join(lines) + sep + body
 
 

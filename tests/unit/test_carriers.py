@@ -139,3 +139,99 @@ def test_a_failing_tool_is_the_callers_error_naming_the_step() -> None:
         proc.run([sys.executable, "-c", fail], "applying x.patch", PatchError, "refresh it")
     with pytest.raises(InputError, match="git clone: cannot run no-such-tool-kt"):
         proc.run(["no-such-tool-kt"], "git clone", InputError)
+
+
+@pytest.mark.parametrize(
+    ("new", "message"),
+    [
+        ('requires_edit = { datasets = "<<4" }', "is not a version specifier"),
+        ('requires_edit = { Datasets = ">=2" }', "use 'datasets'"),
+        ('requires_edit = ">=2"', "requires_edit takes a table"),
+        ('requires_extra = { multimodal = "av" }', "takes a table of lists"),
+        ('requires_extra = { a = ["av"], b = ["av"] }', "names 'av' twice"),
+        ('requires_extra = { a = ["datasets"] }', "both edited and moved"),
+        ("pin_forks = 1", "it takes true or false"),
+    ],
+)
+def test_requirement_edits_are_validated(tmp_path: Path, new: str, message: str) -> None:
+    text = DEFINITIONS.read_text()
+    key = new.split(" =", 1)[0]
+    old = next(line for line in text.splitlines() if line.startswith(f"{key} ="))
+    bad = tmp_path / "carriers.toml"
+    bad.write_text(text.replace(old, new, 1))
+    with pytest.raises(DefinitionError, match=message):
+        load(bad, version="0.6.1")
+
+
+def test_a_repack_takes_no_requirement_edits(tmp_path: Path) -> None:
+    bad = tmp_path / "carriers.toml"
+    bad.write_text(DEFINITIONS.read_text().replace('upstream = "trl"\n', 'upstream = "trl"\npin_forks = true\n', 1))
+    with pytest.raises(DefinitionError, match="unknown key 'pin_forks' for a repack"):
+        load(bad, version="0.6.1")
+
+
+def _upstream_wheel(tmp_path: Path, requires: list[str]) -> Path:
+    from carriers import wheelio
+
+    meta = "Metadata-Version: 2.4\nName: llamafactory\nVersion: 0.9.5\n"
+    meta += "".join(f"Requires-Dist: {r}\n" for r in requires) + "Provides-Extra: torch\n\nThe description.\n"
+    members = {
+        "llamafactory/__init__.py": b"",
+        "llamafactory-0.9.5.dist-info/METADATA": meta.encode(),
+        "llamafactory-0.9.5.dist-info/WHEEL": (
+            b"Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
+        ),
+    }
+    path = tmp_path / "llamafactory-0.9.5-py3-none-any.whl"
+    wheelio.write(path, members)
+    return path
+
+
+def _derive(tmp_path: Path, requires: list[str]) -> list[str]:
+    import dataclasses
+
+    from carriers import wheelio
+    from carriers.transform import derive
+
+    c = dataclasses.replace(CS["llamafactory-kt"], patches=())
+    versions = {x.name: ("0.6.1" if x.version_rule == "kt" else "9.9.9") for x in CS.carriers}
+    versions.update({"transformers-kt": "5.19.0.post1", "trl-kt": "1.16.0", "llamafactory-kt": "0.9.5.post1"})
+    upstream_of = {"transformers-kt": "5.19.0", "trl-kt": "1.16.0"}
+    out = derive(c, CS, _upstream_wheel(tmp_path, requires), tmp_path, versions, upstream_of)
+    members = wheelio.read(out)
+    meta = members[f"{wheelio.dist_info(members)}/METADATA"].decode()
+    extras = [f"extra:{e}" for e in wheelio.metadata_field(meta, "Provides-Extra")]
+    return wheelio.metadata_field(meta, "Requires-Dist") + extras
+
+
+UPSTREAM_LF = [
+    "transformers!=4.52.0,<=5.6.0,>=4.55.0",
+    "trl<=0.24.0,>=0.18.0",
+    "datasets<=4.0.0,>=2.16.0",
+    "torchaudio>=2.4.0",
+    "torchvision>=0.19.0",
+    'av<=16.0.0,>=10.0.0; python_version >= "3.11"',
+    'deepspeed>=0.10.0; extra == "torch"',
+]
+
+
+def test_a_fork_with_pin_forks_pins_siblings_edits_and_moves_requirements(tmp_path: Path) -> None:
+    lines = _derive(tmp_path, UPSTREAM_LF)
+    assert "transformers-kt==5.19.0.post1" in lines  # upstream's cap gives way to the release's fork
+    assert "trl-kt==1.16.0" in lines
+    assert "datasets>=2.16.0" in lines  # requires_edit
+    assert 'torchaudio>=2.4.0; extra == "multimodal"' in lines  # requires_extra
+    assert 'torchvision>=0.19.0; extra == "multimodal"' in lines
+    assert 'av<=16.0.0,>=10.0.0; (python_version >= "3.11") and extra == "multimodal"' in lines
+    assert 'deepspeed>=0.10.0; extra == "torch"' in lines  # untouched
+    assert "kt-kernel==0.6.1" in lines  # requires: a sibling pinned exactly
+    assert "extra:multimodal" in lines
+    assert "extra:torch" in lines
+
+
+def test_an_edit_the_upstream_no_longer_needs_is_stale(tmp_path: Path) -> None:
+    from carriers.errors import ConsistencyError
+
+    without = [r for r in UPSTREAM_LF if not r.startswith("datasets")]
+    with pytest.raises(ConsistencyError, match=r"declares no requirement on \['datasets'\]"):
+        _derive(tmp_path, without)
