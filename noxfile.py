@@ -194,9 +194,9 @@ def audit(session: nox.Session) -> None:
 
 @nox.session(python=PYTHON, tags=["verify"])
 def verify_install(session: nox.Session) -> None:
-    """Install dist/ into fresh venvs by hash (sft-cpu), resolve serve; forks, imports, training/resume control."""
+    """Install dist/ into fresh venvs by hash (sft-cpu, serve, the LlamaFactory profiles); owners, training, resume."""
     p = _parser("verify_install")
-    p.add_argument("--profile", action="append", default=[], choices=["sft-cpu", "serve"])
+    p.add_argument("--profile", action="append", default=[], help="sft-cpu, serve, lf-standard, lf-kt, lf-upgrade")
     args = p.parse_args(session.posargs)
     report = str(ROOT / "build" / "verify.json")
     profiles = (f"--profile={x}" for x in args.profile)

@@ -8,7 +8,8 @@ trl; adding peft-kt/trl-kt leaves the core carriers' files unchanged; and the
 training/resume control. serve: a real install of ktransformers[serve] (CUDA torch
 included), pip check, the CUDA payload materialized from the installed carriers and
 verified, every extracted library's DT_NEEDED resolved in the environment (the driver
-aside), and how far `import sglang` / `import sgl_kernel` get on this host.
+aside), and how far `import sglang` / `import sgl_kernel` get on this host. lf-standard,
+lf-kt, lf-upgrade: the LlamaFactory profiles (tools/verify_lf.py).
 """
 
 from __future__ import annotations
@@ -114,6 +115,45 @@ def install(venv: Path, req: Path) -> None:
         raise VerifyError(f"pip install -r {req} failed:\n{proc.stderr[-3000:]}")
 
 
+def clean_env() -> dict[str, str]:
+    """This process's environment without pip/uv settings and colour forcing (a user's clean shell)."""
+    return {k: v for k, v in os.environ.items() if not k.startswith(("PIP_", "UV_", "FORCE_COLOR", "CLICOLOR"))}
+
+
+def uv_install(venv: Path, req: Path, what: str, *extra: str) -> str:
+    """uv pip install --require-hashes of `req` into `venv` (the GPU-sized profiles: uv links files from
+    its cache, where pip would copy several GB); uv's output, whose ` + name==version` lines say
+    what it installed."""
+    uv = shutil.which("uv")
+    if uv is None:
+        raise VerifyError("uv is not on PATH; install lockfiles/verify.txt (nox -s verify_install does)")
+    # --color never: the installed names are read from uv's output, and CI sets FORCE_COLOR (release.yml
+    # env), which colours every line (a local run of the workflow found the verify job failing on that)
+    cmd = [uv, "pip", "install", "--color", "never", "--python", str(venv / "bin" / "python")]
+    proc = progress.run_quiet(
+        [*cmd, *indexes.LOCKED_INSTALL, *extra, "-r", str(req)], f"verify {venv.name}: uv pip install", env=clean_env()
+    )
+    if proc.returncode != 0:
+        raise VerifyError(f"installing {what} into {venv} failed:\n{proc.stderr[-3000:]}")
+    return proc.stdout + proc.stderr
+
+
+def uv_installed(out: str) -> dict[str, str]:
+    """name -> version of each ` + name==version` line of uv's output (a file reference without a
+    version, ` + name @ file://...`, maps to "")."""
+    found = {}
+    for m in re.finditer(r"^ \+ ([A-Za-z0-9._-]+)(?:==(\S+))?", out, re.MULTILINE):
+        found[m.group(1).lower().replace("_", "-")] = m.group(2) or ""
+    return found
+
+
+def fresh_venv(venv: Path) -> Path:
+    """An empty venv (with pip, as `python -m venv` makes it) at `venv`, replacing what was there."""
+    shutil.rmtree(venv, ignore_errors=True)
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    return venv
+
+
 def venv_json(venv: Path, what: str, *args: str) -> Any:
     """Run the venv's python with `args`; the JSON on its last output line, or VerifyError naming `what`."""
     proc = subprocess.run([str(venv / "bin" / "python"), *args], capture_output=True, text=True, check=False)
@@ -179,18 +219,23 @@ print(json.dumps(out))
 """
 
 
-def _lookup_reader() -> Any:
-    """audits/readers/_python.py, the audit's own reader of lookups by name (stdlib only), by path:
-    the audit package's other readers need iced-x86 and pyelftools, which this session lacks."""
+def load_by_path(name: str, path: Path) -> Any:
+    """A stdlib-only module of this repository, by path: the verify session lacks what its package
+    needs around it (the audit's other readers need iced-x86; kt_kernel its compiled core)."""
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location("kt_lookup_reader", ROOT / "audits" / "readers" / "_python.py")
+    spec = importlib.util.spec_from_file_location(name, path)
     assert spec is not None
     assert spec.loader is not None
     mod = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = mod  # dataclasses look their module up while the class is built
     spec.loader.exec_module(mod)
     return mod
+
+
+def _lookup_reader() -> Any:
+    """audits/readers/_python.py, the audit's own reader of lookups by name."""
+    return load_by_path("kt_lookup_reader", ROOT / "audits" / "readers" / "_python.py")
 
 
 def closure_lookups(venv: Path, renamed: set[str]) -> list[str]:
@@ -212,9 +257,10 @@ def closure_lookups(venv: Path, renamed: set[str]) -> list[str]:
     return out
 
 
-def doctor(venv: Path) -> dict[str, Any]:
+def doctor(venv: Path, *options: str) -> dict[str, Any]:
     """kt-doctor's JSON report of the venv (its console script, as a user runs it)."""
-    proc = subprocess.run([str(venv / "bin" / "kt-doctor"), "--json"], capture_output=True, text=True, check=False)
+    cmd = [str(venv / "bin" / "kt-doctor"), "--json", *options]
+    proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
     if proc.returncode not in (0, 1):
         raise VerifyError(f"kt-doctor failed in {venv} (exit {proc.returncode}):\n{proc.stderr[-2000:]}")
     report: dict[str, Any] = json.loads(proc.stdout)
@@ -322,9 +368,7 @@ def fork_status(venv: Path, names: tuple[str, ...]) -> dict[str, str]:
 def verify_sft_cpu(dist: Path, work: Path) -> dict[str, Any]:
     """Install the sft-cpu profile for real and exercise it (forks, imports, training/resume)."""
     lock = ROOT / "lockfiles" / "sft-cpu.txt"
-    venv = work / "sft-cpu"
-    shutil.rmtree(venv, ignore_errors=True)
-    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    venv = fresh_venv(work / "sft-cpu")
     t0 = time.perf_counter()
     base = core(dist)
     core_req = indexes.for_install(lock, work / "sft-cpu-core.txt", "\n".join(carrier_lines(dist, base)))
@@ -439,52 +483,16 @@ def verify_serve(dist: Path, work: Path) -> dict[str, Any]:
     DT_NEEDED of every extracted library resolved inside the environment, and how far
     `import sglang` gets on this host."""
     lock = ROOT / "lockfiles" / "serve.txt"
-    venv = work / "serve"
-    shutil.rmtree(venv, ignore_errors=True)
-    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    venv = fresh_venv(work / "serve")
     reached, _ = closure(dist, PROFILES["serve"])
     req = work / "serve.txt"
     req.write_text(lock.read_text() + "\n".join(carrier_lines(dist, reached, {"ktransformers": "serve"})) + "\n")
-    uv = shutil.which("uv")
-    if uv is None:
-        raise VerifyError("uv is not on PATH; install lockfiles/verify.txt (nox -s verify_install does)")
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PIP_", "UV_", "FORCE_COLOR", "CLICOLOR"))}
     t0 = time.perf_counter()
     print(f"serve: installing {len(reached)} carriers and the locked closure into {venv} (several GB) ...", flush=True)
-    # --color never: the resolved names are read from uv's output, and CI sets FORCE_COLOR (release.yml env),
-    # which colours every line (a local run of the workflow found the verify job failing on that)
-    proc = progress.run_quiet(
-        [
-            uv,
-            "pip",
-            "install",
-            "--color",
-            "never",
-            "--python",
-            str(venv / "bin" / "python"),
-            *indexes.LOCKED_INSTALL,
-            "-r",
-            str(req),
-        ],
-        "verify serve: uv pip install",
-        env=env,
-    )
-    if proc.returncode != 0:
-        raise VerifyError(f"installing the serve closure failed:\n{proc.stderr[-3000:]}")
+    got = uv_installed(uv_install(venv, req, "the serve closure"))
     install_s = time.perf_counter() - t0
-    names = sorted(
-        re.split(r"[=@ ]", line[3:], maxsplit=1)[0].lower().replace("_", "-")
-        for line in (proc.stdout + proc.stderr).splitlines()
-        if line.startswith(" + ")
-    )
-    torch = next(
-        (
-            line.split("==", 1)[1].strip()
-            for line in (proc.stdout + proc.stderr).splitlines()
-            if line.startswith(" + torch==")
-        ),
-        "?",
-    )
+    names = sorted(got)
+    torch = got.get("torch") or "?"
     upstream = [n for n in names if n in UPSTREAM]
     if upstream:
         raise VerifyError(f"the serve closure installs upstream {upstream} beside the forks")
@@ -497,7 +505,7 @@ def verify_serve(dist: Path, work: Path) -> dict[str, Any]:
     shared = check_collisions(venv)
     cache = work / "serve-payload-cache"
     shutil.rmtree(cache, ignore_errors=True)
-    run_env = {**env, "KT_KERNEL_CACHE_DIR": str(cache)}
+    run_env = {**clean_env(), "KT_KERNEL_CACHE_DIR": str(cache)}
     py = str(venv / "bin" / "python")
     t1 = time.perf_counter()
     mat = subprocess.run(
@@ -537,19 +545,20 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="nox -s verify_install --")
     p.add_argument("--dist", type=Path, default=ROOT / "dist")
     p.add_argument("--work", type=Path, default=ROOT / "build" / "verify")
-    p.add_argument("--profile", action="append", choices=sorted(PROFILES), help="default: all")
+    from tools import verify_lf
+
+    every = [*sorted(PROFILES), *verify_lf.PROFILES]
+    p.add_argument("--profile", action="append", choices=every, help="default: all")
     p.add_argument("--json", type=Path, help="write the results here")
     args = p.parse_args(argv)
     args.work.mkdir(parents=True, exist_ok=True)
     results: dict[str, Any] = {}
     try:
         carrier_metadata(args.dist)
-        for prof in args.profile or sorted(PROFILES):
+        run = {"sft-cpu": verify_sft_cpu, "serve": verify_serve, **verify_lf.VERIFY}
+        for prof in args.profile or every:
             t0 = time.perf_counter()
-            if prof == "sft-cpu":
-                results[prof] = verify_sft_cpu(args.dist, args.work)
-            else:
-                results[prof] = verify_serve(args.dist, args.work)
+            results[prof] = run[prof](args.dist, args.work)
             results[prof]["elapsed_s"] = round(time.perf_counter() - t0, 1)
             print(f"{prof}: ok ({results[prof]['elapsed_s']}s) {json.dumps(results[prof])}")
     except (VerifyError, FileNotFoundError) as exc:

@@ -119,3 +119,16 @@ def test_runtime_lock_installs_without_the_local_directory(index: tuple[str, Pat
     assert got == version
     assert str(venv) in where
     assert digest in lock.read_text()
+
+
+@pytest.mark.parametrize("name", ["lf-standard", "lf-kt"])
+def test_gpu_profile_locks_resolve_under_pips_require_hashes(name: str) -> None:
+    """pip, what a user runs, accepts each GPU-sized lock whole (verify_install installs them with uv,
+    which is laxer): every requirement pinned with == and hashed, extras included. lf-kt's third-party
+    closure contains serve's."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PIP_")}
+    env["PIP_CONFIG_FILE"] = os.devnull
+    cmd = [sys.executable, "-m", "pip", "install", "--dry-run", "--ignore-installed", "--disable-pip-version-check"]
+    cmd += ["-q", *indexes.LOCKED_INSTALL, "-r", str(ROOT / "lockfiles" / f"{name}.txt")]
+    proc = subprocess.run(cmd, capture_output=True, text=True, check=False, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]

@@ -1,0 +1,258 @@
+"""The LLaMA-Factory install profiles, installed for real and trained in: `nox -s verify_install --
+--profile lf-standard|lf-kt|lf-upgrade` (python -m tools.verify_install runs them).
+
+lf-standard  upstream LlamaFactory and upstream libraries (lockfiles/lf-standard.txt): a clean
+             install; every import package owned by its upstream distribution and no KT one
+             installed; the training/resume control (tools/lf_control.py) without KT; and
+             `use_kt: true` refused by upstream with an error that names what to install.
+lf-kt        serving and fine-tuning in one environment (lockfiles/lf-kt.txt + ktransformers[serve,sft]
+             + llamafactory-kt from dist/): a clean install; kt-doctor finds `transformers`,
+             `accelerate`, `peft`, `trl`, `llamafactory`, `sglang` and `sgl_kernel` each owned by exactly
+             one distribution, the KT one; lookups by upstream name answer; LlamaFactory's own
+             dependency check passes; the control with use_kt (every MoE block through kt_kernel.sft,
+             resume bit-exact, expert LoRA saved) and without (no block); packing with KT refused.
+lf-upgrade   an lf-standard environment upgraded in place: the KT profile installed on top (as a
+             user would), kt-doctor reporting each package both write, its repair commands run as
+             printed (`--find-links dist/`: the release's wheels), then the lf-kt checks and KT control.
+
+All three use the CUDA torch build the release pins (2.14.1), which also runs on a CPU host; uv
+installs them (it links files from its cache where pip would copy several GB).
+"""
+
+from __future__ import annotations
+
+import shlex
+import time
+from pathlib import Path
+from typing import Any
+
+from packaging.requirements import Requirement
+
+from tools import indexes
+from tools.lock import directive, parse_lock
+from tools.profiles import closure
+from tools.verify_install import (
+    DIST_NAMES,
+    ROOT,
+    UPSTREAM,
+    VerifyError,
+    carrier_lines,
+    check_collisions,
+    dist_name_problems,
+    doctor,
+    fresh_venv,
+    load_by_path,
+    pip,
+    uv_install,
+    uv_installed,
+    venv_json,
+)
+
+PROFILES = ("lf-standard", "lf-kt", "lf-upgrade")
+# The import packages whose owner the KT profile must be the KT distribution, and those the
+# standard profile has from upstream.
+KT_PACKAGES = ("transformers", "accelerate", "peft", "trl", "llamafactory", "sglang", "sgl_kernel")
+STANDARD_PACKAGES = ("transformers", "accelerate", "peft", "trl", "llamafactory")
+CONTROL = ROOT / "tools" / "lf_control.py"
+# LlamaFactory's own view of the environment: its dependency check (patched to the fork's declared
+# bounds) and its version gates, which read version("transformers") through the release's alias.
+LF_PROBE = """
+import json
+from llamafactory.extras.misc import check_dependencies, check_version
+from llamafactory.extras.packages import is_transformers_version_greater_than
+import transformers
+check_dependencies()
+check_version("sglang>=0.4.5", mandatory=True)  # hparams/parser.py, infer_backend: sglang (sglang-kt)
+print(json.dumps({"check_dependencies": "ok", "check_version('sglang>=0.4.5')": "ok",
+                  "transformers": transformers.__version__,
+                  "is_transformers_version_greater_than('5.0.0')": is_transformers_version_greater_than("5.0.0")}))
+"""
+
+
+def _doctor_module() -> Any:
+    """kernel/python/kt_kernel/doctor.py (stdlib only): it reads an environment that has no kt-kernel
+    installed (the standard profile) through --site."""
+    return load_by_path("kt_doctor", ROOT / "kernel" / "python" / "kt_kernel" / "doctor.py")
+
+
+def site_owners(venv: Path, packages: tuple[str, ...]) -> dict[str, list[dict[str, Any]]]:
+    """import package -> its owners (name, version, kt), read from the venv's RECORDs by kt-doctor."""
+    site = next(venv.glob("lib/python*/site-packages"))
+    report = _doctor_module().diagnose(packages, site)
+    return {p.package: [{"name": o.name, "version": o.version, "kt": o.kt} for o in p.owners] for p in report}
+
+
+def kt_requirements(dist: Path, work: Path) -> tuple[Path, list[str]]:
+    """The lf-kt lock plus the carriers its `#:carriers` roots reach (from dist/, by hash)."""
+    roots = directive(ROOT / "lockfiles" / "lf-kt.in", "carriers")
+    reached = sorted({name for root in roots for name in closure(dist, root)[0]})
+    extras = {str(Requirement(r).name): ",".join(sorted(Requirement(r).extras)) for r in roots if "[" in r}
+    lines = "\n".join(carrier_lines(dist, reached, extras))
+    return indexes.for_install(ROOT / "lockfiles" / "lf-kt.txt", work / "lf-kt.txt", lines), reached
+
+
+def control(venv: Path, work: Path, *flags: str) -> dict[str, Any]:
+    """tools/lf_control.py in the venv; its JSON result."""
+    result: dict[str, Any] = venv_json(venv, f"LlamaFactory control {' '.join(flags)}", str(CONTROL), str(work), *flags)
+    return result
+
+
+def control_problems(r: dict[str, Any], kt: bool) -> list[str]:
+    """What a control result shows wrong: the KT dispatch where it does not belong (or missing where
+    configured), a resume that is not bit-exact, the expert LoRA not saved."""
+    wrong = []
+    want = r["blocks"] if kt else 0
+    if r["kt_blocks"] != want:
+        wrong.append(f"{r['kt_blocks']} MoE blocks ran through kt_kernel.sft, expected {want} (use_kt={kt})")
+    wrong += [f"resumed run differs: {d}" for d in r["resume_diffs"]]
+    if r["losses"] != r["resumed_losses"]:
+        wrong.append(f"losses {r['losses']} vs resumed {r['resumed_losses']}")
+    if kt and not r["expert_adapter_saved"]:
+        wrong.append("the expert LoRA (kt_expert_adapter.safetensors) is not in the output directory")
+    return wrong
+
+
+def ownership_problems(owners: dict[str, list[dict[str, Any]]], kt: bool) -> list[str]:
+    """Each package has exactly one owner, the KT distribution (kt) or the upstream one."""
+    wrong = []
+    for pkg, who in owners.items():
+        names = [f"{o['name']} {o['version']}" for o in who]
+        if len(who) != 1:
+            wrong.append(f"{pkg}/ is written by {names or 'nothing'}, not by exactly one distribution")
+        elif who[0]["kt"] != kt:
+            wrong.append(f"{pkg}/ is owned by {names[0]}, not by {'the KT' if kt else 'the upstream'} distribution")
+    return wrong
+
+
+def _check(venv: Path) -> None:
+    proc = pip(venv, "check")
+    if proc.returncode != 0:
+        raise VerifyError(f"pip check failed in {venv}:\n{proc.stdout}{proc.stderr}")
+
+
+def _fail(what: str, wrong: list[str]) -> None:
+    if wrong:
+        raise VerifyError(f"{what}:\n  " + "\n  ".join(wrong))
+
+
+def install_standard(venv: Path, work: Path) -> dict[str, str]:
+    """lf-standard by hash into `venv`; what uv installed."""
+    req = indexes.for_install(ROOT / "lockfiles" / "lf-standard.txt", work / "lf-standard.txt")
+    print(f"lf-standard: installing {len(parse_lock(ROOT / 'lockfiles' / 'lf-standard.txt'))} pins into {venv} ...")
+    return uv_installed(uv_install(venv, req, "the lf-standard profile"))
+
+
+def verify_standard(dist: Path, work: Path) -> dict[str, Any]:
+    """lf-standard: clean install, upstream ownership, the control without KT, use_kt refused."""
+    venv = fresh_venv(work / "lf-standard")
+    t0 = time.perf_counter()
+    got = install_standard(venv, work)
+    install_s = time.perf_counter() - t0
+    _check(venv)
+    kt = sorted(n for n in got if n.endswith("-kt") or n in ("kt-kernel", "ktransformers"))
+    _fail("the standard profile installs KT distributions", [f"{n} {got[n]}" for n in kt])
+    owners = site_owners(venv, STANDARD_PACKAGES)
+    _fail("import package owners in lf-standard", ownership_problems(owners, kt=False))
+    run = control(venv, work / "lf-standard-run")
+    _fail("LlamaFactory control in lf-standard", control_problems(run, kt=False))
+    refused = control(venv, work / "lf-standard-run", "--refusals")["refused"]
+    if "kt-kernel" not in refused.get("use_kt", ""):
+        raise VerifyError(f"use_kt in the standard profile should fail naming kt-kernel, got: {refused}")
+    return {
+        "install_s": round(install_s, 1),
+        "installed": len(got),
+        "owners": owners,
+        "control": run,
+        "refused": refused,
+    }
+
+
+def kt_checks(venv: Path, work: Path, tag: str) -> dict[str, Any]:
+    """What every KT environment must show: pip check, no path written twice, kt-doctor clean with
+    every package owned by the KT distribution, lookups by upstream name, LlamaFactory's own checks,
+    and the control with and without use_kt."""
+    _check(venv)
+    result: dict[str, Any] = {"shared_paths": check_collisions(venv)}
+    report = doctor(venv)
+    owners = {p["package"]: p["owners"] for p in report["packages"] if p["package"] in KT_PACKAGES}
+    wrong = ownership_problems(owners, kt=True)
+    wrong += [f"{p['package']}: {p['problem']}" for p in report["packages"] if p["state"] == "conflict"]
+    _fail(f"kt-doctor in {tag}", wrong)
+    result["owners"] = {k: [f"{o['name']} {o['version']}" for o in v] for k, v in owners.items()}
+    names = venv_json(venv, "lookups by distribution name", "-c", DIST_NAMES)
+    _fail(f"lookups by upstream distribution name in {tag}", dist_name_problems(names))
+    result["dist_names"] = names["sites"]
+    result["llamafactory"] = venv_json(venv, "LlamaFactory's dependency check", "-c", LF_PROBE)
+    result["control_kt"] = control(venv, work / f"{tag}-run", "--kt")
+    _fail(f"LlamaFactory control with use_kt in {tag}", control_problems(result["control_kt"], kt=True))
+    return result
+
+
+def verify_kt(dist: Path, work: Path) -> dict[str, Any]:
+    """lf-kt: clean install of serving + fine-tuning, the KT checks, the control without KT, packing refused."""
+    venv = fresh_venv(work / "lf-kt")
+    req, reached = kt_requirements(dist, work)
+    t0 = time.perf_counter()
+    print(f"lf-kt: installing {len(reached)} carriers and the locked closure into {venv} (several GB) ...")
+    got = uv_installed(uv_install(venv, req, "the lf-kt profile"))
+    install_s = time.perf_counter() - t0
+    _fail("the lf-kt profile installs upstream distributions beside the forks", sorted(set(got) & set(UPSTREAM)))
+    _fail("the lf-kt profile lacks carriers", sorted(set(reached) - set(got)))
+    result = kt_checks(venv, work, "lf-kt")
+    result["control_plain"] = control(venv, work / "lf-kt-run")
+    _fail("LlamaFactory control without use_kt in lf-kt", control_problems(result["control_plain"], kt=False))
+    refused = control(venv, work / "lf-kt-run", "--kt", "--refusals")["refused"]
+    if "packing: false" not in refused.get("packing_with_kt", ""):
+        raise VerifyError(f"packing with use_kt should be refused with what to set, got: {refused}")
+    if "use_cpu: true" not in refused.get("model_off_cpu", ""):
+        raise VerifyError(f"use_kt with the model off the CPU should be refused with what to set, got: {refused}")
+    result.update(install_s=round(install_s, 1), installed=len(got), carriers=reached, refused=refused)
+    return result
+
+
+def verify_upgrade(dist: Path, work: Path) -> dict[str, Any]:
+    """lf-standard upgraded in place to lf-kt: installed on top, kt-doctor's conflicts and its repair,
+    then the KT checks."""
+    venv = fresh_venv(work / "lf-upgrade")
+    before = install_standard(venv, work)
+    req, reached = kt_requirements(dist, work)
+    t0 = time.perf_counter()
+    uv_install(venv, req, "the lf-kt profile over lf-standard")
+    report = doctor(venv, "--find-links", str(dist))  # the release's wheels: no index holds them here
+    conflicted = sorted(p["package"] for p in report["packages"] if p["state"] == "conflict")
+    missing = sorted(set(STANDARD_PACKAGES) - set(conflicted))
+    _fail("kt-doctor does not report packages both upstream and a fork write after the upgrade", missing)
+    repairs = [cmd for p in report["packages"] for cmd in p["repair"]]
+    for cmd in repairs:  # run as printed
+        words = shlex.split(cmd)
+        if words[:2] not in (["pip", "install"], ["pip", "uninstall"]):
+            raise VerifyError(f"kt-doctor printed a repair that is not a pip command: {cmd}")
+        proc = pip(venv, *words[1:])
+        if proc.returncode != 0:
+            raise VerifyError(f"kt-doctor's repair `{cmd}` failed in {venv}:\n{proc.stderr[-2000:]}")
+    upgrade_s = time.perf_counter() - t0
+    result = kt_checks(venv, work, "lf-upgrade")
+    after = installed_versions(venv)
+    result.update(
+        upgrade_s=round(upgrade_s, 1),
+        conflicts_reported=conflicted,
+        repairs=repairs,
+        torch={"before": before.get("torch"), "after": after.get("torch")},
+        carriers=reached,
+    )
+    return result
+
+
+def installed_versions(venv: Path) -> dict[str, str]:
+    """name -> version of every distribution in the venv."""
+    out = venv_json(venv, "installed distributions", "-c", INSTALLED)
+    return dict(out)
+
+
+INSTALLED = """
+import json, re
+from importlib.metadata import distributions
+print(json.dumps({re.sub(r"[-_.]+", "-", d.metadata["Name"]).lower(): d.version for d in distributions()}))
+"""
+
+VERIFY = {"lf-standard": verify_standard, "lf-kt": verify_kt, "lf-upgrade": verify_upgrade}
