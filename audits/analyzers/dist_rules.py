@@ -36,12 +36,15 @@ class DistNames:
 
 def _renamed(wheels: Sequence[DistNames]) -> tuple[dict[str, tuple[str, str]], list[Finding]]:
     """upstream name -> (carrier, upstream version), from the wheels' kt_upstream.json; and the
-    findings of a renamed wheel (`*-kt`) whose record is missing or unreadable."""
+    findings of a renamed wheel (`*-kt`) of a KT release whose record is missing or unreadable."""
     out: dict[str, tuple[str, str]] = {}
     bad = []
+    # Only a KT release (some wheel records an upstream or ships the alias) is held to its naming:
+    # anyone else's wheel may end in -kt without being a renamed fork.
+    release = any(w.upstream is not None or w.ships_alias for w in wheels)
     for w in wheels:
         if w.upstream is None:
-            if w.dist.endswith("-kt"):
+            if release and w.dist.endswith("-kt"):
                 bad.append(
                     finding(
                         "dist.upstream-record",

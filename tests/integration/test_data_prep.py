@@ -269,6 +269,7 @@ def _bad_cases(tmp: Path, tokenizer: Path) -> dict[str, tuple[list[str], str]]:
         "exists": (good, "exists; remove it or choose another output directory"),
         "ratio": ([*good, "--eval-ratio", "1.5"], "--eval-ratio 1.5: give a fraction in [0, 1)"),
         "same_name": ([str(INPUTS[1]), str(INPUTS[1]), "--tokenizer", str(tokenizer)], "two inputs share a file name"),
+        "all_dropped": ([*good, "--max-length", "3"], "examples is left for train.jsonl"),
     }
 
 
@@ -285,6 +286,7 @@ def _bad_cases(tmp: Path, tokenizer: Path) -> dict[str, tuple[list[str], str]]:
         "exists",
         "ratio",
         "same_name",
+        "all_dropped",
     ],
 )
 def test_bad_input_is_a_clear_error_that_writes_nothing(

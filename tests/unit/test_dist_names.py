@@ -21,7 +21,7 @@ from carriers import transform
 from carriers.alias import _kt_dist_alias
 from carriers.model import ALIAS_DIR
 from tests.conftest import KT_SRC, load_source_module
-from tests.wheelkit import pure_wheel_members, write_wheel
+from tests.wheelkit import pure_wheel_members, read_members, write_wheel
 
 SOURCE = b"""\
 import importlib.metadata
@@ -112,6 +112,25 @@ def test_a_renamed_wheel_without_its_record_is_an_error(tmp_path: Path) -> None:
     (f,) = _findings(dist, "dist.upstream-record")
     assert f["wheel"] == "demo_kt-2.0.post1-py3-none-any.whl"
     assert "no .dist-info/kt_upstream.json" in f["message"]
+
+
+def test_an_unreadable_record_is_an_error(tmp_path: Path) -> None:
+    dist = _release(tmp_path, alias=True, consumer_source=b"X = 1\n")
+    fork = dist / "demo_kt-2.0.post1-py3-none-any.whl"
+    members = read_members(fork)
+    members["demo_kt-2.0.post1.dist-info/kt_upstream.json"] = b'{"carrier": "demo-kt", "name": "demo"'
+    write_wheel(fork, members)
+    (f,) = _findings(dist, "dist.upstream-record")
+    assert f["member"] == "kt_upstream.json"
+    assert "does not parse as {name, version}" in f["message"]
+
+
+def test_a_third_party_wheel_named_kt_is_not_a_renamed_fork(tmp_path: Path) -> None:
+    """Outside a KT release (no wheel with a record or the alias) a name ending in -kt is just a name."""
+    dist = tmp_path / "dist"
+    dist.mkdir()
+    write_wheel(dist / "lib_kt-1.0-py3-none-any.whl", pure_wheel_members("lib_kt", "1.0"))
+    assert _findings(dist, "dist.upstream-record") == []
 
 
 def test_nothing_renamed_nothing_found() -> None:

@@ -4,6 +4,7 @@ clobbered peft-kt, one where upstream replaced a fork the umbrella requires, and
 from __future__ import annotations
 
 import json
+import shlex
 import types
 from pathlib import Path
 
@@ -93,3 +94,28 @@ def test_upstream_where_the_umbrella_requires_the_fork(tmp_path: Path, capsys: p
 def test_a_missing_site_is_a_usage_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert _doctor().main(["--site", str(tmp_path / "nope")]) == 2
     assert "no such directory" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("option", "expect"),
+    [
+        ("--find-links", "pip install --force-reinstall --no-deps --no-index --find-links {wheels} peft-kt==0.21.2"),
+        ("--index-url", "pip install --force-reinstall --no-deps --index-url {wheels} peft-kt==0.21.2"),
+    ],
+)
+def test_the_repair_names_where_the_release_wheels_are(
+    healthy: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], option: str, expect: str
+) -> None:
+    """The forks are not on PyPI: the repair installs them from the release's wheels or index."""
+    _dist(healthy, "peft", "0.21.2", ["peft/__init__.py"])
+    wheels = tmp_path / "release wheels"  # a space: the printed command quotes it
+    wheels.mkdir()
+    where = str(wheels) if option == "--find-links" else "https://example.invalid/simple"
+    assert _doctor().main(["--site", str(healthy), "--json", option, where]) == 1
+    (peft,) = [p for p in json.loads(capsys.readouterr().out)["packages"] if p["package"] == "peft"]
+    assert peft["repair"] == ["pip uninstall -y peft", expect.format(wheels=shlex.quote(where))]
+
+
+def test_find_links_must_be_a_directory(healthy: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert _doctor().main(["--site", str(healthy), "--find-links", str(tmp_path / "nope")]) == 2
+    assert "--find-links" in capsys.readouterr().err

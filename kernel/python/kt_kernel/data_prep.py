@@ -33,6 +33,7 @@ import shutil
 import sys
 import tempfile
 import time
+from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -532,6 +533,13 @@ def prepare(
                 counts["tokens"] += res.tokens
                 counts["targets"] += res.targets
         seconds = progress.close()
+        if counts["train"] == 0:
+            reasons = Counter(d["reason"] for d in dropped).most_common(3)
+            why = "; ".join(f"{n} x {reason}" for reason, n in reasons) or "every example went to eval"
+            raise PrepError(
+                f"none of the {len(items)} examples is left for train.jsonl ({counts['dropped']} dropped: {why}); "
+                f"nothing written to {out}"
+            )
         from ._version import __version__
 
         manifest = {

@@ -3,6 +3,8 @@
     kt-doctor              (also: python -m kt_kernel.doctor)
     kt-doctor --json       machine-readable
     kt-doctor --site DIR   another environment's site-packages
+    kt-doctor --find-links DIR | --index-url URL
+                           where the repair commands take the release's wheels from
 
 A KT environment must get ``transformers``, ``accelerate``, ``peft``, ``trl``, ``sglang``,
 ``sgl_kernel``, ... from exactly one distribution each, the KT one where the release forks or
@@ -19,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import shlex
 import sys
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
@@ -88,8 +91,9 @@ def _wanted_forks(dists: Iterable[metadata.Distribution]) -> dict[str, str]:
     return out
 
 
-def diagnose(packages: Iterable[str] = PACKAGES, site: Path | None = None) -> list[Package]:
-    """The state of each import package in this environment (or in `site`)."""
+def diagnose(packages: Iterable[str] = PACKAGES, site: Path | None = None, source: str = "") -> list[Package]:
+    """The state of each import package in this environment (or in `site`). `source`: pip options
+    naming where the release's wheels are, added to each repair that installs one."""
     dists = list(metadata.distributions(path=[str(site)]) if site else metadata.distributions())
     owners, wanted = _owners(dists), _wanted_forks(dists)
     out = []
@@ -113,10 +117,11 @@ def diagnose(packages: Iterable[str] = PACKAGES, site: Path | None = None) -> li
             for o in upstream:
                 p.repair.append(f"pip uninstall -y {o.name}")
             keep = forks[0] if forks else None
+            where = f" {source}" if source else ""
             if keep is not None:
-                p.repair.append(f"pip install --force-reinstall --no-deps {keep.name}=={keep.version}")
+                p.repair.append(f"pip install --force-reinstall --no-deps{where} {keep.name}=={keep.version}")
             elif want:
-                p.repair.append(f"pip install --no-deps '{want}'")
+                p.repair.append(f"pip install --no-deps{where} '{want}'")
         out.append(p)
     return out
 
@@ -141,11 +146,22 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "packages", nargs="*", default=list(PACKAGES), help=f"import packages (default: {' '.join(PACKAGES)})"
     )
+    src = p.add_mutually_exclusive_group()
+    src.add_argument("--find-links", metavar="DIR", help="repairs install the release's wheels from DIR only")
+    src.add_argument("--index-url", metavar="URL", help="repairs install the release's wheels from this index")
     args = p.parse_args(argv)
     if args.site is not None and not args.site.is_dir():
         print(f"kt-doctor: {args.site}: no such directory", file=sys.stderr)
         return 2
-    report = diagnose(args.packages, args.site)
+    if args.find_links and not Path(args.find_links).is_dir():
+        print(f"kt-doctor: --find-links {args.find_links}: no such directory", file=sys.stderr)
+        return 2
+    source = ""
+    if args.find_links:
+        source = f"--no-index --find-links {shlex.quote(str(Path(args.find_links).resolve()))}"
+    elif args.index_url:
+        source = f"--index-url {shlex.quote(args.index_url)}"
+    report = diagnose(args.packages, args.site, source)
     conflicts = [r for r in report if r.state == "conflict"]
     if args.json:
         print(json.dumps({"packages": [asdict(r) for r in report], "conflicts": len(conflicts)}, indent=2))
