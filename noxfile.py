@@ -168,11 +168,18 @@ def mutants(session: nox.Session) -> None:
 
 @nox.session(python=PYTHON, tags=["audit"])
 def audit(session: nox.Session) -> None:
-    """Run every audit over dist/: dist/audit-report.json and .md; fails on any error finding."""
+    """Run every audit over dist/: dist/audit-report.json and .md; fails on any error finding.
+
+    `-- PATH...` audits those wheels or directories instead; their reports go to build/audit/, since
+    dist/ holds only the release build_all made."""
     p = _parser("audit")
     p.add_argument("--baseline", help="a previous audit-report.json, for size growth")
-    p.add_argument("paths", nargs="*", default=[str(DIST)])
+    p.add_argument("paths", nargs="*")
     args = p.parse_args(session.posargs)
+    reports = ROOT / "build" / "audit" if args.paths else DIST
+    if not args.paths and not DIST.is_dir():
+        session.error(f"{DIST} does not exist: run `nox -s build_all` first, or name wheels: `nox -s audit -- PATH...`")
+    reports.mkdir(parents=True, exist_ok=True)
     _install_lock(session, "audit")
     extra = ["--baseline", args.baseline] if args.baseline else []
     summary = os.environ.get("GITHUB_STEP_SUMMARY")  # CI: the Markdown report goes into the job summary
@@ -182,11 +189,11 @@ def audit(session: nox.Session) -> None:
             "python",
             "-m",
             "audits",
-            *args.paths,
+            *(args.paths or [str(DIST)]),
             "--json",
-            str(DIST / "audit-report.json"),
+            str(reports / "audit-report.json"),
             "--markdown",
-            str(DIST / "audit-report.md"),
+            str(reports / "audit-report.md"),
             *summary_args,
             *extra,
         )
