@@ -138,10 +138,9 @@ def test_emulated_variant_matches_the_reference(variant: str, emulated: Path, fr
         assert abs(e["rel_err"] - n["rel_err"]) < 2e-3, (key, e["rel_err"], n["rel_err"])
 
 
-def test_a_wrong_vbmi_permute_is_caught(simde: Path, tmp_path: Path, fresh_venv: Venv) -> None:
-    """The nibble-unpacking permute of avx512_vbmi with two table entries swapped: the numerics
-    of every RAWINT4 case leave their bounds (that path has no other coverage on most hosts)."""
-    src = tmp_path / "kernel"
+def _mutant(simde: Path, tmp: Path, source: str, good: str, bad: str, variant: str) -> Path:
+    """The emulated `variant` built from a copy of kernel/ whose `source` has `good` replaced by `bad`."""
+    src = tmp / "kernel"
     shutil.copytree(ROOT / "kernel", src, ignore=shutil.ignore_patterns("build", "__pycache__", "python"))
     (src / "python").mkdir()
     shutil.copytree(
@@ -149,16 +148,34 @@ def test_a_wrong_vbmi_permute_is_caught(simde: Path, tmp_path: Path, fresh_venv:
         src / "python" / "kt_kernel",
         ignore=shutil.ignore_patterns("__pycache__"),
     )
-    dot = src / "src" / "cpu" / "dot.h"
-    text = dot.read_text()
+    path = src / source
+    text = path.read_text()
+    assert text.count(good) == 1, f"{good!r} moved in kernel/{source}; update this mutation"
+    path.write_text(text.replace(good, bad))
+    return build_emulated(src, tmp / "build", simde, (f"kt_cpu_{variant}_emulated",)) / f"libkt_cpu_{variant}.so"
+
+
+def test_a_wrong_vbmi_permute_is_caught(simde: Path, tmp_path: Path, fresh_venv: Venv) -> None:
+    """The nibble-unpacking permute of avx512_vbmi with two table entries swapped: the numerics
+    of every RAWINT4 case leave their bounds (that path has no other coverage on most hosts)."""
     good = "_mm512_set_epi8(7, 6, 5, 4, 3, 2, 1, 0, 15, 14, 13, 12, 11, 10, 9, 8,"
-    assert good in text, "the VBMI lookup table moved; update this mutation"
-    dot.write_text(text.replace(good, "_mm512_set_epi8(6, 7, 5, 4, 3, 2, 1, 0, 15, 14, 13, 12, 11, 10, 9, 8,", 1))
-    libs = build_emulated(src, tmp_path / "build", simde, ("kt_cpu_avx512_vbmi_emulated",))
-    cases = _numerics(fresh_venv, libs / "libkt_cpu_avx512_vbmi.so", "--quick")["cases"]
+    bad = "_mm512_set_epi8(6, 7, 5, 4, 3, 2, 1, 0, 15, 14, 13, 12, 11, 10, 9, 8,"
+    lib = _mutant(simde, tmp_path, "src/cpu/dot.h", good, bad, "avx512_vbmi")
+    cases = _numerics(fresh_venv, lib, "--quick")["cases"]
     broken = out_of_bounds(cases)
     assert broken, "a wrong permute went unnoticed"
     assert {c["fmt"] for c in broken} == {"rawint4"}
+
+
+def test_a_wrong_amx_bf16_tile_is_caught(simde: Path, tmp_path: Path, fresh_venv: Venv) -> None:
+    """The backward's AMX-BF16 product (amx variant, >= 16 pairs per expert) reading its second
+    column block's weights one column off: the gradients of the 48-token cases (the ones with that
+    many pairs) leave their bounds, the others stay within them, so the tile path is the one tested."""
+    good = "_tile_loadd(5, b + 16, 256);"
+    lib = _mutant(simde, tmp_path, "src/cpu/amx.cpp", good, good.replace("16", "17", 1), "amx")
+    result = fresh_venv.json(str(SCRIPTS / "sft_grads.py"), "--quick", env={"KT_TEST_VARIANT_LIBRARY": str(lib)})
+    broken = {c["tokens"] for c in result["cases"] if max(c["err"][k] for k in ("x", "w", "gate_a", "up_b")) > 0.1}
+    assert broken == {48}, [(c["tokens"], c["err"]) for c in result["cases"]]
 
 
 @pytest.mark.parametrize("variant", VARIANTS)

@@ -42,6 +42,7 @@ CPUINFO_FLAG = {
     "AVX512_BF16": "avx512_bf16",
     "AMX_TILE": "amx_tile",
     "AMX_INT8": "amx_int8",
+    "AMX_BF16": "amx_bf16",
 }
 
 

@@ -1,5 +1,6 @@
-// AMX tile GEMM for INT8 prefill. Compiled in every variant; real only where
-// the variant's flags enable AMX (the amx variant), a stub elsewhere.
+// AMX tile GEMMs: INT8 for the prefill forward, BF16 for the backward's products with a dequantized
+// weight block. Compiled in every variant; real only where the variant's flags enable AMX (the amx
+// variant), stubs elsewhere.
 #include "amx.h"
 
 #include <cstring>
@@ -71,6 +72,61 @@ void amx_gemm_i8_rows16(const int8_t* A, int64_t lda, int64_t M, const int8_t* W
 namespace kt {
 bool amx_available() { return false; }
 void amx_gemm_i8_rows16(const int8_t*, int64_t, int64_t, const int8_t*, int64_t, int32_t*, int8_t*, int8_t*) {}
+}  // namespace kt
+
+#endif
+
+#if defined(KT_ISA_AMX_TILE) && defined(KT_ISA_AMX_BF16)
+
+namespace kt {
+
+bool amx_bf16_available() { return true; }
+
+void amx_gemm_bf16_cols64(const uint16_t* A, int64_t lda, const uint32_t* Wp, int64_t K, float* C) {
+  // tmm0-3: C, 16 rows x 16 fp32 each (columns 16c..16c+15); tmm4: A, 16 rows x 32 bf16;
+  // tmm5: B, 16 rows (32 values of k as pairs) x 16 columns x 2 bf16.
+  struct alignas(64) {
+    uint8_t palette_id, start_row, reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+  } cfg{};
+  cfg.palette_id = 1;
+  for (int t = 0; t < 6; ++t) {
+    cfg.rows[t] = 16;
+    cfg.colsb[t] = 64;
+  }
+  _tile_loadconfig(&cfg);
+  _tile_loadd(0, C, 256);
+  _tile_loadd(1, C + 16, 256);
+  _tile_loadd(2, C + 32, 256);
+  _tile_loadd(3, C + 48, 256);
+  const uint8_t* a = reinterpret_cast<const uint8_t*>(A);
+  for (int64_t k = 0; k < K; k += 32) {
+    _tile_loadd(4, a + 2 * k, lda);
+    const uint32_t* b = Wp + (k / 2) * 64;
+    _tile_loadd(5, b, 256);
+    _tile_dpbf16ps(0, 4, 5);
+    _tile_loadd(5, b + 16, 256);
+    _tile_dpbf16ps(1, 4, 5);
+    _tile_loadd(5, b + 32, 256);
+    _tile_dpbf16ps(2, 4, 5);
+    _tile_loadd(5, b + 48, 256);
+    _tile_dpbf16ps(3, 4, 5);
+  }
+  _tile_stored(0, C, 256);
+  _tile_stored(1, C + 16, 256);
+  _tile_stored(2, C + 32, 256);
+  _tile_stored(3, C + 48, 256);
+  _tile_release();
+}
+
+}  // namespace kt
+
+#else
+
+namespace kt {
+bool amx_bf16_available() { return false; }
+void amx_gemm_bf16_cols64(const uint16_t*, int64_t, const uint32_t*, int64_t, float*) {}
 }  // namespace kt
 
 #endif

@@ -5,6 +5,8 @@
 //   _tile_loadd(t, p, s)    rows[t] rows of colsb[t] bytes from p, rows s bytes apart
 //   _tile_stored(t, p, s)   the reverse
 //   _tile_dpbssd(c, a, b)   c[m][n] += sum over k, j<4 of int8 a[m][4k+j] * int8 b[k][4n+j] (int32 c)
+//   _tile_dpbf16ps(c, a, b) c[m][n] += sum over k, j<2 of bf16 a[m][2k+j] * bf16 b[k][2n+j] (fp32 c; the
+//                           real instruction also treats denormal inputs and results as zero)
 //   _tile_release()         back to the init state
 // Tiles are per thread, as real tile registers are. Never compiled into a shipped library.
 #ifndef KT_AMX_MODEL_H
@@ -62,6 +64,26 @@ inline void dpbssd(int c, int a, int b) {
     }
 }
 
+inline float bf16(const uint8_t* p) {
+  uint32_t u = static_cast<uint32_t>(p[0] | (p[1] << 8)) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+inline void dpbf16ps(int c, int a, int b) {
+  State& s = state();
+  const int m_rows = s.rows[c], n_cols = s.colsb[c] / 4, k_words = s.colsb[a] / 4;
+  for (int m = 0; m < m_rows; ++m)
+    for (int n = 0; n < n_cols; ++n) {
+      float acc;
+      std::memcpy(&acc, &s.tile[c][m][4 * n], 4);
+      for (int k = 0; k < k_words; ++k)
+        for (int j = 0; j < 2; ++j) acc += bf16(&s.tile[a][m][4 * k + 2 * j]) * bf16(&s.tile[b][k][4 * n + 2 * j]);
+      std::memcpy(&s.tile[c][m][4 * n], &acc, 4);
+    }
+}
+
 inline void release() { state() = State{}; }
 
 }  // namespace kt_amx_model
@@ -71,6 +93,7 @@ inline void release() { state() = State{}; }
 #define _tile_loadd(t, p, s) kt_amx_model::loadd((t), (p), (s))
 #define _tile_stored(t, p, s) kt_amx_model::stored((t), (p), (s))
 #define _tile_dpbssd(c, a, b) kt_amx_model::dpbssd((c), (a), (b))
+#define _tile_dpbf16ps(c, a, b) kt_amx_model::dpbf16ps((c), (a), (b))
 #define _tile_release() kt_amx_model::release()
 
 #endif  // KT_AMX_MODEL_H

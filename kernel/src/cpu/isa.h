@@ -76,6 +76,9 @@ static inline __m512i kt_emu_cvtepu8_epi16(__m256i v) {
 #if defined(__AMX_INT8__)
 #define KT_ISA_AMX_INT8 1
 #endif
+#if defined(__AMX_BF16__)
+#define KT_ISA_AMX_BF16 1
+#endif
 #endif
 
 #endif  // KT_ISA_H

@@ -10,14 +10,21 @@
 //   dBg = s dg (Ag x)^T,  dAg = s (Bg^T dg) x^T,  likewise up;  dBd = s (w dy)(Ad h)^T,  dAd = s w (Bd^T dy) h^T
 // The quantized base weights are read (dequantized a row block at a time), never written.
 // Products with W^T run over (expert, column block) work items: each item owns its output
-// columns, so no two threads write the same float and no reduction is needed.
+// columns, so no two threads write the same float and no reduction is needed. Per variant:
+//   avx2 .. avx512_vbmi  fp32 register tiles (GCC vector extensions: ymm or zmm)
+//   avx512_bf16          the block and the vectors rounded to bf16, vdpbf16ps into fp32
+//   amx                  the same in AMX-BF16 tiles (tdpbf16ps) for 16 pairs at a time
+// The bf16 paths round the dequantized weights and dy, dg, du to bf16 (as torch's bf16 autograd
+// does); accumulation stays fp32.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <vector>
 
+#include "amx.h"
 #include "common.h"
+#include "dot.h"
 #include "moe_grad.h"
 
 namespace kt {
@@ -92,11 +99,86 @@ inline void tile(const float* const* v, int64_t r0, int64_t r1, const float* buf
   }
 }
 
+#if KT_BF16_DOT
+// The bf16 paths' per-thread pieces of the kRows x kCols x 4-byte block: the weight block as
+// kRows / 2 rows of kCols bf16 pairs (W[2k][j], W[2k+1][j]) (what vdpbf16ps and tdpbf16ps pair up),
+// 16 vectors of kRows bf16 and a 16 x kCols fp32 tile.
+constexpr int64_t kPairBlock = kRows / 2 * kCols;  // uint32 elements
+static_assert((kPairBlock * 4 + 16 * kRows * 2 + 16 * kCols * 4) <= kRows * kCols * 4, "bf16 pieces fit the block");
+
+// out_m[0, kCols) += sum_k vb_m[k] . blk[k][...] for M vectors; vb_m holds bf16 pairs (v[2k], v[2k+1]).
+template <int M>
+inline void tile_bf16(const uint32_t* vb, int64_t ldv, int64_t kpairs, const uint32_t* blk, float* const* out) {
+  __m512 acc[M][4];
+  for (int m = 0; m < M; ++m)
+    for (int c = 0; c < 4; ++c) acc[m][c] = _mm512_loadu_ps(out[m] + 16 * c);
+  for (int64_t k = 0; k < kpairs; ++k) {
+    const uint32_t* wr = blk + k * kCols;
+    const __m512i w0 = _mm512_loadu_si512(wr), w1 = _mm512_loadu_si512(wr + 16);
+    const __m512i w2 = _mm512_loadu_si512(wr + 32), w3 = _mm512_loadu_si512(wr + 48);
+    for (int m = 0; m < M; ++m) {
+      const __m512bh a = as_bh(_mm512_set1_epi32(static_cast<int>(vb[m * ldv + k])));
+      acc[m][0] = _mm512_dpbf16_ps(acc[m][0], a, as_bh(w0));
+      acc[m][1] = _mm512_dpbf16_ps(acc[m][1], a, as_bh(w1));
+      acc[m][2] = _mm512_dpbf16_ps(acc[m][2], a, as_bh(w2));
+      acc[m][3] = _mm512_dpbf16_ps(acc[m][3], a, as_bh(w3));
+    }
+  }
+  for (int m = 0; m < M; ++m)
+    for (int c = 0; c < 4; ++c) _mm512_storeu_ps(out[m] + 16 * c, acc[m][c]);
+}
+
+// accumulate_wt's bf16 form: AMX tiles for each full group of 16 vectors (amx variant), vdpbf16ps
+// register tiles for the rest.
+void accumulate_wt_bf16(const QView& w, int64_t e, int64_t c0, const float* const* v, float* const* out, int64_t n,
+                        float* buf) {
+  uint32_t* blk = reinterpret_cast<uint32_t*>(buf);
+  uint16_t* vb = reinterpret_cast<uint16_t*>(blk + kPairBlock);  // [16][kRows] bf16
+  float* ctile = reinterpret_cast<float*>(vb + 16 * kRows);      // [16][kCols] fp32
+  alignas(64) float two[2][kCols];
+  for (int64_t r0 = 0; r0 < w.rows; r0 += kRows) {
+    const int64_t r1 = std::min(w.rows, r0 + kRows), kp = (r1 - r0) / 2;
+    for (int64_t k = 0; k < kp; ++k) {
+      w.row(e, r0 + 2 * k, c0, c0 + kCols, two[0]);
+      w.row(e, r0 + 2 * k + 1, c0, c0 + kCols, two[1]);
+      for (int64_t j = 0; j < kCols; ++j)
+        blk[k * kCols + j] = static_cast<uint32_t>(f32_to_bf16(two[0][j])) |
+                             (static_cast<uint32_t>(f32_to_bf16(two[1][j])) << 16);
+    }
+    // vb[m][0, r1 - r0) = bf16(v_{i+m}[r0, r1)) for m < M
+    auto round = [&](int64_t i, int64_t M) {
+      for (int64_t m = 0; m < M; ++m)
+        for (int64_t r = r0; r < r1; ++r) vb[m * kRows + (r - r0)] = f32_to_bf16(v[i + m][r]);
+    };
+    const uint32_t* vp = reinterpret_cast<const uint32_t*>(vb);
+    int64_t i = 0;
+    if (amx_bf16_available())
+      for (; i + 16 <= n; i += 16) {
+        round(i, 16);
+        for (int64_t m = 0; m < 16; ++m) std::memcpy(ctile + m * kCols, out[i + m], kCols * 4);
+        amx_gemm_bf16_cols64(vb, kRows * 2, blk, r1 - r0, ctile);
+        for (int64_t m = 0; m < 16; ++m) std::memcpy(out[i + m], ctile + m * kCols, kCols * 4);
+      }
+    for (; i + kTile <= n; i += kTile) {
+      round(i, kTile);
+      tile_bf16<kTile>(vp, kRows / 2, kp, blk, out + i);
+    }
+    for (; i < n; ++i) {
+      round(i, 1);
+      tile_bf16<1>(vp, kRows / 2, kp, blk, out + i);
+    }
+  }
+}
+#endif
+
 // out_i[0, kCols) += sum_r v_i[r] * W[e][r, c0 + ...) for the n rows (i < n) given by pointers; each
 // out_i is 64-byte aligned. The weight block is dequantized once per item, then a register-tiled GEMM.
 // `buf` is the calling thread's kRows x kCols block.
 void accumulate_wt(const QView& w, int64_t e, int64_t c0, const float* const* v, float* const* out, int64_t n,
                    float* buf) {
+#if KT_BF16_DOT
+  return accumulate_wt_bf16(w, e, c0, v, out, n, buf);
+#endif
   for (int64_t r0 = 0; r0 < w.rows; r0 += kRows) {
     const int64_t r1 = std::min(w.rows, r0 + kRows);
     for (int64_t r = r0; r < r1; ++r) w.row(e, r, c0, c0 + kCols, buf + (r - r0) * kCols);
