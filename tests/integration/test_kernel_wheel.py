@@ -219,3 +219,36 @@ def test_nan_and_inf_activations_propagate(fresh_venv: Venv) -> None:
         assert result["nan_rows"] == [1, 3], where
         assert result["finite_rows"] == [0, 2, 4, 5], where
         assert result["others_unchanged"], where
+
+
+QUANTIZE_ERRORS_SCRIPT = """
+import json, numpy as np, kt_kernel as kk
+cases = {
+    "cols": (np.zeros((1, 4, 96), np.float32), "int8", 64),
+    "group_divides": (np.zeros((1, 4, 64), np.float32), "rawint4", 128),
+    "group_size": (np.zeros((1, 4, 64), np.float32), "rawint4", 48),
+    "ndim": (np.zeros((4, 64), np.float32), "int8", 64),
+    "format": (np.zeros((1, 4, 64), np.float32), "fp8", 64),
+}
+out = {}
+for name, (w, fmt, g) in cases.items():
+    try:
+        kk.quantize(w, fmt, g)
+        out[name] = None
+    except kk.KTKernelError as exc:
+        out[name] = str(exc)
+print(json.dumps(out))
+"""
+
+
+def test_quantize_refuses_bad_shapes_with_a_clear_error(fresh_venv: Venv) -> None:
+    """Each shape or option quantize cannot take is a KTKernelError naming it (a group size that
+    does not divide the columns was a numpy reshape traceback)."""
+    got = fresh_venv.json("-c", QUANTIZE_ERRORS_SCRIPT)
+    assert got == {
+        "cols": "cols must be a multiple of 64 (got 96); pad the weights",
+        "group_divides": "cols (64) must be a multiple of group_size (128); choose a group size that divides it",
+        "group_size": "group_size must be one of (32, 64, 128), got 48",
+        "ndim": "weights must be 3-D [experts, rows, cols], got shape (4, 64)",
+        "format": "unknown weight format 'fp8'; use one of ('int8', 'rawint4')",
+    }

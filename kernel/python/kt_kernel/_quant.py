@@ -68,6 +68,10 @@ def quantize(w: Any, fmt: Format = "int8", group_size: int = 64) -> QuantizedWei
     if fmt == "rawint4":
         if group_size not in GROUP_SIZES:
             raise KTKernelError(f"group_size must be one of {GROUP_SIZES}, got {group_size}")
+        if c % group_size:
+            raise KTKernelError(
+                f"cols ({c}) must be a multiple of group_size ({group_size}); choose a group size that divides it"
+            )
         g = arr.reshape(e, r, c // group_size, group_size)
         scale = (np.abs(g).max(axis=3) / 7.0).astype(np.float32)
         inv = np.divide(1.0, scale, out=np.zeros_like(scale), where=scale > 0)
