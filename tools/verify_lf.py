@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import shlex
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -124,6 +125,35 @@ def ownership_problems(owners: dict[str, list[dict[str, Any]]], kt: bool) -> lis
     return wrong
 
 
+def install_problems(got: dict[str, str], kt: bool, carriers: Sequence[str] = ()) -> list[str]:
+    """What an installed set shows wrong for its profile: KT distributions in the standard one; in the
+    KT one, an upstream distribution beside the forks or a carrier the profile reaches that is missing."""
+    if not kt:
+        return [f"the standard profile installs KT distribution {n} {got[n]}" for n in sorted(got) if _is_kt(n)]
+    wrong = [
+        f"the lf-kt profile installs upstream {n} {got[n]} beside its fork" for n in sorted(set(got) & set(UPSTREAM))
+    ]
+    return wrong + [f"the lf-kt profile lacks carrier {n}" for n in sorted(set(carriers) - set(got))]
+
+
+def _is_kt(name: str) -> bool:
+    return name.endswith("-kt") or name in ("kt-kernel", "ktransformers")
+
+
+def upgrade_problems(conflicted: list[str], repairs: list[str]) -> list[str]:
+    """After lf-kt over lf-standard, kt-doctor must report every package that upstream and a fork both
+    write, and each repair it prints must be a pip command (it is run as printed)."""
+    wrong = [
+        f"kt-doctor does not report {pkg}/, which upstream and its fork both write after the upgrade"
+        for pkg in sorted(set(STANDARD_PACKAGES) - set(conflicted))
+    ]
+    return wrong + [
+        f"kt-doctor printed a repair that is not a pip command: {cmd}"
+        for cmd in repairs
+        if shlex.split(cmd)[:2] not in (["pip", "install"], ["pip", "uninstall"])
+    ]
+
+
 def _check(venv: Path) -> None:
     proc = pip(venv, "check")
     if proc.returncode != 0:
@@ -149,8 +179,7 @@ def verify_standard(dist: Path, work: Path) -> dict[str, Any]:
     got = install_standard(venv, work)
     install_s = time.perf_counter() - t0
     _check(venv)
-    kt = sorted(n for n in got if n.endswith("-kt") or n in ("kt-kernel", "ktransformers"))
-    _fail("the standard profile installs KT distributions", [f"{n} {got[n]}" for n in kt])
+    _fail("lf-standard", install_problems(got, kt=False))
     owners = site_owners(venv, STANDARD_PACKAGES)
     _fail("import package owners in lf-standard", ownership_problems(owners, kt=False))
     run = control(venv, work / "lf-standard-run")
@@ -196,8 +225,7 @@ def verify_kt(dist: Path, work: Path) -> dict[str, Any]:
     print(f"lf-kt: installing {len(reached)} carriers and the locked closure into {venv} (several GB) ...")
     got = uv_installed(uv_install(venv, req, "the lf-kt profile"))
     install_s = time.perf_counter() - t0
-    _fail("the lf-kt profile installs upstream distributions beside the forks", sorted(set(got) & set(UPSTREAM)))
-    _fail("the lf-kt profile lacks carriers", sorted(set(reached) - set(got)))
+    _fail("lf-kt", install_problems(got, kt=True, carriers=reached))
     result = kt_checks(venv, work, "lf-kt")
     result["control_plain"] = control(venv, work / "lf-kt-run")
     _fail("LlamaFactory control without use_kt in lf-kt", control_problems(result["control_plain"], kt=False))
@@ -220,14 +248,10 @@ def verify_upgrade(dist: Path, work: Path) -> dict[str, Any]:
     uv_install(venv, req, "the lf-kt profile over lf-standard")
     report = doctor(venv, "--find-links", str(dist))  # the release's wheels: no index holds them here
     conflicted = sorted(p["package"] for p in report["packages"] if p["state"] == "conflict")
-    missing = sorted(set(STANDARD_PACKAGES) - set(conflicted))
-    _fail("kt-doctor does not report packages both upstream and a fork write after the upgrade", missing)
     repairs = [cmd for p in report["packages"] for cmd in p["repair"]]
+    _fail("kt-doctor after lf-kt over lf-standard", upgrade_problems(conflicted, repairs))
     for cmd in repairs:  # run as printed
-        words = shlex.split(cmd)
-        if words[:2] not in (["pip", "install"], ["pip", "uninstall"]):
-            raise VerifyError(f"kt-doctor printed a repair that is not a pip command: {cmd}")
-        proc = pip(venv, *words[1:])
+        proc = pip(venv, *shlex.split(cmd)[1:])
         if proc.returncode != 0:
             raise VerifyError(f"kt-doctor's repair `{cmd}` failed in {venv}:\n{proc.stderr[-2000:]}")
     upgrade_s = time.perf_counter() - t0
