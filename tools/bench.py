@@ -2,8 +2,9 @@
 
 Per CPU variant this host can run: decode (1-8 tokens) and prefill (256 tokens)
 for a realistic MoE layer (hidden 2048, intermediate 768, 64 experts, top-8),
-against torch bf16 on the same dequantized weights, and as a fraction of this
-machine's read bandwidth measured in the same run. Then the cold build time of
+against torch bf16 on the same dequantized weights, and (decode) as a fraction of
+this machine's read bandwidth, probed just before and after each timing (median
+of five rounds: a shared host's bandwidth drifts). Then the cold build time of
 the kernel and the incremental rebuild after touching one variant source.
 """
 
@@ -12,6 +13,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import math
 import os
 import shutil
 import statistics
@@ -41,21 +43,49 @@ def _timeit(fn: Any, min_time: float = 0.6, min_reps: int = 5) -> float:
     return statistics.median(times)
 
 
+class ReadProbe:
+    """GB/s of a streaming read (int8 max) over `gib` GiB split across threads, on demand: a shared
+    host's bandwidth drifts by a third within minutes, so each kernel timing is set beside a probe
+    taken just before and just after it."""
+
+    def __init__(self, threads: int, gib: float = 0.5) -> None:
+        import numpy as np
+
+        self.a = np.ones(int(gib * (1 << 30)), dtype=np.int8)
+        self.parts = np.array_split(self.a, threads)
+
+    def __call__(self, min_time: float = 0.3) -> float:
+        def run() -> None:
+            ts = [threading.Thread(target=p.max) for p in self.parts]  # numpy releases the GIL here
+            for t in ts:
+                t.start()
+            for t in ts:
+                t.join()
+
+        return float(self.a.nbytes / _timeit(run, min_time=min_time) / 1e9)
+
+
 def read_bandwidth(threads: int, gib: float = 1.0) -> float:
     """GB/s of a streaming read (int8 max) over `gib` GiB split across threads."""
-    import numpy as np
+    return ReadProbe(threads, gib)(min_time=1.0)
 
-    a = np.ones(int(gib * (1 << 30)), dtype=np.int8)
-    parts = np.array_split(a, threads)
 
-    def run() -> None:
-        ts = [threading.Thread(target=p.max) for p in parts]  # numpy releases the GIL here
-        for t in ts:
-            t.start()
-        for t in ts:
-            t.join()
+ROOFLINE_REPEATS = 5
 
-    return a.nbytes / _timeit(run, min_time=1.0) / 1e9
+
+def roofline(probe: ReadProbe, call: Any, touched_bytes: float) -> tuple[float, float, float]:
+    """(median seconds per call, median fraction of the read roofline, median GB/s of the probes) over
+    ROOFLINE_REPEATS rounds of probe, time the call, probe; each round's fraction is against the mean
+    of its own two probes."""
+    times, fractions, probes = [], [], []
+    for _ in range(ROOFLINE_REPEATS):
+        before = probe()
+        t = _timeit(call, min_time=0.3)
+        after = probe()
+        times.append(t)
+        probes += [before, after]
+        fractions.append(touched_bytes / t / 1e9 / ((before + after) / 2))
+    return statistics.median(times), statistics.median(fractions), statistics.median(probes)
 
 
 def worker(variant: str, fmt: Literal["int8", "rawint4"], group: int) -> dict[str, Any]:
@@ -88,6 +118,7 @@ def worker(variant: str, fmt: Literal["int8", "rawint4"], group: int) -> dict[st
         return y
 
     rows: list[dict[str, float]] = []
+    probe = ReadProbe(threads)
     for tokens in (*DECODE_TOKENS, PREFILL_TOKENS):
         xt = torch.from_numpy(rng.standard_normal((tokens, HIDDEN), dtype=np.float32)).bfloat16()
         wt = torch.from_numpy(rng.random((tokens, TOPK), dtype=np.float32))
@@ -106,10 +137,13 @@ def worker(variant: str, fmt: Literal["int8", "rawint4"], group: int) -> dict[st
         def ref_call(xt: Any = xt, wt: Any = wt, turn: Any = turn) -> None:
             torch_moe(xt, next(turn), wt)
 
-        t_kt = _timeit(kt_call)
+        touched = sum(len(torch.unique(r)) for r in routes) / ROUTINGS * per_expert_bytes
+        if tokens in DECODE_TOKENS:
+            t_kt, roof, read = roofline(probe, kt_call, touched)
+        else:
+            t_kt, roof, read = _timeit(kt_call), float("nan"), float("nan")
         with torch.inference_mode():
             t_ref = _timeit(ref_call)
-        touched = sum(len(torch.unique(r)) for r in routes) / ROUTINGS * per_expert_bytes
         rows.append(
             {
                 "tokens": tokens,
@@ -118,6 +152,8 @@ def worker(variant: str, fmt: Literal["int8", "rawint4"], group: int) -> dict[st
                 "speedup": t_ref / t_kt,
                 "tokens_per_s": tokens / t_kt,
                 "weight_gb_per_s": touched / t_kt / 1e9,
+                "read_gb_per_s": read,
+                "roofline_fraction": roof,
             }
         )
     return {"variant": kt_kernel.__cpu_variant__, "fmt": fmt, "group": group, "threads": threads, "rows": rows}
@@ -190,12 +226,12 @@ def main(argv: list[str] | None = None) -> int:
             r = json.loads(out.strip().splitlines()[-1])
             result["variants"].append(r)
             for row in r["rows"]:
-                roof = row["weight_gb_per_s"] / result["read_gb_per_s"]
-                row["roofline_fraction"] = roof
+                roof, read = row["roofline_fraction"], row["read_gb_per_s"]
+                where = "" if math.isnan(roof) else f" ({roof:4.0%} of the read roofline, {read:.1f} GB/s)"
                 print(
                     f"{name:<12} {fmt:<7} T={row['tokens']:<4} kt {row['kt_ms']:8.2f} ms  "
                     f"torch-bf16 {row['torch_bf16_ms']:8.2f} ms  x{row['speedup']:5.2f}  "
-                    f"{row['tokens_per_s']:9.1f} tok/s  {row['weight_gb_per_s']:6.1f} GB/s ({roof:4.0%} of roofline)"
+                    f"{row['tokens_per_s']:9.1f} tok/s  {row['weight_gb_per_s']:6.1f} GB/s{where}"
                 )
     if not args.no_build_times:
         result["build"] = build_times()
