@@ -190,6 +190,15 @@ def test_emulated_variant_propagates_nan(variant: str, emulated: Path, fresh_ven
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
+def test_emulated_variant_is_batch_invariant(variant: str, emulated: Path, fresh_venv: Venv) -> None:
+    """Each variant's blocked paths (pairs per pass, AMX tiles) give a token the output it gets alone."""
+    lib = emulated / f"libkt_cpu_{variant}.so"
+    result = fresh_venv.json(str(SCRIPTS / "batch_invariance.py"), env={"KT_TEST_VARIANT_LIBRARY": str(lib)})
+    assert result.pop("variant") == f"{variant}-emulated"
+    assert all(result.values()), result
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
 def test_emulated_variant_sft_gradients(variant: str, emulated: Path, fresh_venv: Venv) -> None:
     """kt_kernel.sft's forward (the variant's emulated ISA code) and backward against torch autograd."""
     result = fresh_venv.json(
