@@ -132,15 +132,17 @@ def build_all(session: nox.Session) -> None:
 
 @nox.session(python=PYTHON)
 def tests(session: nox.Session) -> None:
-    """Build the kt-kernel wheel (into build/kt-kernel/out), then run every test against it."""
-    p = _parser("tests")
-    p.add_argument("--no-build", action="store_true", help="test the wheel already in build/kt-kernel/out")
-    p.add_argument("pytest_args", nargs="*")
-    args = p.parse_args(session.posargs)
+    """Build the kt-kernel wheel (into build/kt-kernel/out), then run every test against it.
+
+    `-- ARGS` go to pytest unchanged (`-- -k sft -x`, `-- tests/unit`); `-- --no-build` tests the wheel
+    already in build/kt-kernel/out."""
+    # `--no-build` is ours; everything else goes to pytest as written (`-- -k sft -x`, `-- tests/unit`).
+    no_build = "--no-build" in session.posargs
+    pytest_args = [a for a in session.posargs if a != "--no-build"]
     _install_lock(session, "test")
-    if not args.no_build:  # rebuilt only if its inputs changed since the last build (nox -s release made one)
+    if not no_build:  # rebuilt only if its inputs changed since the last build (nox -s release made one)
         session.run("python", "kernel/tools/build_wheel.py", "--dist", str(KERNEL_OUT), "--cuda", "--if-stale")
-    session.run("pytest", *args.pytest_args, env={"KT_DIST": str(KERNEL_OUT)})
+    session.run("pytest", *pytest_args, env={"KT_DIST": str(KERNEL_OUT)})
 
 
 @nox.session(python=PYTHON, default=False)
