@@ -2,7 +2,8 @@
 
 Per CPU variant this host can run: decode (1-8 tokens) and prefill (256 tokens)
 for a realistic MoE layer (hidden 2048, intermediate 768, 64 experts, top-8),
-against torch bf16 on the same dequantized weights, and (decode) as a fraction of
+against torch bf16 on the same dequantized weights, the cost of one call through the abi3
+``_core`` binding beside a one-token decode, and (decode) as a fraction of
 this machine's read bandwidth, probed just before and after each timing (median
 of five rounds: a shared host's bandwidth drifts). Then the cold build time of
 the kernel and the incremental rebuild after touching one variant source.
@@ -156,7 +157,40 @@ def worker(variant: str, fmt: Literal["int8", "rawint4"], group: int) -> dict[st
                 "roofline_fraction": roof,
             }
         )
-    return {"variant": kt_kernel.__cpu_variant__, "fmt": fmt, "group": group, "threads": threads, "rows": rows}
+    call = core_call_cost()["core_call_s"]
+    decode = next(r["kt_ms"] for r in rows if r["tokens"] == 1) / 1e3
+    return {
+        "variant": kt_kernel.__cpu_variant__,
+        "fmt": fmt,
+        "group": group,
+        "threads": threads,
+        "rows": rows,
+        # The binding's share of a one-token decode (the abi3 _core must keep it under 1%).
+        "core_call_us": call * 1e6,
+        "core_call_fraction_of_decode": call / decode,
+    }
+
+
+def core_call_cost() -> dict[str, float]:
+    """Seconds per call through ``_core`` alone: the smallest MoE the kernel takes (one token, one
+    expert, 32x32, one thread), called with prepared buffers, so what is timed is the binding (argument
+    parsing, buffer requests, the GIL release) plus a few hundred multiply-adds."""
+    import kt_kernel
+    import numpy as np
+    from kt_kernel import _VARIANT
+
+    rng = np.random.default_rng(1)
+    qs = [kt_kernel.quantize(rng.standard_normal((1, 64, 64), dtype=np.float32), "int8") for _ in range(3)]
+    x = rng.standard_normal((1, 64), dtype=np.float32)
+    ids = np.zeros((1, 1), np.int64)
+    w = np.ones((1, 1), np.float32)
+    y = np.empty_like(x)
+    args = (x, ids, w, qs[0].q, qs[0].scale, qs[1].q, qs[1].scale, qs[2].q, qs[2].scale, y, 1, 64, 64, 1, 1, 0, 0, 0, 1)
+
+    def call() -> None:
+        _VARIANT.moe_forward(*args)
+
+    return {"core_call_s": _timeit(call, min_time=0.5, min_reps=2000)}
 
 
 def build_times() -> dict[str, Any]:
@@ -225,6 +259,10 @@ def main(argv: list[str] | None = None) -> int:
             ).stdout
             r = json.loads(out.strip().splitlines()[-1])
             result["variants"].append(r)
+            print(
+                f"{name:<12} {fmt:<7} _core call {r['core_call_us']:.2f} us = "
+                f"{r['core_call_fraction_of_decode']:.3%} of a one-token decode"
+            )
             for row in r["rows"]:
                 roof, read = row["roofline_fraction"], row["read_gb_per_s"]
                 where = "" if math.isnan(roof) else f" ({roof:4.0%} of the read roofline, {read:.1f} GB/s)"

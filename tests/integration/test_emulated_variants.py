@@ -69,9 +69,6 @@ def simde() -> Path:
 
 def build_emulated(src: Path, out: Path, simde: Path, targets: tuple[str, ...] = ("kt_emulated_variants",)) -> Path:
     """The emulated variants of the kernel source tree `src`, built with its own CMakeLists."""
-    pybind = subprocess.run(
-        [sys.executable, "-m", "pybind11", "--cmakedir"], capture_output=True, text=True, check=True
-    ).stdout.strip()
     env = {**os.environ, "CMAKE_BUILD_PARALLEL_LEVEL": str(os.cpu_count() or 2)}
     configure = [
         _tool("cmake"),
@@ -85,7 +82,6 @@ def build_emulated(src: Path, out: Path, simde: Path, targets: tuple[str, ...] =
         "-DCMAKE_BUILD_TYPE=Release",
         "-DKT_EMULATED_VARIANTS=ON",
         f"-DKT_SIMDE_INCLUDE={simde}",
-        f"-Dpybind11_DIR={pybind}",
         f"-DPython_EXECUTABLE={sys.executable}",
     ]
     for cmd in (configure, [_tool("cmake"), "--build", str(out), "--target", *targets]):

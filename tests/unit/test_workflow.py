@@ -1,10 +1,11 @@
-"""The release workflow hands every Python's kernel wheel to the assembly (the cp312 wheel once
-never left its job)."""
+"""The release workflow builds one abi3 kernel wheel for every Python of the matrix and hands every
+kernel artifact to the assembly; its Python matrices come from carriers.toml's `pythons`."""
 
 from __future__ import annotations
 
 import re
 
+from carriers import model
 from tests.conftest import ROOT
 
 WORKFLOW = (ROOT / ".github" / "workflows" / "release.yml").read_text()
@@ -18,11 +19,22 @@ def _job(name: str) -> str:
 
 def test_the_carriers_job_downloads_every_kernel_artifact() -> None:
     kernel = _job("kernel")
-    pythons = re.search(r"python: \[([^\]]+)\]", kernel)
-    assert pythons is not None
-    assert [p.strip() for p in pythons.group(1).split(",")] == ["cp311", "cp312"]
-    assert "name: kernel-${{ matrix.python }}" in kernel
+    assert "matrix" not in kernel, "one abi3 wheel serves every Python: no per-Python kernel job"
+    assert "build_wheels -- --python cp311" in kernel
+    assert "name: kernel-abi3" in kernel
     carriers = _job("carriers")
     assert "pattern: kernel-*" in carriers
     assert "merge-multiple: true" in carriers
     assert "name: kernel-cp" not in carriers
+
+
+def test_the_kernel_wheel_is_abi3_for_the_oldest_python_of_the_matrix() -> None:
+    pyproject = (ROOT / "kernel" / "pyproject.toml").read_text()
+    oldest = model.load().pythons[0]
+    assert f'wheel.py-api = "{model.python_tag(oldest)}"' in pyproject
+    assert f'requires-python = ">={oldest}"' in pyproject
+    assert f"USE_SABI {oldest}" in (ROOT / "kernel" / "CMakeLists.txt").read_text()
+    assert (
+        f"Py_LIMITED_API 0x030{int(oldest.split('.')[1]):X}0000"
+        in (ROOT / "kernel" / "src" / "core" / "module.cpp").read_text()
+    )
