@@ -111,23 +111,36 @@ def build_wheels(session: nox.Session) -> None:
     session.run("cibuildwheel", "kernel", "--output-dir", str(ROOT / "build" / "wheelhouse"), env=env)
 
 
+def _partial_args(session: nox.Session, name: str) -> list[str]:
+    """`-- --partial 3.11 [--partial 3.12]`: a partial development release for only those Pythons of the
+    matrix (carriers.toml's `pythons`), labelled so in manifest.json and the report."""
+    p = _parser(name)
+    p.add_argument("--partial", action="append", default=[], metavar="3.N", help="only this Python (development)")
+    args = p.parse_args(session.posargs)
+    return [f"--partial={v}" for v in args.partial]
+
+
 @nox.session(python=PYTHON, tags=["build"])
 def assemble(session: nox.Session) -> None:
-    """Carriers and repacks around an already built kt-kernel wheel (build/kt-kernel/out) into dist/."""
+    """Carriers and repacks around an already built kt-kernel wheel (build/kt-kernel/out) into dist/,
+    for every Python of the release's matrix (`-- --partial 3.11`: a labelled development release)."""
+    partial = _partial_args(session, "assemble")
     _install_lock(session, "toolchain")
     _install_lock(session, "audit")  # the payload packer reads the policy and runs cuobjdump
-    session.run("python", "-m", "carriers", "assemble", "--kernel", str(KERNEL_OUT), "--dist", str(DIST))
+    session.run("python", "-m", "carriers", "assemble", "--kernel", str(KERNEL_OUT), "--dist", str(DIST), *partial)
 
 
 @nox.session(python=PYTHON, tags=["build"])
 def build_all(session: nox.Session) -> None:
-    """Build the release into dist/: kt-kernel (CPU variants + CUDA archive), then every carrier, atomically."""
+    """Build the release into dist/: kt-kernel (CPU variants + CUDA archive), then every carrier for every
+    Python of the matrix, atomically (`-- --partial 3.11`: a labelled development release)."""
+    partial = _partial_args(session, "build_all")
     with _timed("build_all"):
         _install_lock(session, "toolchain")
         _install_lock(session, "cuda")
         _install_lock(session, "audit")  # the payload packer reads the policy and runs cuobjdump
         session.run("python", "kernel/tools/build_wheel.py", "--dist", str(KERNEL_OUT), "--cuda")
-        session.run("python", "-m", "carriers", "assemble", "--kernel", str(KERNEL_OUT), "--dist", str(DIST))
+        session.run("python", "-m", "carriers", "assemble", "--kernel", str(KERNEL_OUT), "--dist", str(DIST), *partial)
 
 
 @nox.session(python=PYTHON)

@@ -17,6 +17,7 @@ from .analyzers import (
     cuda_rules,
     dist_rules,
     elf_rules,
+    install_rules,
     isa_rules,
     manifest_rules,
     payload_rules,
@@ -30,6 +31,7 @@ from .model import Finding
 from .policy import ExternalProvider, Policy
 from .readers import ElfFacts, FeatureUse, WheelFacts, read_wheel
 from .readers._cuda import KernelPayload, find_cuobjdump, read_kernel_payload
+from .readers._install import read_install_files
 from .readers._payload import ArchiveFacts, WheelSummary, read_archive, summarize
 from .readers._wheel import ReadOptions, file_digest
 
@@ -262,6 +264,8 @@ def run(paths: list[Path], policy: Policy, baseline_file: Path | None = None) ->
         assert names is not None  # the finding came from this wheel's facts
         by_file[f.wheel].findings.append(_waive(f, names.dist, policy))
     findings = [f for r in results for f in r.findings]
+    release_files = [f for p in paths if p.is_dir() for f in read_install_files(p)]
+    findings += install_rules.analyze(release_files, {r.wheel: r.sha256 for r in results})
     return {
         "schema_version": SCHEMA_VERSION,
         "passed": not any(f.severity == "error" for f in findings),

@@ -129,6 +129,9 @@ RULES: dict[str, Rule] = {
         Rule("payload.carrier-any", "cuda", "a wheel carrying payload parts or the manifest is tagged `any`"),
         Rule("payload.closure", "cuda", "an install that can import the payload's package misses a part carrier"),
         Rule("payload.sass-coverage", "cuda", "an archived CUDA binary runs on none of a required compute capability"),
+        # 10. the release's install files (dist/install/), against its wheels
+        Rule("install.carrier-hash", "wheel", "an install file pins a release wheel by another hash, version or file"),
+        Rule("install.unreadable", "wheel", "an install file of the release cannot be read"),
         # 7. size
         Rule("size.wheel-budget", "wheel", "the wheel is over its size budget"),
         Rule("size.growth", "wheel", "the wheel grew more than the threshold against the baseline"),

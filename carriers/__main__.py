@@ -17,6 +17,13 @@ def main(argv: list[str] | None = None) -> int:
     a = sub.add_parser("assemble", help="build every carrier into --dist (atomically)")
     a.add_argument("--kernel", type=Path, required=True, help="the repaired kt_kernel wheel, or its directory")
     a.add_argument("--dist", type=Path, default=Path("dist"))
+    a.add_argument(
+        "--partial",
+        action="append",
+        default=[],
+        metavar="3.N",
+        help="a partial development release for only these Pythons of the matrix (labelled so in manifest.json)",
+    )
     c = sub.add_parser("check", help="validate carriers.toml; with --dist, the built set's metadata too")
     c.add_argument("--dist", type=Path, help="a built release: pins, bounds, torch and the payload closure")
     args = p.parse_args(argv)
@@ -25,7 +32,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.cmd == "check":
             print(f"{len(cs.carriers)} carriers, KT version {cs.kt_version}: ok")
             return 0 if args.dist is None else _check_dist(cs, args.dist)
-        manifest = assemble.assemble(cs, assemble.kernel_from(args.kernel), args.dist)
+        pythons = _partial(cs, args.partial)
+        manifest = assemble.assemble(cs, assemble.kernel_from(args.kernel), args.dist, pythons=pythons)
     except CarrierError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return exc.exit_code
@@ -37,7 +45,24 @@ def main(argv: list[str] | None = None) -> int:
         f"{', '.join(manifest['torch_candidates'])})"
     )
     print(f"assembled {len(manifest['wheels'])} wheels into {args.dist} in {manifest['elapsed_s']:.1f}s")
+    per = {v: sum(v in w["pythons"] for w in manifest["wheels"]) for v in manifest["pythons"]}
+    print("Pythons: " + ", ".join(f"{v} ({n} wheels)" for v, n in per.items()))
+    if "partial" in manifest:
+        print(f"PARTIAL development release: no wheels for {', '.join(manifest['partial']['missing'])}; not a release")
     return 0
+
+
+def _partial(cs: model.CarrierSet, asked: list[str]) -> tuple[str, ...] | None:
+    """The Pythons of a partial development release (None: the whole matrix)."""
+    if not asked:
+        return None
+    unknown = [v for v in asked if v not in cs.pythons]
+    if unknown:
+        raise InputError(
+            f"--partial {' '.join(unknown)}: not in the release's Python matrix {list(cs.pythons)} "
+            "(pythons in carriers/carriers.toml)"
+        )
+    return tuple(v for v in cs.pythons if v in asked)
 
 
 def _check_dist(cs: model.CarrierSet, dist: Path) -> int:

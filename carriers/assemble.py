@@ -17,7 +17,7 @@ from packaging.utils import parse_wheel_filename
 
 from tools import progress
 
-from . import consistency, inputs, payload, transform, wheelio
+from . import consistency, inputs, install, payload, transform, wheelio
 from .errors import ConsistencyError, InputError
 from .model import Carrier, CarrierSet
 
@@ -45,7 +45,7 @@ class _Job:
     cs: CarrierSet
     out: Path
     versions: Mapping[str, str]
-    sources: Mapping[str, inputs.Input]
+    sources: Mapping[str, Sequence[inputs.Input]]  # carrier -> its input wheels (one per Python where per-Python)
     upstream_of: Mapping[str, str]
     kernels: Sequence[Path]
     take: Callable[[dict[str, bytes]], None] | None  # the payload hook, for the carrier that provides it
@@ -66,20 +66,23 @@ def _umbrella(job: _Job, c: Carrier) -> list[Built]:
 
 
 def _derived(job: _Job, c: Carrier) -> list[Built]:
-    """A fork (patched, renamed) or a repack (renamed requirements only) of its hash-checked input."""
-    src = job.sources[c.name]
+    """A fork (patched, renamed) or a repack (renamed requirements only) of each of its hash-checked
+    inputs: one wheel per input (per Python, where the upstream is per-Python)."""
     hook = job.take if c.payload_manifest else None
-    path = transform.derive(c, job.cs, src.path, job.out, job.versions, job.upstream_of, take=hook)
-    return [
-        Built(
-            c.name,
-            job.versions[c.name],
-            c.kind,
-            path,
-            inputs=[{"name": src.name, "version": src.version, "filename": src.path.name, "sha256": src.sha256}],
-            patches=[{"file": p.name, "sha256": inputs.sha256(p)} for p in c.patches],
+    out = []
+    for src in job.sources[c.name]:
+        path = transform.derive(c, job.cs, src.path, job.out, job.versions, job.upstream_of, take=hook)
+        out.append(
+            Built(
+                c.name,
+                job.versions[c.name],
+                c.kind,
+                path,
+                inputs=[{"name": src.name, "version": src.version, "filename": src.path.name, "sha256": src.sha256}],
+                patches=[{"file": p.name, "sha256": inputs.sha256(p)} for p in c.patches],
+            )
         )
-    ]
+    return out
 
 
 # carrier kind -> how it is built (carriers.toml `kind`; the model refuses any other)
@@ -98,26 +101,31 @@ def build_set(
     *,
     lock: Path = inputs.LOCK,
     cache: Path | None = None,
-    given: Mapping[str, Path] | None = None,
+    given: Mapping[str, Path | Sequence[Path]] | None = None,
     only: frozenset[str] | None = None,
+    pythons: Sequence[str] | None = None,
 ) -> list[Built]:
-    """Every carrier (or `only` these) into `out`. given: upstream name -> wheel path (verified against the lock).
-    `kernel`: the kt-kernel wheel, or one per Python of the matrix (cp311, cp312): each ships, each carries
-    the same archive part."""
+    """Every carrier (or `only` these) into `out`, for every Python of `pythons` (default: the release's
+    matrix, cs.pythons). given: upstream name -> wheel path(s) (verified against the lock). `kernel`: the
+    kt-kernel wheel(s): one abi3 wheel serves every Python; each carries the same archive part, as every
+    wheel of a per-Python part carrier (sglang-kt) does."""
     given = given or {}
+    pythons = tuple(pythons or cs.pythons)
     kernels = check_kernels([kernel] if isinstance(kernel, Path) else list(kernel))
     kernel_wheel = kernels[0]
-    sources: dict[str, inputs.Input] = {}
+    sources: dict[str, list[inputs.Input]] = {}
     for c in cs.carriers:
         if c.kind not in ("fork", "repack"):
             continue
         if c.source is not None:
-            sources[c.name] = inputs.build_source(c.name, c.source, cache)
+            sources[c.name] = [inputs.build_source(c.name, c.source, cache)]
         elif c.upstream in given:
-            sources[c.name] = inputs.verify(given[c.upstream], c.upstream, lock)
+            paths = given[c.upstream]
+            listed = [paths] if isinstance(paths, Path) else list(paths)
+            sources[c.name] = [inputs.verify(w, c.upstream, lock) for w in listed]
         else:
-            sources[c.name] = inputs.fetch(c.upstream, lock, cache)
-    upstream_of = {n: i.version for n, i in sources.items()}
+            sources[c.name] = inputs.fetch_matrix(c.upstream, pythons, lock, cache)
+    upstream_of = {n: i[0].version for n, i in sources.items()}
     versions: dict[str, str] = {}
     for c in cs.carriers:
         if c.kind == "native":
@@ -146,25 +154,56 @@ def build_set(
     if with_payload:
         provider = cs.payload_provider
         assert provider is not None
-        native = [b for b in built if b.kind == "native"]
+        groups: dict[str, list[Path]] = {}
+        for b in built:
+            groups.setdefault(b.name, []).append(b.path)
         result = payload.attach(
             cs,
-            {b.name: b.path for b in built if b not in native[1:]},
+            groups,
             archived,
             versions,
-            [sources[provider.name].path],
+            [i.path for i in sources[provider.name]],
             (cache or inputs.default_cache()).parent / "payload",
             pol,
-            siblings=[b.path for b in native[1:]],
         )
         for b in built:
-            b.path = result.siblings.get(b.path, b.path) if b in native[1:] else result.wheels.get(b.name, b.path)
+            b.path = result.moved.get(b.path, b.path)
         built[0].payload = payload.manifest_summary(result.manifest)
+    if only is None:
+        problems = coverage_problems(built, pythons)
+        if problems:
+            raise InputError(
+                "the release does not serve every Python it is built for:\n  "
+                + "\n  ".join(problems)
+                + "\nnothing was written to dist/"
+            )
     return built
 
 
-def assemble(cs: CarrierSet, kernel_wheel: Path | Sequence[Path], dist: Path, **kwargs: Any) -> dict[str, Any]:
-    """Build, check, describe, then swap `dist` in whole. Returns the manifest."""
+def coverage_problems(built: Sequence[Built], pythons: Sequence[str]) -> list[str]:
+    """Every carrier has a wheel that installs on each Python of `pythons` (the per-Python closure:
+    whatever a profile pulls on that Python exists for it)."""
+    problems = []
+    for name in dict.fromkeys(b.name for b in built):
+        wheels = [b.path.name for b in built if b.name == name]
+        for python in pythons:
+            if not any(inputs.serves(w, python) for w in wheels):
+                problems.append(
+                    f"{name} has no wheel for CPython {python} (it has {', '.join(wheels)}); "
+                    + (
+                        "build kt-kernel for it (nox -s build_cuda)"
+                        if name == "kt-kernel"
+                        else "its upstream input publishes none for that Python"
+                    )
+                )
+    return problems
+
+
+def assemble(
+    cs: CarrierSet, kernel_wheel: Path | Sequence[Path], dist: Path, *, install_files: bool = True, **kwargs: Any
+) -> dict[str, Any]:
+    """Build, check, describe, write the install files (dist/install/, unless install_files is False: a
+    carrier set that is not the release's), then swap `dist` in whole. Returns the manifest."""
     t0 = time.perf_counter()
     dist = dist.resolve()
     dist.parent.mkdir(parents=True, exist_ok=True)
@@ -183,7 +222,7 @@ def assemble(cs: CarrierSet, kernel_wheel: Path | Sequence[Path], dist: Path, **
         report = consistency.check(cs, metadata)
         if report.problems:
             raise ConsistencyError("the carrier set is inconsistent:\n  " + "\n  ".join(report.problems))
-        wheels = []
+        wheels: list[dict[str, Any]] = []
         for b in built:
             digest = inputs.sha256(b.path)
             wheels.append(
@@ -194,21 +233,38 @@ def assemble(cs: CarrierSet, kernel_wheel: Path | Sequence[Path], dist: Path, **
                     "filename": b.path.name,
                     "sha256": digest,
                     "size": b.path.stat().st_size,
+                    "pythons": [v for v in cs.pythons if inputs.serves(b.path.name, v)],
                     "inputs": b.inputs,
                     "patches": b.patches,
                 }
             )
-        manifest = {
+        pythons = list(kwargs.get("pythons") or cs.pythons)
+        manifest: dict[str, Any] = {
             "schema_version": 1,
             "kt_version": cs.kt_version,
+            "pythons": pythons,
             "torch": report.torch,
             "torch_candidates": list(report.torch_candidates),
             "wheels": wheels,
         }
+        if pythons != list(cs.pythons):  # asked for by name (--partial): never a release, and says so
+            missing = [v for v in cs.pythons if v not in pythons]
+            manifest["partial"] = {"pythons": pythons, "missing": missing}
         summary = next((b.payload for b in built if b.payload), None)
         if summary:
             manifest["payload"] = summary
-        (staging / "SHA256SUMS").write_text("".join(f"{w['sha256']}  {w['filename']}\n" for w in wheels))
+        listed = [(w["sha256"], w["filename"]) for w in wheels]
+        if install_files:
+            progress.say("assemble", "install files: every profile for every Python (dist/install/)")
+            written = install.write(cs, staging, pythons, {w["filename"]: w["sha256"] for w in wheels})
+            manifest["install"] = []
+            for f in written:
+                digest = inputs.sha256(staging / f.path)
+                manifest["install"].append(
+                    {"profile": f.profile, "python": f.python, "file": f.path, "format": f.format, "sha256": digest}
+                )
+                listed.append((digest, f.path))
+        (staging / "SHA256SUMS").write_text("".join(f"{digest}  {name}\n" for digest, name in listed))
         (staging / "manifest.json").write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
         # The swap: two renames; dist/ is the old tree or the new one, never a mix.
         old = dist.parent / f".{dist.name}-old-{os.getpid()}"

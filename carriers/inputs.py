@@ -8,6 +8,7 @@ import os
 import shutil
 import sys
 import tempfile
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -56,8 +57,34 @@ def locked_pins(lock: Path = LOCK) -> dict[str, tuple[str, tuple[str, ...]]]:
     return {n: (str(p.version), p.hashes) for n, p in parse_lock(lock).items()}
 
 
-def fetch(name: str, lock: Path = LOCK, cache: Path | None = None) -> Input:
-    """The locked wheel of upstream `name`, downloaded once and verified every time."""
+def python_abis(python: str) -> frozenset[tuple[str, str]]:
+    """(interpreter, abi) pairs a CPython `python` ("3.12") installs: cp312-cp312, cp3N-abi3 for
+    N <= 12, py3-none and the like (packaging's own tag order, the platform left aside)."""
+    from packaging.tags import compatible_tags, cpython_tags
+
+    version = tuple(int(x) for x in python.split("."))
+    tags = [*cpython_tags(version, platforms=["any"]), *compatible_tags(version, f"cp{python.replace('.', '')}")]
+    return frozenset((t.interpreter, t.abi) for t in tags)
+
+
+def serves(wheel_name: str, python: str) -> bool:
+    """Whether a wheel (by its filename's tags) installs on CPython `python`."""
+    pairs = python_abis(python)
+    return any((t.interpreter, t.abi) in pairs for t in parse_wheel_filename(wheel_name)[3])
+
+
+def fetch_matrix(name: str, pythons: Sequence[str], lock: Path = LOCK, cache: Path | None = None) -> list[Input]:
+    """The locked wheels of upstream `name` that together serve every Python of `pythons`, each file once
+    (a py3-none-any or abi3 wheel serves them all; a cp3XX wheel one each)."""
+    found: list[Input] = []
+    for python in pythons:
+        if not any(serves(i.path.name, python) for i in found):
+            found.append(fetch(name, lock, cache, python=python))
+    return found
+
+
+def fetch(name: str, lock: Path = LOCK, cache: Path | None = None, *, python: str = "3.11") -> Input:
+    """The locked wheel of upstream `name` for CPython `python`, downloaded once and verified every time."""
     pins = locked_pins(lock)
     key = canonicalize_name(name)
     if key not in pins:
@@ -65,11 +92,12 @@ def fetch(name: str, lock: Path = LOCK, cache: Path | None = None) -> Input:
     version, hashes = pins[key]
     cache = cache or default_cache()
     for cached in sorted((cache / key).glob("*.whl")) if (cache / key).is_dir() else []:
-        if parse_wheel_filename(cached.name)[1] == Version(version):
+        if parse_wheel_filename(cached.name)[1] == Version(version) and serves(cached.name, python):
             digest = sha256(cached)
             if digest in hashes:
                 return Input(key, version, cached, digest)
             cached.unlink()  # stale or tampered cache entry: fetch again
+    abi = f"cp{python.replace('.', '')}"
     with tempfile.TemporaryDirectory() as tmp:
         cmd = [
             sys.executable,
@@ -83,21 +111,30 @@ def fetch(name: str, lock: Path = LOCK, cache: Path | None = None) -> Input:
             "--index-url",
             os.environ.get("KT_INPUT_INDEX_URL", "https://pypi.org/simple"),
             "--python-version",
-            "3.11",
+            python,
             "--implementation",
             "cp",
             "--abi",
-            "cp311",
+            abi,
             *(f"--platform={p}" for p in PLATFORMS),
             "-d",
             tmp,
             f"{name}=={version}",
         ]
-        progress.say("inputs", f"downloading {name}=={version} (locked by hash) ...")
-        got = progress.run_quiet(cmd, f"inputs: {name}")
+        progress.say("inputs", f"downloading {name}=={version} for CPython {python} (locked by hash) ...")
+        got = progress.run_quiet(cmd, f"inputs: {name} ({abi})")
         wheels = sorted(Path(tmp).glob("*.whl"))
+        if got.returncode != 0 and "No matching distribution" in got.stderr:
+            raise InputError(
+                f"{name}=={version} publishes no wheel for CPython {python} (x86_64 manylinux), which the "
+                f"release's Python matrix (pythons in carriers/carriers.toml) includes. Drop {python} from "
+                "the matrix, lock a version of it that has one, or build a partial development release for "
+                "the Pythons it has (nox -s build_all -- --partial 3.11); nothing was written to dist/"
+            )
         if got.returncode != 0 or len(wheels) != 1:
-            raise InputError(f"downloading {name}=={version} failed:\n{got.stderr.strip()[-2000:]}")
+            raise InputError(
+                f"downloading {name}=={version} for CPython {python} failed:\n{got.stderr.strip()[-2000:]}"
+            )
         digest = sha256(wheels[0])
         if digest not in hashes:
             raise InputError(

@@ -84,12 +84,18 @@ class Carrier:
         return canonicalize_name(self.upstream or self.name).replace("-", "_")
 
 
+# The release's keys above the carrier tables (carriers.toml's top level).
+RELEASE_KEYS = {"pythons"}
+
+
 @dataclass(frozen=True)
 class CarrierSet:
-    """Every carrier of the release and the KT version they share."""
+    """Every carrier of the release, the KT version they share and the CPython versions the release
+    supports (`pythons`, the one owner of the release's Python matrix)."""
 
     carriers: tuple[Carrier, ...]
     kt_version: str
+    pythons: tuple[str, ...] = ("3.11",)
 
     def __getitem__(self, name: str) -> Carrier:
         for c in self.carriers:
@@ -132,9 +138,15 @@ def load(path: Path = DEFINITIONS, patches_dir: Path | None = None, version: str
         data: dict[str, Any] = tomllib.loads(path.read_text())
     except (OSError, tomllib.TOMLDecodeError) as exc:
         raise DefinitionError(f"{path}: cannot read carrier definitions: {exc}") from exc
+    pythons = _pythons(data, path)
+    data = {k: v for k, v in data.items() if k not in RELEASE_KEYS}
     carriers = []
     names = set(data)
     for name, spec in data.items():
+        if not isinstance(spec, dict):
+            raise DefinitionError(
+                f"{path}: {name} = {spec!r} is neither a carrier table nor a release key{_hint(name, RELEASE_KEYS)}"
+            )
         if canonicalize_name(name) != name:
             raise DefinitionError(
                 f"{path}: [{name}] is not a normalized distribution name; use [{canonicalize_name(name)}]"
@@ -192,12 +204,37 @@ def load(path: Path = DEFINITIONS, patches_dir: Path | None = None, version: str
                 requires_extra=_moved(spec, path, name),
             )
         )
-    cs = CarrierSet(tuple(carriers), version or kt_version())
+    cs = CarrierSet(tuple(carriers), version or kt_version(), pythons)
     _check_payload(cs, path)
     hosts = [c.name for c in cs.carriers if c.dist_alias]
     if len(hosts) > 1:
         raise DefinitionError(f"{path}: {hosts} all set dist_alias = true; one fork ships the alias")
     return cs
+
+
+def _pythons(data: dict[str, Any], path: Path) -> tuple[str, ...]:
+    """`pythons = ["3.11", "3.12", ...]`: CPython versions, ascending, each once."""
+    raw = data.get("pythons", ["3.11"])
+    if not isinstance(raw, list) or not raw or not all(isinstance(v, str) for v in raw):
+        raise DefinitionError(f'{path}: pythons = {raw!r}; it takes a list of CPython versions: ["3.11", "3.12"]')
+    bad = [v for v in raw if not re.fullmatch(r"3\.\d{1,2}", v)]
+    if bad:
+        raise DefinitionError(f'{path}: pythons holds {bad}; each entry is a CPython "3.N" version')
+    ordered = sorted(set(raw), key=python_key)
+    if ordered != raw:
+        raise DefinitionError(f"{path}: pythons = {raw}; list each version once, ascending: {ordered}")
+    return tuple(raw)
+
+
+def python_key(version: str) -> tuple[int, int]:
+    """ "3.12" -> (3, 12), for ordering."""
+    major, minor = version.split(".")
+    return int(major), int(minor)
+
+
+def python_tag(version: str) -> str:
+    """ "3.12" -> "cp312", the interpreter tag of its wheels (and of the install files' names)."""
+    return "cp" + version.replace(".", "")
 
 
 def _flag(spec: dict[str, Any], key: str, path: Path, name: str) -> bool:

@@ -344,102 +344,86 @@ def _slices(path: Path, sizes: list[int]) -> list[bytes]:
 
 @dataclass
 class PayloadResult:
-    """The payload manifest and the rewritten wheels that carry its parts."""
+    """The payload manifest and where each rewritten wheel went (input path -> output path)."""
 
     manifest: dict[str, Any]
-    wheels: dict[str, Path]  # carrier -> rewritten wheel path
-    siblings: dict[Path, Path] = field(default_factory=dict)  # kt-kernel's other-Python wheels: old -> new path
+    moved: dict[Path, Path] = field(default_factory=dict)
+
+
+def _encoded(members: Mapping[str, bytes], stored: frozenset[str] = frozenset()) -> bytes:
+    """A wheel's bytes, written in memory (to measure a wheel, or to write it once)."""
+    buf = io.BytesIO()
+    wheelio.write_to(buf, members, _executable(members), stored)
+    return buf.getvalue()
 
 
 def attach(
     cs: CarrierSet,
-    wheels: Mapping[str, Path],
+    wheels: Mapping[str, Sequence[Path]],
     archived: Mapping[str, bytes],
     versions: Mapping[str, str],
     sources: list[Path],
     cache: Path,
     pol: Any = None,
-    siblings: Sequence[Path] = (),
 ) -> PayloadResult:
     """Build (or reuse) the archive of `archived` plus kt-kernel's CUDA libraries, cut it into parts,
-    add each part to its carrier's wheel (retagged for the archive's platform), and write the
-    manifest and the part requirements into the provider's wheel. `wheels`: carrier -> built wheel;
-    `siblings`: kt-kernel's wheels for the other Pythons, which carry the same part and must hold
-    the same CUDA libraries."""
+    add each part to every wheel of its carrier (retagged for the archive's platform), and write the
+    manifest and the part requirements into the provider's wheel. `wheels`: carrier -> its built wheels
+    (several where the carrier is per-Python, as sglang-kt is): each wheel of a part carrier carries the
+    same part, and every kt-kernel wheel must hold the same CUDA libraries. Each wheel is written once."""
     pol = pol or policy()
     pp = pol.payload
     provider = cs.payload_provider
     assert provider is not None  # carriers.toml validation guarantees one when parts exist
     native = next(c for c in cs.carriers if c.kind == "native")
-    members = {c.name: wheelio.read(wheels[c.name]) for c in cs.part_carriers}
+    members = {c.name: [(w, wheelio.read(w)) for w in wheels[c.name]] for c in cs.part_carriers}
     entries = dict(archived)
-    kernel_cuda = take_kernel_cuda(members[native.name], pol)
-    entries.update(kernel_cuda)
-    sibling_members = {s: wheelio.read(s) for s in siblings}
-    for s, sm in sibling_members.items():
-        theirs = take_kernel_cuda(sm, pol)
-        if theirs != kernel_cuda:
-            differ = sorted(n for n in set(theirs) | set(kernel_cuda) if theirs.get(n) != kernel_cuda.get(n))
+    first: tuple[Path, dict[str, bytes]] | None = None
+    for w, m in members[native.name]:  # one copy of kt-kernel's CUDA libraries in the archive
+        theirs = take_kernel_cuda(m, pol)
+        if first is None:
+            first = (w, theirs)
+            entries.update(theirs)
+        elif theirs != first[1]:
+            differ = sorted(n for n in set(theirs) | set(first[1]) if theirs.get(n) != first[1].get(n))
             raise InputError(
-                f"{s.name} and {wheels[native.name].name} hold different CUDA libraries ({differ}); the release "
-                "archive holds one copy: build every Python's wheel from one source"
+                f"{w.name} and {first[0].name} hold different CUDA libraries ({differ}); the release "
+                "archive holds one copy: build every kt-kernel wheel from one source"
             )
     archive = build_archive(entries, pp.zstd_level, pp.zstd_window_log, cache)
-    platform = archive_platform([*sources, wheels[native.name]])
-    # Each carrier's size without its part: write it once, retagged, and measure.
+    platform = archive_platform([*sources, *wheels[native.name]])
+    # Each carrier's size without its part, measured in memory: the largest of its wheels, since the
+    # same part must fit beside each of them.
     bases: list[tuple[str, int]] = []
-    names: dict[str, str] = {}
     for c in cs.part_carriers:
-        tags = retag(wheels[c.name].name, platform)
-        wheelio.set_tags(members[c.name], tags)
-        names[c.name] = wheelio.wheel_name(c.name, versions[c.name], compressed_tag(tags))
-        probe = wheels[c.name].with_name(names[c.name] + ".probe")
-        wheelio.write(probe, members[c.name], _executable(members[c.name]))
-        size = probe.stat().st_size
-        probe.unlink()
-        if c.name == native.name:  # the part must fit beside the largest of kt-kernel's wheels
-            for s, sm in sibling_members.items():
-                wheelio.set_tags(sm, retag(s.name, platform))
-                sprobe = s.with_name(s.name + ".probe")
-                wheelio.write(sprobe, sm, _executable(sm))
-                size = max(size, sprobe.stat().st_size)
-                sprobe.unlink()
+        size = 0
+        for w, m in members[c.name]:
+            wheelio.set_tags(m, retag(w.name, platform))
+            size = max(size, len(_encoded(m)))
         bases.append((c.name, size))
     sizes = plan_parts(archive.size, bases, pol.wheel_budget_bytes, pp.headroom_bytes)
     count = len(sizes)
     parts: list[dict[str, Any]] = []
-    out: dict[str, Path] = {}
     moved: dict[Path, Path] = {}
     for i, (c, blob) in enumerate(zip(cs.part_carriers, _slices(archive.path, sizes), strict=True), 1):
         member = part_member(c, i, count)
-        if not any(n.startswith(f"{c.import_package}/") for n in members[c.name]):
-            raise ConsistencyError(f"{c.name}: its wheel has no {c.import_package}/ package to carry part {i}")
-        members[c.name][member] = blob
-        dest = wheels[c.name].with_name(names[c.name])
-        wheelio.write(dest, members[c.name], _executable(members[c.name]), stored=frozenset({member}))
-        if dest != wheels[c.name]:
-            wheels[c.name].unlink()
-        if dest.stat().st_size > pol.wheel_budget_bytes:
-            raise ConsistencyError(
-                f"{dest.name} is {dest.stat().st_size / 2**20:.1f} MiB with its part, over the "
-                f"{pol.wheel_budget_bytes / 2**20:.0f} MiB budget"
-            )
-        out[c.name] = dest
-        if c.name == native.name:
-            for s, sm in sibling_members.items():
-                sm[member] = blob
-                sdest = s.with_name(
-                    wheelio.wheel_name(c.name, versions[c.name], compressed_tag(retag(s.name, platform)))
+        biggest = 0
+        for w, m in members[c.name]:
+            if not any(n.startswith(f"{c.import_package}/") for n in m):
+                raise ConsistencyError(f"{w.name}: {c.name} has no {c.import_package}/ package to carry part {i}")
+            m[member] = blob
+            data = _encoded(m, frozenset({member}))
+            if len(data) > pol.wheel_budget_bytes:
+                raise ConsistencyError(
+                    f"{w.name} would be {len(data) / 2**20:.1f} MiB with its part, over the "
+                    f"{pol.wheel_budget_bytes / 2**20:.0f} MiB budget"
                 )
-                wheelio.write(sdest, sm, _executable(sm), stored=frozenset({member}))
-                if sdest != s:
-                    s.unlink()
-                if sdest.stat().st_size > pol.wheel_budget_bytes:
-                    raise ConsistencyError(
-                        f"{sdest.name} is {sdest.stat().st_size / 2**20:.1f} MiB with its part, "
-                        f"over the {pol.wheel_budget_bytes / 2**20:.0f} MiB budget"
-                    )
-                moved[s] = sdest
+            dest = w.with_name(wheelio.wheel_name(c.name, versions[c.name], compressed_tag(retag(w.name, platform))))
+            wheelio.write_bytes(dest, data)
+            if dest != w:
+                w.unlink()
+            moved[w] = dest
+            biggest = max(biggest, len(data))
         parts.append(
             {
                 "index": i,
@@ -452,7 +436,8 @@ def attach(
         )
         say(
             f"part {i}/{count}: {c.name} {versions[c.name]} carries {len(blob) / 2**20:.1f} MiB "
-            f"-> {dest.stat().st_size / 2**20:.1f} MiB wheel"
+            f"-> {biggest / 2**20:.1f} MiB wheel"
+            + (f" (each of {len(members[c.name])})" if len(members[c.name]) > 1 else "")
         )
     manifest = {
         "schema_version": SCHEMA_VERSION,
@@ -470,10 +455,9 @@ def attach(
         "parts": parts,
         "files": archive.files,
     }
-    out[provider.name] = _finish_provider(
-        provider, wheels[provider.name], manifest, pp.manifest_member, cs, versions, platform
-    )
-    return PayloadResult(manifest, out, moved)
+    for w in wheels[provider.name]:
+        moved[w] = _finish_provider(provider, w, manifest, pp.manifest_member, cs, versions, platform)
+    return PayloadResult(manifest, moved)
 
 
 def _executable(members: Mapping[str, bytes]) -> frozenset[str]:

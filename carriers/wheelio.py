@@ -12,6 +12,7 @@ import re
 import zipfile
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import IO
 
 from packaging.utils import canonicalize_name
 
@@ -62,7 +63,27 @@ def write(
     executable: frozenset[str] = frozenset(),
     stored: frozenset[str] = frozenset(),
 ) -> None:
-    """Write a wheel whose bytes depend on `members` alone: sorted entries (dist-info
+    """Write a wheel whose bytes depend on `members` alone (see write_to), atomically."""
+    tmp = path.with_name(path.name + ".part")
+    with tmp.open("wb") as fh:
+        write_to(fh, members, executable, stored)
+    tmp.replace(path)
+
+
+def write_bytes(path: Path, data: bytes) -> None:
+    """Write an already encoded wheel atomically (a .part file renamed into place)."""
+    tmp = path.with_name(path.name + ".part")
+    tmp.write_bytes(data)
+    tmp.replace(path)
+
+
+def write_to(
+    fh: IO[bytes],
+    members: Mapping[str, bytes],
+    executable: frozenset[str] = frozenset(),
+    stored: frozenset[str] = frozenset(),
+) -> None:
+    """A wheel whose bytes depend on `members` alone, into an open binary file: sorted entries (dist-info
     last, RECORD regenerated), SOURCE_DATE_EPOCH timestamps, 0644/0755 modes, deflate 6
     (`stored` members, already compressed, are stored as they are)."""
     di = dist_info(members)
@@ -79,14 +100,12 @@ def write(
 
     stamp = time.gmtime(epoch)[:6]
     order = sorted(body, key=lambda n: (n.startswith(di + "/"), n == record, n))
-    tmp = path.with_name(path.name + ".part")
-    with zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED, compresslevel=6) as zf:
+    with zipfile.ZipFile(fh, "w", zipfile.ZIP_DEFLATED, compresslevel=6) as zf:
         for name in order:
             info = zipfile.ZipInfo(name, stamp)
             info.compress_type = zipfile.ZIP_STORED if name in stored else zipfile.ZIP_DEFLATED
             info.external_attr = ((0o755 if name in executable else 0o644) | 0o100000) << 16
             zf.writestr(info, body[name], compresslevel=None if name in stored else 6)
-    tmp.replace(path)
 
 
 def set_tags(members: dict[str, bytes], tags: list[str]) -> None:

@@ -92,10 +92,12 @@ def python_sibling(wheel: Path, out: Path, python: str = "cp312") -> Path:
     here = {t.interpreter for t in tags}
     assert len(here) == 1, f"{wheel.name}: expected one interpreter tag"
     (old,) = here
+    (abi,) = {t.abi for t in tags}
+    new_abi = "abi3" if abi == "abi3" else python  # cp311-abi3 -> cp312-abi3; cp311-cp311 -> cp312-cp312
     members = {}
     for name, data in read_members(wheel).items():
         new = name.replace(f".cpython-{old[2:]}-", f".cpython-{python[2:]}-")
-        tag = (f"Tag: {old}-{old}-".encode(), f"Tag: {python}-{python}-".encode())
+        tag = (f"Tag: {old}-{abi}-".encode(), f"Tag: {python}-{new_abi}-".encode())
         members[new] = data.replace(*tag) if name.endswith(".dist-info/WHEEL") else data
     out.mkdir(parents=True, exist_ok=True)
-    return write_wheel(out / wheel.name.replace(f"-{old}-{old}-", f"-{python}-{python}-"), members)
+    return write_wheel(out / wheel.name.replace(f"-{old}-{abi}-", f"-{python}-{new_abi}-"), members)

@@ -54,7 +54,7 @@ def test_a_failed_consistency_check_after_staging_leaves_dist(tmp_path: Path, mo
     _stub_building(tmp_path, monkeypatch)
     monkeypatch.setattr("carriers.consistency.check", lambda cs, meta: Report(("drift",), "", ()))
     with pytest.raises(ConsistencyError, match="drift"):
-        assembly.assemble(load(), tmp_path / "k.whl", dist)
+        assembly.assemble(load(), tmp_path / "k.whl", dist, install_files=False)
     assert _state(dist) == before
     assert _leftovers(tmp_path) == []
 
@@ -73,7 +73,7 @@ def test_a_failed_swap_puts_the_previous_release_back(tmp_path: Path, monkeypatc
 
     monkeypatch.setattr(Path, "rename", rename)
     with pytest.raises(OSError, match="No space left"):
-        assembly.assemble(load(), tmp_path / "k.whl", dist)
+        assembly.assemble(load(), tmp_path / "k.whl", dist, install_files=False)
     assert _state(dist) == before
     assert _leftovers(tmp_path) == []
 
@@ -83,7 +83,7 @@ def test_a_successful_assembly_replaces_dist_whole(tmp_path: Path, monkeypatch: 
     _previous(dist)
     _stub_building(tmp_path, monkeypatch)
     monkeypatch.setattr("carriers.consistency.check", lambda cs, meta: Report((), "torch", ()))
-    assembly.assemble(load(), tmp_path / "k.whl", dist)
+    assembly.assemble(load(), tmp_path / "k.whl", dist, install_files=False)
     assert sorted(_state(dist)) == ["SHA256SUMS", "manifest.json", "new-1.0-py3-none-any.whl"]
     assert _leftovers(tmp_path) == []
 
