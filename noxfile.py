@@ -274,6 +274,17 @@ def release_report(session: nox.Session) -> None:
     session.run("python", "-m", "tools.release_report", "--dist", str(DIST))
 
 
+@nox.session(python=PYTHON, default=False)
+def bundle(session: nox.Session) -> None:
+    """An offline bundle of one install profile for one Python: `-- --profile sft --python 3.12 --out DIR`
+    (every wheel of dist/install/<profile>-cp3XX.txt, hash-checked, that file and a README; the bundle is
+    installed with `pip install --no-index --find-links DIR --require-hashes -r DIR/<profile>-cp3XX.txt`)."""
+    if not session.posargs:
+        session.error("usage: nox -s bundle -- --profile NAME --python 3.N --out DIR")
+    _install_lock(session, "verify")
+    session.run("python", "-m", "bundle", "--dist", str(DIST), *session.posargs)
+
+
 @nox.session(python=PYTHON, default=False, tags=["publish"])
 def publish(session: nox.Session) -> None:
     """Upload dist/ in dependency order, hash-verified; same-version different bytes is an error."""

@@ -1,0 +1,187 @@
+"""An offline bundle: every wheel of one install profile's closure for one Python, its install file and
+a README, in one directory a site without internet access can carry in and install from:
+
+    pip install --no-index --find-links DIR --require-hashes -r DIR/<profile>-cp3XX.txt
+
+The carriers are copied from the release directory, the third-party wheels downloaded by hash
+(pip download --require-hashes, for that Python and platform, so no interpreter of it is needed
+here); then every file is checked against the install file, and a file too many or too few is an
+error. The bundle is written beside its target and renamed into place: complete, or absent."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from packaging.utils import canonicalize_name, parse_wheel_filename
+
+# Every platform tag an x86_64 glibc 2.34 system installs (pip does not expand --platform itself: given
+# manylinux_2_34 alone it skips a manylinux_2_27 wheel, and then backtracks to old releases).
+PLATFORMS = (
+    *(f"manylinux_2_{minor}_x86_64" for minor in range(34, 4, -1)),
+    "manylinux2014_x86_64",
+    "manylinux2010_x86_64",
+    "manylinux1_x86_64",
+)
+_PIN = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==(\S+)((?:\s*\\\n\s*--hash=sha256:[0-9a-f]{64})*)", re.MULTILINE)
+
+
+class BundleError(Exception):
+    """A bundle cannot be made; the message names the distribution, the Python and the fix."""
+
+
+@dataclass(frozen=True)
+class Bundle:
+    """What was written: file count, bytes, and the offline install command."""
+
+    files: int
+    bytes: int
+    command: str
+
+
+def pins(text: str) -> dict[str, tuple[str, frozenset[str]]]:
+    """name -> (version, allowed sha256s) of a pip --require-hashes file."""
+    return {
+        canonicalize_name(m.group(1)): (m.group(2), frozenset(re.findall(r"sha256:([0-9a-f]{64})", m.group(3))))
+        for m in _PIN.finditer(text)
+    }
+
+
+def _sha256(path: Path) -> str:
+    with path.open("rb") as fh:
+        return hashlib.file_digest(fh, "sha256").hexdigest()
+
+
+def _readme(profile: str, python: str, install: str, count: int, size: int) -> str:
+    return (
+        f"# Offline bundle: KT install profile {profile}, CPython {python}, x86_64 Linux\n\n"
+        f"{count} wheels ({size / 2**20:.1f} MiB), each listed with its sha256 in `{install}`.\n"
+        "On the target machine, with no index reachable:\n\n"
+        "```console\n"
+        f"$ python{python} -m venv .venv\n"
+        f"$ .venv/bin/pip install --no-index --find-links . --require-hashes -r {install}\n"
+        "$ .venv/bin/python -m kt_kernel.payload materialize   # the CUDA payload, where the profile has it\n"
+        "```\n\n"
+        "pip refuses any file whose sha256 is not the one listed, and reaches no index.\n"
+    )
+
+
+def build(dist: Path, profile: str, python: str, out: Path, *, index_url: str = "https://pypi.org/simple") -> Bundle:
+    """Write the bundle of `profile` for `python` from the release in `dist` into `out` (which must not exist)."""
+    tag = f"cp{python.replace('.', '')}"
+    install = dist / "install" / f"{profile}-{tag}.txt"
+    if not install.is_file():
+        have = sorted(p.name for p in (dist / "install").glob("*.txt")) if (dist / "install").is_dir() else []
+        raise BundleError(
+            f"{install} does not exist: no install profile {profile!r} for CPython {python} in this release "
+            f"(it has {', '.join(have) or 'no install files: run nox -s build_all'})"
+        )
+    if out.exists():
+        raise BundleError(f"{out} exists; give a new directory (the bundle is written whole or not at all)")
+    text = install.read_text()
+    wanted = pins(text)
+    local = {}
+    release = set()
+    for wheel in sorted(dist.glob("*.whl")):
+        name = canonicalize_name(parse_wheel_filename(wheel.name)[0])
+        release.add(name)
+        if name in wanted and _sha256(wheel) in wanted[name][1]:
+            local[name] = wheel
+    manifest = dist / "manifest.json"  # the release's distributions, also those whose wheel went missing
+    if manifest.is_file():
+        release |= {
+            canonicalize_name(str(w.get("name", ""))) for w in json.loads(manifest.read_text()).get("wheels", [])
+        }
+    missing = sorted((release & set(wanted)) - set(local))
+    if missing:
+        raise BundleError(
+            f"{install.name} pins {', '.join(missing)} by a sha256 no wheel in {dist} has: the install file and the "
+            "wheels are from different builds; rebuild the release (nox -s build_all)"
+        )
+    staging = out.with_name(f".{out.name}.part-{os.getpid()}")
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    try:
+        for wheel in local.values():
+            shutil.copyfile(wheel, staging / wheel.name)
+        third = staging / ".third-party.txt"
+        kept = [
+            line for line in re.split(r"\n(?=[A-Za-z0-9])", text) if canonicalize_name(line.split("==")[0]) not in local
+        ]
+        third.write_text("\n".join(kept) + "\n")
+        if any(_PIN.match(b) for b in kept):
+            print(
+                f"[bundle] downloading {len(wanted) - len(local)} third-party wheels for CPython {python} by hash ...",
+                flush=True,
+            )
+            cmd = [
+                sys.executable,
+                "-m",
+                "pip",
+                "download",
+                "--isolated",
+                "--no-deps",
+                "--require-hashes",
+                "--only-binary",
+                ":all:",
+                "--python-version",
+                python,
+                "--implementation",
+                "cp",
+                "--abi",
+                tag,
+                *(f"--platform={p}" for p in PLATFORMS),
+                "--index-url",
+                index_url,
+                "-d",
+                str(staging),
+                "-r",
+                str(third),
+            ]
+            got = subprocess.run(cmd, capture_output=True, text=True, check=False)
+            if got.returncode != 0:
+                raise BundleError(
+                    f"downloading {profile}'s third-party wheels for CPython {python} failed:\n{got.stderr[-3000:]}"
+                )
+        third.unlink()
+        problems = check(staging, wanted)
+        if problems:
+            raise BundleError(
+                f"the bundle of {profile} for CPython {python} is not complete:\n  " + "\n  ".join(problems)
+            )
+        shutil.copyfile(install, staging / install.name)
+        files = sorted(staging.glob("*.whl"))
+        size = sum(f.stat().st_size for f in files)
+        (staging / "README.md").write_text(_readme(profile, python, install.name, len(files), size))
+        staging.rename(out)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    command = f"pip install --no-index --find-links {out} --require-hashes -r {out / install.name}"
+    return Bundle(len(files) + 2, size + install.stat().st_size, command)
+
+
+def check(directory: Path, wanted: dict[str, tuple[str, frozenset[str]]]) -> list[str]:
+    """Every pin has exactly one file in `directory` with an allowed sha256, and no file is unlisted."""
+    problems = []
+    found: dict[str, list[str]] = {}
+    for wheel in sorted(directory.glob("*.whl")):
+        name, version, _, _ = parse_wheel_filename(wheel.name)
+        key = canonicalize_name(name)
+        if key not in wanted:
+            problems.append(f"{wheel.name} is not in the install file")
+        elif str(version) != wanted[key][0] or _sha256(wheel) not in wanted[key][1]:
+            problems.append(f"{wheel.name}: not the pinned {key}=={wanted[key][0]} (version or sha256 differ)")
+        else:
+            found.setdefault(key, []).append(wheel.name)
+    for pinned, (pinned_version, _) in sorted(wanted.items()):
+        if len(found.get(pinned, [])) != 1:
+            problems.append(f"{pinned}=={pinned_version}: {len(found.get(pinned, []))} matching files (one is needed)")
+    return problems
