@@ -218,13 +218,23 @@ def audit(session: nox.Session) -> None:
 def verify_install(session: nox.Session) -> None:
     """Install dist/ into fresh venvs by hash (sft-cpu, serve, the LlamaFactory profiles); owners, training, resume."""
     p = _parser("verify_install")
-    p.add_argument("--profile", action="append", default=[], help="sft-cpu, serve, lf-standard, lf-kt, lf-upgrade")
+    p.add_argument(
+        "--profile", action="append", default=[], help="sft-cpu, serve, lf-standard, lf-kt, lf-upgrade, resolve"
+    )
+    p.add_argument("--python", action="append", default=[], metavar="3.N", help="resolve: only these Pythons")
     args = p.parse_args(session.posargs)
     report = str(ROOT / "build" / "verify.json")
-    profiles = (f"--profile={x}" for x in args.profile)
+    venvs = [x for x in args.profile if x != "resolve"]
+    pythons = [f"--python={v}" for v in args.python]
     with _timed("verify_install"):
         _install_lock(session, "verify")
-        session.run("python", "-m", "tools.verify_install", "--dist", str(DIST), "--json", report, *profiles)
+        if venvs or not args.profile:
+            profiles = (f"--profile={x}" for x in venvs)
+            session.run("python", "-m", "tools.verify_install", "--dist", str(DIST), "--json", report, *profiles)
+        if "resolve" in args.profile or not args.profile:
+            # Normal resolution from an index serving dist/ (PyPI behind it), every install profile and Python.
+            resolved = str(ROOT / "build" / "verify-resolution.json")
+            session.run("python", "-m", "verify.resolution", "--dist", str(DIST), "--json", resolved, *pythons)
 
 
 @nox.session(venv_backend="none", default=False)

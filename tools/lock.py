@@ -281,9 +281,10 @@ def generate(name: str) -> None:
 
 
 def _pylock(name: str, python: str, cmd: list[str], prev: Path, txt: Path) -> None:
-    """The install profile's PEP 751 lock for one Python: the same resolution as NAME.txt, for `python`,
-    with NAME.txt's versions as constraints where they hold (so every Python installs the versions the
-    repository verified), else resolved afresh for that Python; existing pins are kept."""
+    """The install profile's PEP 751 lock for one Python. For the matrix's first Python, NAME.txt's versions
+    are its constraints (the install file is what verify_install installed); every other Python is
+    resolved for itself, as pip resolves there (numpy 2.5 needs 3.12, so 3.11 cannot have it); existing
+    pins are kept."""
     target = pylock_path(name, python)
     work = ROOT / "build" / "lock" / target.name
     if target.exists():  # uv keeps the pins of an existing output file
@@ -297,14 +298,15 @@ def _pylock(name: str, python: str, cmd: list[str], prev: Path, txt: Path) -> No
     base[i + 1] = python
     j = base.index("--output-file")
     base[j + 1] = str(work)
-    for extra in (["--constraint", str(constraints)], []):
+    attempts = (["--constraint", str(constraints)], []) if python == matrix()[0] else ([],)
+    for extra in attempts:
         proc = subprocess.run([*base[:-1], *extra, base[-1]], capture_output=True, text=True, check=False, cwd=ROOT)
         if proc.returncode == 0:
             break
     else:
         raise LockError(f"locking {name} for CPython {python} failed:\n{proc.stderr}")
     target.write_text(PYLOCK_HEADER.format(name=name, python=python) + work.read_text())
-    kept = "the 3.11 versions" if extra else "its own versions (the 3.11 ones do not all exist for it)"
+    kept = f"the versions of {txt.name}" if extra else "resolved for this Python"
     print(f"locked {target.relative_to(ROOT)} ({len(read_pylock(target).packages)} packages, {kept})")
 
 

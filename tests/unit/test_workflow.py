@@ -38,3 +38,13 @@ def test_the_kernel_wheel_is_abi3_for_the_oldest_python_of_the_matrix() -> None:
         f"Py_LIMITED_API 0x030{int(oldest.split('.')[1]):X}0000"
         in (ROOT / "kernel" / "src" / "core" / "module.cpp").read_text()
     )
+
+
+def test_the_resolve_jobs_python_matrix_is_the_release_matrix() -> None:
+    resolve = _job("resolve")
+    pythons = re.search(r"python: \[([^\]]+)\]", resolve)
+    assert pythons is not None
+    assert [p.strip().strip('"') for p in pythons.group(1).split(",")] == list(model.load().pythons)
+    assert "--profile resolve --python" in resolve
+    for publish in ("publish-testpypi", "publish-pypi"):
+        assert "needs: [audit, verify, resolve]" in _job(publish)

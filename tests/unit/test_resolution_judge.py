@@ -1,0 +1,53 @@
+"""verify.resolution.judge: what makes a normal resolution differ from the release, each case alone."""
+
+from __future__ import annotations
+
+from verify.resolution import judge
+
+KT = "kt_kernel-0.6.1-cp311-abi3-manylinux_2_34_x86_64.whl"
+INSTALL = (
+    "kt-kernel==0.6.1 \\\n    --hash=sha256:" + "a" * 64 + "\nnumpy==2.3.5 \\\n    --hash=sha256:" + "b" * 64 + "\n"
+)
+VERSIONS = {"kt-kernel": "0.6.1"}
+FILES = {KT}
+GOOD = {
+    "kt-kernel": ("0.6.1", f"http://127.0.0.1:8080/packages/{KT}#sha256={'a' * 64}"),
+    "numpy": ("2.3.5", "https://files.pythonhosted.org/packages/x/numpy-2.3.5-cp311-cp311-manylinux_2_28_x86_64.whl"),
+}
+
+
+def _judge(got: dict[str, tuple[str, str]]) -> list[str]:
+    return judge(got, INSTALL, "sft-cp311.txt", VERSIONS, FILES)[0]
+
+
+def _drift(got: dict[str, tuple[str, str]]) -> list[str]:
+    return judge(got, INSTALL, "sft-cp311.txt", VERSIONS, FILES)[1]
+
+
+def test_the_same_versions_from_the_release_files_is_clean() -> None:
+    assert _judge(GOOD) == []
+
+
+def test_an_upstream_beside_the_forks_is_named() -> None:
+    got = dict(GOOD, transformers=("5.19.0", "https://files.pythonhosted.org/transformers-5.19.0-py3-none-any.whl"))
+    problems = _judge(got)
+    assert "installs upstream transformers 5.19.0 beside (or instead of) its KT fork" in problems
+
+
+def test_pypis_project_of_the_same_name_is_not_the_release() -> None:
+    other = "https://files.pythonhosted.org/packages/5e/kt_kernel-0.6.1-cp311-cp311-manylinux_2_28_x86_64.whl"
+    (problem,) = _judge(dict(GOOD, **{"kt-kernel": ("0.6.1", other)}))
+    assert "not from the release's own files" in problem
+
+
+def test_an_older_version_or_a_left_out_package_is_a_problem_a_newer_one_is_drift() -> None:
+    assert _judge(dict(GOOD, numpy=("2.2.0", GOOD["numpy"][1]))) == [
+        "numpy: resolves to 2.2.0, sft-cp311.txt pins 2.3.5"
+    ]
+    newer = dict(GOOD, numpy=("2.5.5", GOOD["numpy"][1]))
+    assert _judge(newer) == []
+    assert _drift(newer) == ["numpy: resolves to 2.5.5, sft-cp311.txt pins 2.3.5"]
+    assert _judge(dict(GOOD, **{"kt-kernel": ("0.6.2", GOOD["kt-kernel"][1])}))  # a carrier never drifts
+    assert _judge({"kt-kernel": GOOD["kt-kernel"]}) == [
+        "numpy==2.3.5 is in sft-cp311.txt but normal resolution does not install it"
+    ]

@@ -1,0 +1,246 @@
+"""Normal resolution, verified: what a user gets from `pip install NAME==VERSION` against an index that
+serves the release with the public index behind it, compared with the release's own install file.
+
+pypiserver serves dist/ on 127.0.0.1 and redirects every project it does not hold to the public index
+(its fallback), as a company mirror in front of PyPI does. pip resolves each profile's roots there
+(`--dry-run --report`, so nothing is installed and only metadata is fetched), for this interpreter or,
+for a Python without one here, by `--python-version`/`--platform`. The check: the release's carriers
+come from dist/ (the very files), no upstream project a fork replaces is installed, and every version
+equals dist/install/<profile>-cp3XX.txt's."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from packaging.utils import canonicalize_name
+from packaging.version import Version
+
+PUBLIC = "https://pypi.org/simple"
+# Every platform tag an x86_64 glibc 2.34 system installs (pip does not expand --platform itself: given
+# manylinux_2_34 alone it skips a manylinux_2_27 wheel, and then backtracks to old releases).
+PLATFORMS = (
+    *(f"manylinux_2_{minor}_x86_64" for minor in range(34, 4, -1)),
+    "manylinux2014_x86_64",
+    "manylinux2010_x86_64",
+    "manylinux1_x86_64",
+)
+UPSTREAMS = ("transformers", "accelerate", "sglang", "sglang-kernel", "peft", "trl", "llamafactory")
+_PIN = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==(\S+)", re.MULTILINE)
+
+
+class ResolutionError(Exception):
+    """The check could not run (no index, pip failed); the message says why."""
+
+
+@dataclass
+class Result:
+    """One profile's normal resolution on one Python, and what is wrong with it."""
+
+    profile: str
+    python: str
+    roots: list[str]
+    installed: dict[str, str] = field(default_factory=dict)
+    problems: list[str] = field(default_factory=list)
+    drift: list[str] = field(default_factory=list)  # newer third-party releases than the lock: re-lock to ship
+    seconds: float = 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "profile": self.profile,
+            "python": self.python,
+            "roots": self.roots,
+            "packages": len(self.installed),
+            "problems": self.problems,
+            "drift": self.drift,
+            "ok": not self.problems,
+            "seconds": round(self.seconds, 1),
+        }
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+@contextmanager
+def index(dist: Path, fallback: str = PUBLIC, timeout: float = 30.0) -> Iterator[str]:
+    """pypiserver on 127.0.0.1 serving dist/ (sha256 in every link), other projects redirected to `fallback`."""
+    port = _free_port()
+    cmd = [sys.executable, "-m", "pypiserver", "run", "-i", "127.0.0.1", "-p", str(port), "--fallback-url", fallback]
+    # It logs every request: a pipe nobody reads would fill and stall it, so the log goes to a file.
+    with tempfile.TemporaryFile() as log:
+        server = subprocess.Popen([*cmd, str(dist)], stdout=subprocess.DEVNULL, stderr=log)
+        url = f"http://127.0.0.1:{port}/simple/"
+        try:
+            deadline = time.monotonic() + timeout
+            while True:
+                try:
+                    with urllib.request.urlopen(url, timeout=2):
+                        break
+                except OSError:
+                    if server.poll() is not None or time.monotonic() > deadline:
+                        log.seek(0)
+                        err = log.read().decode(errors="replace")[-2000:]
+                        raise ResolutionError(f"pypiserver did not come up on {url}: {err or 'timed out'}") from None
+                    time.sleep(0.2)
+            yield url
+        finally:
+            server.terminate()
+            server.wait(timeout=10)
+
+
+def resolve(index_url: str, requirements: list[str], python: str) -> dict[str, tuple[str, str]]:
+    """name -> (version, file URL) pip would install for `requirements` on CPython `python` (x86_64
+    Linux), from `index_url` alone."""
+    here = f"{sys.version_info.major}.{sys.version_info.minor}"
+    target = (
+        []
+        if python == here
+        else [
+            "--python-version",
+            python,
+            "--implementation",
+            "cp",
+            "--abi",
+            f"cp{python.replace('.', '')}",
+            "--only-binary",
+            ":all:",
+            *(f"--platform={p}" for p in PLATFORMS),
+        ]
+    )
+    with tempfile.TemporaryDirectory() as tmp:
+        report = Path(tmp) / "report.json"
+        cmd = [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--isolated",
+            "--dry-run",
+            "--quiet",
+            "--ignore-installed",
+            "--report",
+            str(report),
+            "--index-url",
+            index_url,
+            *target,
+            *requirements,
+        ]
+        got = subprocess.run(cmd, capture_output=True, text=True, check=False)
+        if got.returncode != 0:
+            raise ResolutionError(
+                f"pip could not resolve {' '.join(requirements)} for CPython {python}:\n{got.stderr[-3000:]}"
+            )
+        data = json.loads(report.read_text())
+    return {
+        canonicalize_name(i["metadata"]["name"]): (i["metadata"]["version"], i["download_info"]["url"])
+        for i in data["install"]
+    }
+
+
+def check(dist: Path, profile: str, python: str, roots: list[str], index_url: str) -> Result:
+    """Resolve the profile's roots at the release's versions and compare with its install file."""
+    t0 = time.perf_counter()
+    manifest = json.loads((dist / "manifest.json").read_text())
+    versions = {w["name"]: w["version"] for w in manifest["wheels"]}
+    files = {w["filename"] for w in manifest["wheels"]}
+    reqs = [f"{r}=={versions[canonicalize_name(r.split('[')[0])]}" for r in roots]
+    result = Result(profile, python, reqs)
+    got = resolve(index_url, reqs, python)
+    result.installed = {n: v for n, (v, _) in got.items()}
+    install = dist / "install" / f"{profile}-cp{python.replace('.', '')}.txt"
+    result.problems, result.drift = judge(got, install.read_text(), install.name, versions, files)
+    result.seconds = time.perf_counter() - t0
+    return result
+
+
+def judge(
+    got: dict[str, tuple[str, str]], install_text: str, install_name: str, versions: dict[str, str], files: set[str]
+) -> tuple[list[str], list[str]]:
+    """(problems, drift) of a resolution (`got`: name -> (version, URL)) against the release. Problems: an
+    upstream a fork replaces, a carrier from anywhere but the release's files, a version other than the
+    install file's (older, or a carrier's), a package of the install file left out or one it lacks.
+    Drift: a third-party package resolving newer than the install file pins (released since the lock;
+    `nox -s lock` brings it in)."""
+    pinned: dict[str, str] = {canonicalize_name(m.group(1)): m.group(2) for m in _PIN.finditer(install_text)}
+    drift: list[str] = []
+    problems = [
+        f"installs upstream {n} {got[n][0]} beside (or instead of) its KT fork"
+        for n in sorted(set(got) & set(UPSTREAMS))
+    ]
+    for name, (version, url) in sorted(got.items()):
+        if name in versions and url.rsplit("/", 1)[-1].split("#")[0] not in files:
+            problems.append(f"{name} {version} comes from {url}, not from the release's own files")
+        pin = pinned.get(name)
+        if pin == version:
+            continue
+        message = f"{name}: resolves to {version}, {install_name} pins {pin or 'nothing'}"
+        newer = pin is not None and name not in versions and Version(version) > Version(pin)
+        (drift if newer else problems).append(message)
+    problems += [
+        f"{n}=={pinned[n]} is in {install_name} but normal resolution does not install it"
+        for n in sorted(set(pinned) - set(got))
+    ]
+    return problems, drift
+
+
+def main(argv: list[str] | None = None) -> int:
+    """python -m verify.resolution --dist dist --profile sft --python 3.11 [--roots ...] [--json F]."""
+    from tools.lock import directive, install_profiles, matrix
+
+    p = argparse.ArgumentParser(prog="python -m verify.resolution")
+    p.add_argument("--dist", type=Path, default=Path("dist"))
+    p.add_argument("--profile", action="append", default=[], help="install profile(s) (default: every one)")
+    p.add_argument("--python", action="append", default=[], metavar="3.N", help="default: the release's matrix")
+    p.add_argument("--fallback", default=PUBLIC, help="the public index behind the release's")
+    p.add_argument("--json", type=Path)
+    args = p.parse_args(argv)
+    args.profile = args.profile or install_profiles()
+    args.python = args.python or list(matrix())
+    root = Path(__file__).resolve().parent.parent
+    results = []
+    try:
+        with index(args.dist, args.fallback) as url:
+            for profile in args.profile:
+                roots = directive(root / "lockfiles" / f"{profile}.in", "carriers")
+                for python in args.python:
+                    print(
+                        f"[resolve] {profile} on CPython {python}: pip install {' '.join(roots)} from {url} ...",
+                        flush=True,
+                    )
+                    r = check(args.dist, profile, python, roots, url)
+                    results.append(r)
+                    verdict = "ok" if not r.problems else f"{len(r.problems)} problems"
+                    print(
+                        f"[resolve] {profile} cp{python.replace('.', '')}: {len(r.installed)} packages, "
+                        f"{verdict} ({r.seconds:.0f}s)"
+                    )
+                    for problem in r.problems:
+                        print(f"  error: {problem}", file=sys.stderr)
+                    for note in r.drift:
+                        print(f"  warning: {note} (newer since the lock; `nox -s lock` ships it)", file=sys.stderr)
+    except (ResolutionError, OSError, KeyError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    if args.json:
+        args.json.write_text(json.dumps([r.as_dict() for r in results], indent=2) + "\n")
+    return 1 if any(r.problems for r in results) else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
