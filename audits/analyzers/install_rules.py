@@ -8,7 +8,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import PurePosixPath
 
 from packaging.tags import compatible_tags, cpython_tags
-from packaging.utils import canonicalize_name, parse_wheel_filename
+from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
 
 from ..model import Finding
 from ..readers._install import InstallFile
@@ -18,7 +18,7 @@ _FIX = "rebuild the release (nox -s build_all): the assembly writes dist/install
 
 
 def _serves(filename: str, python: str) -> bool:
-    version = tuple(int(x) for x in python.split("."))
+    version = tuple(int(x) for x in python.split("."))  # python: "3.N" from the reader's own pattern
     pairs = {(t.interpreter, t.abi) for t in [*cpython_tags(version, platforms=["any"]), *compatible_tags(version)]}
     return any((t.interpreter, t.abi) in pairs for t in parse_wheel_filename(filename)[3])
 
@@ -28,7 +28,11 @@ def analyze(files: Sequence[InstallFile], wheels: Mapping[str, str]) -> list[Fin
     out: list[Finding] = []
     release: dict[str, list[tuple[str, str, str]]] = {}  # name -> (version, filename, sha256)
     for filename, sha in wheels.items():
-        dist, version, _, _ = parse_wheel_filename(filename)
+        try:
+            dist, version, _, _ = parse_wheel_filename(filename)
+        except InvalidWheelFilename:
+            continue  # wheel.unreadable already names it; no install file can pin it
+
         release.setdefault(canonicalize_name(dist), []).append((str(version), filename, sha))
     for f in files:
         if f.error:

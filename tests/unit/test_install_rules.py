@@ -98,3 +98,9 @@ def test_a_symlinked_install_file_is_refused_unread(tmp_path: Path) -> None:
     (tmp_path / "install" / "serve-cp312.txt").symlink_to(tmp_path / "elsewhere.txt")
     findings = analyze(read_install_files(tmp_path), WHEELS)
     assert [(f.rule, "not a regular file" in f.message) for f in findings] == [("install.unreadable", True)]
+
+
+def test_a_badly_named_wheel_beside_install_files_is_no_crash(tmp_path: Path) -> None:
+    (tmp_path / "install").mkdir()
+    (tmp_path / "install" / "serve-cp312.txt").write_text(_txt())
+    assert analyze(read_install_files(tmp_path), {**WHEELS, "bad-name.whl": "0" * 64}) == []
