@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from audits import core, load_policy
-from carriers import InputError, load, wheelio
+from carriers import InputError, load, model, wheelio
 from carriers.assemble import assemble
 from tests.conftest import KT_SRC, ROOT, load_source_module
 from tests.integration.conftest import make_venv
@@ -81,9 +81,8 @@ def test_wheel_relative_layout_loads_and_the_flattened_one_fails(
 @pytest.fixture(scope="module")
 def release(tmp_path_factory: pytest.TempPathFactory, kt_wheel: Path) -> tuple[Path, dict[str, Any]]:
     dist = tmp_path_factory.mktemp("release") / "dist"
-    # Two kernel wheels, as CI's matrix gives: the built cp311 one and a relabelled cp312 fixture.
-    sibling = python_sibling(kt_wheel, tmp_path_factory.mktemp("cp312"))
-    manifest = assemble(load(), [kt_wheel, sibling], dist)
+    # The one abi3 kernel wheel serves every Python; sglang-kt and xgrammar-kt come once per Python.
+    manifest = assemble(load(), [kt_wheel], dist)
     return dist, manifest
 
 
@@ -203,8 +202,18 @@ def test_release_audit_is_clean_and_a_corrupted_part_is_caught(
     wheelio.write(wheel, members, stored=frozenset({part}))
     report = core.run([bad], policy)
     errors = {f["rule"] for f in report["findings"] if f["severity"] == "error"}
-    # The part's bytes, the archive they make, and the one archived file those bytes land in.
-    assert errors == {"payload.part-mismatch", "payload.archive-mismatch", "payload.file-mismatch"}, errors
+    # The part's bytes, the archive they make, the one archived file those bytes land in, and the install
+    # files that pin the wheel by its old sha256.
+    assert errors == {
+        "payload.part-mismatch",
+        "payload.archive-mismatch",
+        "payload.file-mismatch",
+        "install.carrier-hash",
+    }, errors
+    stale = {f["wheel"] for f in report["findings"] if f["rule"] == "install.carrier-hash"}
+    assert stale == {f"install/{p}-{t}.txt" for p in ("sft", "serve", "lf-kt") for t in ("cp311", "cp312", "cp313")} | {
+        f"install/pylock.{p}-{t}.toml" for p in ("sft", "serve", "lf-kt") for t in ("cp311", "cp312", "cp313")
+    }
     assert [f["member"] for f in report["findings"] if f["rule"] == "payload.part-mismatch"] == [part]
     assert len([f for f in report["findings"] if f["rule"] == "payload.file-mismatch"]) == 1
 
@@ -215,7 +224,7 @@ def test_a_partial_kernel_build_never_reaches_dist(
 ) -> None:
     """A kernel wheel missing a CPU variant (as a `--variant` shard is) is refused; dist/ stays byte-identical."""
     dist, _ = release
-    before = {p.name: p.read_bytes() for p in sorted(dist.iterdir())}
+    before = {str(p.relative_to(dist)): p.read_bytes() for p in sorted(dist.rglob("*")) if p.is_file()}
     members = wheelio.read(kt_wheel)
     build = json.loads(members["kt_kernel/_build.json"])
     del build["variants"]["amx"]
@@ -224,31 +233,65 @@ def test_a_partial_kernel_build_never_reaches_dist(
     wheelio.write(shard, members)
     with pytest.raises(InputError, match=r"partial build.*CPU variants \['amx'\] are not built.*dist/ was not touched"):
         assemble(load(), shard, dist)
-    assert {p.name: p.read_bytes() for p in sorted(dist.iterdir())} == before
+    assert {str(p.relative_to(dist)): p.read_bytes() for p in sorted(dist.rglob("*")) if p.is_file()} == before
 
 
 @pytest.mark.network
-def test_every_python_gets_a_kernel_wheel_carrying_the_same_part(release: tuple[Path, dict[str, Any]]) -> None:
-    """One kt-kernel wheel per Python of the matrix reaches dist/, SHA256SUMS, the audit and the
-    install: each carries part 1 byte for byte, the audit passes with both, and an install on this
-    interpreter is offered only the wheel its tags accept."""
+def test_every_python_of_the_matrix_gets_its_wheels_each_carrying_the_same_part(
+    release: tuple[Path, dict[str, Any]],
+) -> None:
+    """The per-Python carriers (sglang-kt carries part 3, xgrammar-kt none) reach dist/ once per Python of
+    carriers.toml's matrix, the one abi3 kt-kernel wheel serves them all, every wheel of a part carrier
+    holds its part byte for byte, the audit passes, the manifest says which Pythons each wheel serves,
+    and an install on this interpreter is offered only the wheels its tags accept."""
     from tools.verify_install import carrier_lines
 
     dist, summary = release
-    kernels = sorted(p.name for p in dist.glob("kt_kernel-*.whl"))
-    assert [k.split("-")[2] for k in kernels] == ["cp311", "cp312"]
+    pythons = list(load().pythons)
+    assert summary["pythons"] == pythons
+    assert "partial" not in summary
+    tags = [model.python_tag(v) for v in pythons]
+    for name in ("sglang_kt", "xgrammar_kt"):
+        assert sorted(p.name.split("-")[2] for p in dist.glob(f"{name}-*.whl")) == tags, name
+    (kernel,) = dist.glob("kt_kernel-*.whl")
+    assert "-cp311-abi3-" in kernel.name
+    for w in summary["wheels"]:
+        expected = (
+            pythons
+            if w["name"] not in ("sglang-kt", "xgrammar-kt")
+            else [v for v in pythons if model.python_tag(v) in w["filename"]]
+        )
+        assert w["pythons"] == expected, w["filename"]
     sums = (dist / "SHA256SUMS").read_text()
-    assert all(k in sums for k in kernels)
-    assert sorted(w["filename"] for w in summary["wheels"] if w["name"] == "kt-kernel") == kernels
-    part = _manifest(dist)["parts"][0]
-    for k in kernels:
-        with zipfile.ZipFile(dist / k) as zf:
+    assert all(w["filename"] in sums for w in summary["wheels"])
+    part = next(p for p in _manifest(dist)["parts"] if p["distribution"] == "sglang-kt")
+    for wheel in sorted(dist.glob("sglang_kt-*.whl")):
+        with zipfile.ZipFile(wheel) as zf:
             blob = zf.read(part["member"])
-        assert hashlib.sha256(blob).hexdigest() == part["sha256"], k
+        assert hashlib.sha256(blob).hexdigest() == part["sha256"], wheel.name
     report = core.run([dist], load_policy())
     assert [f for f in report["findings"] if f["severity"] == "error"] == []
-    (line,) = carrier_lines(dist, ["kt-kernel"])
+    (line,) = carrier_lines(dist, ["sglang-kt"])
     assert f"-cp{sys.version_info.major}{sys.version_info.minor}-" in line
+
+
+def test_a_python_of_the_matrix_without_wheels_is_refused(tmp_path: Path) -> None:
+    """A release short of one Python of the matrix never reaches dist/: the coverage check names the
+    carrier and the Python (here a kt-kernel wheel that is cp313-only, as a non-abi3 build would be)."""
+    from carriers.assemble import Built, coverage_problems
+
+    built = [Built("kt-kernel", "0.6.1", "native", tmp_path / "kt_kernel-0.6.1-cp313-cp313-manylinux_2_34_x86_64.whl")]
+    assert coverage_problems(built, ["3.13"]) == []
+    (problem,) = coverage_problems(built, ["3.11", "3.13"])
+    assert "kt-kernel has no wheel for CPython 3.11" in problem
+    assert "nox -s build_cuda" in problem
+    sg = [
+        Built("sglang-kt", "0.6.1", "fork", tmp_path / f"sglang_kt-0.6.1-{t}-{t}-manylinux_2_34_x86_64.whl")
+        for t in ("cp311", "cp312")
+    ]
+    (problem,) = coverage_problems(sg, ["3.11", "3.12", "3.13"])
+    assert "sglang-kt has no wheel for CPython 3.13" in problem
+    assert "publishes none" in problem
 
 
 @pytest.mark.network
@@ -272,3 +315,130 @@ def test_kernel_wheels_with_different_cuda_libraries_are_refused(tmp_path: Path,
     with pytest.raises(InputError, match=r"hold different CUDA libraries \(\['kt_kernel/cuda/lib/libkt_cuda.so'\]\)"):
         assemble(load(), [kt_wheel, other], dist)
     assert not dist.exists()
+
+
+@pytest.mark.network
+def test_install_files_for_every_profile_and_python_pin_the_release_wheels(
+    release: tuple[Path, dict[str, Any]], tmp_path: Path
+) -> None:
+    """dist/install/ holds both forms for every install profile and Python, listed in SHA256SUMS and the
+    manifest; every pylock is valid PEP 751; every carrier is pinned by its wheel's own sha256 (the
+    audit agrees); an install file tampered with is caught by exactly install.carrier-hash."""
+    from packaging.pylock import Pylock
+
+    from audits.readers._install import read_install_files
+    from tools import lock
+
+    dist, summary = release
+    pythons = load().pythons
+    expected = sorted(
+        f"install/{form.format(p=p, t=model.python_tag(v))}"
+        for p in lock.install_profiles()
+        for v in pythons
+        for form in ("{p}-{t}.txt", "pylock.{p}-{t}.toml")
+    )
+    assert sorted(f["file"] for f in summary["install"]) == expected
+    sums = {n: d for d, n in (line.split("  ", 1) for line in (dist / "SHA256SUMS").read_text().splitlines())}
+    for f in summary["install"]:
+        assert hashlib.sha256((dist / f["file"]).read_bytes()).hexdigest() == sums[f["file"]] == f["sha256"]
+    wheel_sha = {w["filename"]: w["sha256"] for w in summary["wheels"]}
+    for facts in read_install_files(dist):
+        assert not facts.error, facts.label
+        for name, pin in facts.pins.items():
+            ours = [fn for fn in wheel_sha if fn.startswith(name.replace("-", "_") + "-")]
+            if ours:
+                assert pin.hashes <= set(wheel_sha.values()), (facts.label, name)
+        if facts.label.endswith(".toml"):
+            Pylock.from_dict(__import__("tomllib").loads(facts.path.read_text())).validate()
+    serve312 = (dist / "install" / "serve-cp312.txt").read_text()
+    (sg,) = [w for w in summary["wheels"] if w["filename"].startswith("sglang_kt-") and "-cp312-" in w["filename"]]
+    assert f"sglang-kt==0.6.1 \\\n    --hash=sha256:{sg['sha256']}\n" in serve312
+    pinned = {line.split("==")[0] for line in serve312.splitlines() if "==" in line and not line.startswith("#")}
+    assert not pinned & {"transformers", "accelerate", "sglang", "sglang-kernel", "peft", "trl"}  # the forks only
+    assert {"transformers-kt", "sglang-kt", "sglang-kernel-kt", "kt-kernel"} <= pinned
+    assert "--no-binary" not in serve312
+    assert "--no-binary outlines-core" in (dist / "install" / "serve-cp313.txt").read_text()  # sdist-only there
+    # tampered: another sha256 for kt-kernel in one file
+    copy = tmp_path / "dist"
+    shutil.copytree(dist, copy)
+    target = copy / "install" / "sft-cp311.txt"
+    (kt,) = [w for w in summary["wheels"] if w["name"] == "kt-kernel"]
+    target.write_text(target.read_text().replace(kt["sha256"], "0" * 64))
+    report = core.run([copy], load_policy())
+    errors = [(f["rule"], f["wheel"], f["member"]) for f in report["findings"] if f["severity"] == "error"]
+    assert errors == [("install.carrier-hash", "install/sft-cp311.txt", "kt-kernel")]
+
+
+@pytest.mark.network
+def test_an_offline_bundle_installs_and_materializes_with_every_index_unreachable(
+    release: tuple[Path, dict[str, Any]], tmp_path: Path
+) -> None:
+    """nox -s bundle's builder on the smallest profile that shows the whole path: the payload's carriers
+    with zstandard and numpy (the serve profile adds ~4 GB of CUDA torch; verify_install's realm). The
+    bundle is installed by hash in a network namespace with no interface but loopback, and the CUDA
+    payload then materializes from the installed carriers; a missing file is an error naming it."""
+    from bundle.build import BundleError, build
+
+    dist, summary = release
+    small = tmp_path / "dist"
+    (small / "install").mkdir(parents=True)
+    names = ["kt_kernel", "ktransformers", "sglang_kt", "transformers_kt", "accelerate_kt", "sglang_kernel_kt"]
+    lines = ["--only-binary :all:"]
+    for n in names:
+        wheel = min(dist.glob(f"{n}-*.whl"))  # sglang-kt: the cp311 wheel
+        shutil.copyfile(wheel, small / wheel.name)
+        (w,) = [x for x in summary["wheels"] if x["filename"] == wheel.name]
+        lines.append(f"{w['name']}=={w['version']} \\\n    --hash=sha256:{w['sha256']}")
+    for lockname, dep in (("audit", "zstandard"), ("runtime-cpu", "numpy")):
+        pin = parse_lock(ROOT / "lockfiles" / f"{lockname}.txt")[dep]
+        lines.append(f"{dep}=={pin.version}" + "".join(f" \\\n    --hash=sha256:{h}" for h in pin.hashes))
+    install = small / "install" / "payload-cp311.txt"
+    install.write_text("\n".join(lines) + "\n")
+    kept = [w for w in summary["wheels"] if (small / w["filename"]).exists()]
+    (small / "manifest.json").write_text(json.dumps({"wheels": kept}))
+    out = tmp_path / "bundle"
+    got = build(small, "payload", "3.11", out)
+    assert got.files == len(names) + 2 + 2  # the wheels, the install file, the README
+    assert sorted(p.name for p in out.iterdir() if not p.name.endswith(".whl")) == ["README.md", install.name]
+    assert f"--find-links . --require-hashes -r {install.name}" in (out / "README.md").read_text()
+    with pytest.raises(BundleError, match="exists"):
+        build(small, "payload", "3.11", out)
+    script = (
+        "set -e\n"
+        "! python3 -c 'import socket; socket.create_connection((\"pypi.org\", 443), timeout=3)' 2>/dev/null\n"
+        f"{sys.executable} -m venv {tmp_path / 'venv'}\n"
+        f"{tmp_path / 'venv/bin/pip'} install -q --isolated --no-index --find-links {out} --require-hashes "
+        f"--no-deps -r {out / install.name}\n"
+        f"KT_KERNEL_CACHE_DIR={tmp_path / 'cache'} {tmp_path / 'venv/bin/python'} -m kt_kernel.payload materialize\n"
+    )
+    run = subprocess.run(["unshare", "--net", "sh", "-c", script], capture_output=True, text=True, check=False)
+    assert run.returncode == 0, run.stderr[-3000:]
+    materialized = Path(run.stdout.strip().splitlines()[-1])
+    assert (materialized / "sgl_kernel/sm90/common_ops.abi3.so").is_file()
+    # a bundle missing a file is refused, naming it; nothing is left behind
+    (small / min(dist.glob("accelerate_kt-*.whl")).name).unlink()
+    with pytest.raises(BundleError, match=r"pins accelerate-kt by a sha256 no wheel in .* has"):
+        build(small, "payload", "3.11", tmp_path / "bundle2")
+    assert not (tmp_path / "bundle2").exists()
+    assert not list(tmp_path.glob(".bundle2.part-*"))
+
+
+@pytest.mark.network
+def test_normal_resolution_from_an_index_serving_the_release_matches_the_install_file(
+    release: tuple[Path, dict[str, Any]],
+) -> None:
+    """`pip install ktransformers[sft]==V` against pypiserver serving dist/ (PyPI behind it, by its
+    fallback) installs the forks only, the release's own kt-kernel (PyPI has another 0.6.1), and exactly
+    the versions of dist/install/sft-cp311.txt. The serve and lf-kt profiles and the other Pythons are
+    checked by verify_install (minutes each)."""
+    from tools.lock import directive
+    from verify.resolution import check, index
+
+    dist, _ = release
+    roots = directive(ROOT / "lockfiles" / "sft.in", "carriers")
+    with index(dist) as url:
+        result = check(dist, "sft", "3.11", roots, url)
+    assert result.problems == []
+    assert result.installed["kt-kernel"] == "0.6.1"
+    assert "transformers-kt" in result.installed
+    assert "transformers" not in result.installed
