@@ -97,6 +97,16 @@ table.findings td:nth-child(3){max-width:330px;word-break:break-all} table.findi
 """
 
 
+def pythons_line(manifest: dict[str, Any]) -> str:
+    """The Pythons the release serves, and a partial development release said plainly."""
+    pythons = manifest.get("pythons", [])
+    line = f"Pythons: {', '.join(pythons) or 'unknown'}; {len(manifest.get('install', []))} install files"
+    partial = manifest.get("partial")
+    if partial:
+        line += f". PARTIAL DEVELOPMENT RELEASE: no wheels for {', '.join(partial.get('missing', []))}; not a release"
+    return line
+
+
 def _cls(verdict: str) -> str:
     return {
         "pass": "pass",
@@ -130,6 +140,7 @@ def render_html(
         f"{'passed' if audit.get('passed') else 'failed or missing'}, "
         f"{sum(f.get('severity') == 'error' for f in audit.get('findings', []))} errors; install verification: "
         f"{', '.join(verify) or 'not run'}</p>",
+        f"<p id=pythons>{e(pythons_line(manifest))}</p>",
         f"<p>torch: the carriers allow <code>{e(torch_summary(str(manifest.get('torch', ''))))}</code>"
         + "".join(f"; {e(p)} installed <code>{e(str(r.get('torch', '?')))}</code>" for p, r in verify.items())
         + "</p>",
@@ -286,9 +297,11 @@ def main(argv: list[str] | None = None) -> int:
     verify = _load(args.verify) or {}
     errors: dict[str, int] = {w["filename"]: w["errors"] for w in audit.get("wheels", [])}
     torch = torch_summary(str(manifest.get("torch", "")))
-    lines = [f"KT release {manifest['kt_version']}  (torch {torch})", ""]
+    lines = [f"KT release {manifest['kt_version']}  (torch {torch})", pythons_line(manifest), ""]
     md = [
         f"# KT release {manifest['kt_version']}",
+        "",
+        pythons_line(manifest),
         "",
         f"torch: `{torch}`" + "".join(f"; {p} installed `{r.get('torch', '?')}`" for p, r in verify.items()),
         "",

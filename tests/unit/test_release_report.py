@@ -123,3 +123,12 @@ def test_the_stage_timing_table_of_this_release_run(tmp_path: Path, capsys: pyte
     assert "build_all" in out
     assert "70.5 s" in out
     assert "audit  " not in out.split("this release's stages:")[1]
+
+
+def test_a_partial_development_release_is_labelled_and_a_full_one_lists_its_pythons() -> None:
+    from tools.release_report import pythons_line
+
+    full = {"pythons": ["3.11", "3.12", "3.13"], "install": [{}] * 18}
+    assert pythons_line(full) == "Pythons: 3.11, 3.12, 3.13; 18 install files"
+    partial = dict(full, pythons=["3.11"], partial={"pythons": ["3.11"], "missing": ["3.12", "3.13"]})
+    assert "PARTIAL DEVELOPMENT RELEASE: no wheels for 3.12, 3.13; not a release" in pythons_line(partial)
