@@ -22,6 +22,8 @@ from pathlib import Path
 
 from packaging.utils import canonicalize_name, parse_wheel_filename
 
+from carriers.inputs import target_args
+
 # Every platform tag an x86_64 glibc 2.34 system installs (pip does not expand --platform itself: given
 # manylinux_2_34 alone it skips a manylinux_2_27 wheel, and then backtracks to old releases).
 PLATFORMS = (
@@ -129,15 +131,7 @@ def build(dist: Path, profile: str, python: str, out: Path, *, index_url: str = 
                 "--isolated",
                 "--no-deps",
                 "--require-hashes",
-                "--only-binary",
-                ":all:",
-                "--python-version",
-                python,
-                "--implementation",
-                "cp",
-                "--abi",
-                tag,
-                *(f"--platform={p}" for p in PLATFORMS),
+                *target_args(python, PLATFORMS),
                 "--index-url",
                 index_url,
                 "-d",

@@ -57,6 +57,23 @@ def locked_pins(lock: Path = LOCK) -> dict[str, tuple[str, tuple[str, ...]]]:
     return {n: (str(p.version), p.hashes) for n, p in parse_lock(lock).items()}
 
 
+def target_args(python: str, platforms: Sequence[str] = PLATFORMS) -> list[str]:
+    """pip's options for wheels of CPython `python` ("3.12") on `platforms`, whatever runs pip (pip
+    matches --platform exactly: list every tag a target installs)."""
+    abi = f"cp{python.replace('.', '')}"
+    return [
+        "--only-binary",
+        ":all:",
+        "--python-version",
+        python,
+        "--implementation",
+        "cp",
+        "--abi",
+        abi,
+        *(f"--platform={p}" for p in platforms),
+    ]
+
+
 def python_abis(python: str) -> frozenset[tuple[str, str]]:
     """(interpreter, abi) pairs a CPython `python` ("3.12") installs: cp312-cp312, cp3N-abi3 for
     N <= 12, py3-none and the like (packaging's own tag order, the platform left aside)."""
@@ -106,17 +123,9 @@ def fetch(name: str, lock: Path = LOCK, cache: Path | None = None, *, python: st
             "download",
             "--isolated",
             "--no-deps",
-            "--only-binary",
-            ":all:",
             "--index-url",
             os.environ.get("KT_INPUT_INDEX_URL", "https://pypi.org/simple"),
-            "--python-version",
-            python,
-            "--implementation",
-            "cp",
-            "--abi",
-            abi,
-            *(f"--platform={p}" for p in PLATFORMS),
+            *target_args(python),
             "-d",
             tmp,
             f"{name}=={version}",

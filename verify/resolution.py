@@ -28,6 +28,8 @@ from typing import Any
 from packaging.utils import canonicalize_name
 from packaging.version import Version
 
+from carriers.inputs import target_args
+
 PUBLIC = "https://pypi.org/simple"
 # Every platform tag an x86_64 glibc 2.34 system installs (pip does not expand --platform itself: given
 # manylinux_2_34 alone it skips a manylinux_2_27 wheel, and then backtracks to old releases).
@@ -108,21 +110,7 @@ def resolve(index_url: str, requirements: list[str], python: str) -> dict[str, t
     """name -> (version, file URL) pip would install for `requirements` on CPython `python` (x86_64
     Linux), from `index_url` alone."""
     here = f"{sys.version_info.major}.{sys.version_info.minor}"
-    target = (
-        []
-        if python == here
-        else [
-            "--python-version",
-            python,
-            "--implementation",
-            "cp",
-            "--abi",
-            f"cp{python.replace('.', '')}",
-            "--only-binary",
-            ":all:",
-            *(f"--platform={p}" for p in PLATFORMS),
-        ]
-    )
+    target = [] if python == here else target_args(python, PLATFORMS)
     with tempfile.TemporaryDirectory() as tmp:
         report = Path(tmp) / "report.json"
         cmd = [

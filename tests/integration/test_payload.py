@@ -275,25 +275,6 @@ def test_every_python_of_the_matrix_gets_its_wheels_each_carrying_the_same_part(
     assert f"-cp{sys.version_info.major}{sys.version_info.minor}-" in line
 
 
-def test_a_python_of_the_matrix_without_wheels_is_refused(tmp_path: Path) -> None:
-    """A release short of one Python of the matrix never reaches dist/: the coverage check names the
-    carrier and the Python (here a kt-kernel wheel that is cp313-only, as a non-abi3 build would be)."""
-    from carriers.assemble import Built, coverage_problems
-
-    built = [Built("kt-kernel", "0.6.1", "native", tmp_path / "kt_kernel-0.6.1-cp313-cp313-manylinux_2_34_x86_64.whl")]
-    assert coverage_problems(built, ["3.13"]) == []
-    (problem,) = coverage_problems(built, ["3.11", "3.13"])
-    assert "kt-kernel has no wheel for CPython 3.11" in problem
-    assert "nox -s build_cuda" in problem
-    sg = [
-        Built("sglang-kt", "0.6.1", "fork", tmp_path / f"sglang_kt-0.6.1-{t}-{t}-manylinux_2_34_x86_64.whl")
-        for t in ("cp311", "cp312")
-    ]
-    (problem,) = coverage_problems(sg, ["3.11", "3.12", "3.13"])
-    assert "sglang-kt has no wheel for CPython 3.13" in problem
-    assert "publishes none" in problem
-
-
 @pytest.mark.network
 def test_kernel_wheels_with_different_cuda_libraries_are_refused(tmp_path: Path, kt_wheel: Path) -> None:
     members = read_members(kt_wheel)
