@@ -219,12 +219,15 @@ def verify_install(session: nox.Session) -> None:
     """Install dist/ into fresh venvs by hash (sft-cpu, serve, the LlamaFactory profiles); owners, training, resume."""
     p = _parser("verify_install")
     p.add_argument(
-        "--profile", action="append", default=[], help="sft-cpu, serve, lf-standard, lf-kt, lf-upgrade, resolve"
+        "--profile",
+        action="append",
+        default=[],
+        help="sft-cpu, serve, lf-standard, lf-kt, lf-upgrade, resolve, cp313",
     )
     p.add_argument("--python", action="append", default=[], metavar="3.N", help="resolve: only these Pythons")
     args = p.parse_args(session.posargs)
     report = str(ROOT / "build" / "verify.json")
-    venvs = [x for x in args.profile if x != "resolve"]
+    venvs = [x for x in args.profile if x not in ("resolve", "cp313")]
     pythons = [f"--python={v}" for v in args.python]
     with _timed("verify_install"):
         _install_lock(session, "verify")
@@ -235,6 +238,10 @@ def verify_install(session: nox.Session) -> None:
             # Normal resolution from an index serving dist/ (PyPI behind it), every install profile and Python.
             resolved = str(ROOT / "build" / "verify-resolution.json")
             session.run("python", "-m", "verify.resolution", "--dist", str(DIST), "--json", resolved, *pythons)
+        if "cp313" in args.profile or not args.profile:
+            # The release on Debian trixie's CPython 3.13 (a debootstrap'ed root; no 3.12 interpreter exists here).
+            exercised = str(ROOT / "build" / "verify-interpreters.json")
+            session.run("python", "-m", "verify.interpreters", "--dist", str(DIST), "--json", exercised)
 
 
 @nox.session(venv_backend="none", default=False)

@@ -1,0 +1,180 @@
+"""The release on another CPython that this machine can run: Debian trixie's python3.13, in a root made
+by debootstrap from the Debian mirror (the host is left alone). verify_install --profile cp313.
+
+In a fresh venv of that interpreter, with no index (--no-index, every file by hash): kt-kernel (the one
+abi3 wheel), the payload's part carriers with this Python's own sglang-kt, the manifest's provider, and
+numpy and zstandard from the install profile's cp313 lock. Then a MoE forward against an independent
+numpy reference (verify/probes/exercise.py), and the CUDA payload materialized and re-verified from
+the installed carriers. CUDA torch (4 GB) stays with the GPU-sized profiles."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from packaging.utils import canonicalize_name
+
+ROOT = Path(__file__).resolve().parent.parent
+SUITES = {"3.13": "trixie"}  # CPython -> the Debian suite whose python3 it is
+MIRROR = "http://deb.debian.org/debian"
+PROBE = Path(__file__).resolve().parent / "probes" / "exercise.py"
+CARRIERS = ("kt-kernel", "ktransformers", "sglang-kt", "transformers-kt", "accelerate-kt", "sglang-kernel-kt")
+THIRD_PARTY = ("numpy", "zstandard")
+BOUND = 0.03  # the kernel quantizes activations to int8; against an fp64 reference of the same weights
+
+
+class InterpreterError(Exception):
+    """This check cannot run or found the release broken on that Python; the message says which and why."""
+
+
+def debian_root(python: str, cache: Path) -> Path:
+    """A minimal Debian root holding python<python> (made once, then reused)."""
+    suite = SUITES.get(python)
+    if suite is None:
+        raise InterpreterError(f"no Debian suite known for CPython {python} (known: {sorted(SUITES)})")
+    root = cache / f"debian-{suite}"
+    if (root / "usr" / "bin" / f"python{python}").exists():
+        return root
+    if shutil.which("debootstrap") is None:
+        raise InterpreterError(
+            "debootstrap is not installed: apt-get install debootstrap (it fetches Debian's packages)"
+        )
+    tmp = root.with_name(root.name + ".part")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.parent.mkdir(parents=True, exist_ok=True)
+    print(f"[cp{python.replace('.', '')}] debootstrap {suite} (python{python}) into {root} ...", flush=True)
+    got = subprocess.run(
+        ["debootstrap", "--variant=minbase", f"--include=python{python},python{python}-venv", suite, str(tmp), MIRROR],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if got.returncode != 0:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise InterpreterError(f"debootstrap {suite} failed:\n{got.stdout[-1500:]}{got.stderr[-1500:]}")
+    tmp.rename(root)
+    return root
+
+
+def _requirements(dist: Path, python: str) -> tuple[list[Path], str]:
+    """The carriers' wheels for `python` and the pin lines (their sha256; numpy/zstandard from the lock)."""
+    from carriers.inputs import serves
+    from tools.lock import pylock_path, read_pylock
+
+    manifest = json.loads((dist / "manifest.json").read_text())
+    wheels, lines = [], []
+    for name in CARRIERS:
+        (w,) = [w for w in manifest["wheels"] if w["name"] == name and serves(w["filename"], python)]
+        wheels.append(dist / w["filename"])
+        lines.append(f"{name}=={w['version']} --hash=sha256:{w['sha256']}")
+    pins: dict[str, Any] = {canonicalize_name(p.name): p for p in read_pylock(pylock_path("serve", python)).packages}
+    for name in THIRD_PARTY:
+        p = pins[name]
+        hashes = " ".join(f"--hash=sha256:{h}" for wh in p.wheels or [] for h in wh.hashes.values())
+        lines.append(f"{name}=={p.version} {hashes}")
+    return wheels, "\n".join(lines) + "\n"
+
+
+def run(dist: Path, python: str, cache: Path) -> dict[str, Any]:
+    """Install and exercise the release on CPython `python`; its result, or InterpreterError."""
+    from carriers.inputs import target_args
+
+    t0 = time.perf_counter()
+    root = debian_root(python, cache)
+    work = root / "kt-verify"
+    shutil.rmtree(work, ignore_errors=True)
+    (work / "wheels").mkdir(parents=True)
+    wheels, req = _requirements(dist, python)
+    for w in wheels:
+        shutil.copyfile(w, work / "wheels" / w.name)
+    third = work / "third-party.txt"
+    third.write_text("".join(ln + "\n" for ln in req.splitlines() if ln.split("==")[0] in THIRD_PARTY))
+    got = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "--isolated",
+            "--no-deps",
+            "--require-hashes",
+            *target_args(python),
+            "--index-url",
+            "https://pypi.org/simple",
+            "-d",
+            str(work / "wheels"),
+            "-r",
+            str(third),
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if got.returncode != 0:
+        raise InterpreterError(f"downloading numpy and zstandard for CPython {python} failed:\n{got.stderr[-2000:]}")
+    (work / "requirements.txt").write_text(req)
+    shutil.copyfile(PROBE, work / "exercise.py")
+    venv, env = "/kt-verify/venv", "KT_KERNEL_CACHE_DIR=/kt-verify/cache"
+    script = (
+        f"set -e; python{python} -m venv {venv}; "
+        f"{venv}/bin/pip install --quiet --isolated --no-index --find-links /kt-verify/wheels --require-hashes "
+        f"--no-deps -r /kt-verify/requirements.txt; "
+        f"cd /; {venv}/bin/python /kt-verify/exercise.py; "
+        f"{env} {venv}/bin/python -m kt_kernel.payload materialize >/dev/null; "
+        f"{env} {venv}/bin/python -m kt_kernel.payload verify"
+    )
+    got = subprocess.run(["chroot", str(root), "sh", "-c", script], capture_output=True, text=True, check=False)
+    if got.returncode != 0:
+        raise InterpreterError(
+            f"the release on CPython {python} ({root}) failed:\n{got.stdout[-2000:]}{got.stderr[-2000:]}"
+        )
+    lines = got.stdout.strip().splitlines()
+    shutil.rmtree(work, ignore_errors=True)  # the venv and the 1.1 GiB materialized payload; the root stays
+    result: dict[str, Any] = json.loads(next(ln for ln in lines if ln.startswith("{")))
+    result["payload_verify"] = lines[-1]
+    result["seconds"] = round(time.perf_counter() - t0, 1)
+    tag = f"cp{python.replace('.', '')}"
+    if not all(t.startswith(f"{tag}-{tag}-") for t in result["sglang_kt_tags"]):
+        raise InterpreterError(f"CPython {python} got sglang-kt tagged {result['sglang_kt_tags']}, not its own wheel")
+    if not result["moe_max_rel_error"] <= BOUND:
+        raise InterpreterError(
+            f"on CPython {python} kt-kernel's MoE is {result['moe_max_rel_error']:.3g} off the numpy reference "
+            f"(bound {BOUND})"
+        )
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    """python -m verify.interpreters --dist dist [--python 3.13] [--json F]."""
+    p = argparse.ArgumentParser(prog="python -m verify.interpreters")
+    p.add_argument("--dist", type=Path, default=ROOT / "dist")
+    p.add_argument("--python", action="append", default=[], metavar="3.N", help=f"default: {sorted(SUITES)}")
+    p.add_argument("--cache", type=Path, default=ROOT / "build" / "cache")
+    p.add_argument("--json", type=Path)
+    args = p.parse_args(argv)
+    results = {}
+    try:
+        for python in args.python or sorted(SUITES):
+            r = run(args.dist, python, args.cache)
+            results[python] = r
+            print(
+                f"[cp{python.replace('.', '')}] CPython {r['python']} ({r['variant']}): MoE within "
+                f"{r['moe_max_rel_error']:.2e} of numpy; sglang-kt {r['sglang_kt_tags'][0]}; {r['payload_verify']} "
+                f"({r['seconds']:.0f}s)"
+            )
+    except (InterpreterError, OSError, ValueError, KeyError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
