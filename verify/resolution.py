@@ -57,6 +57,7 @@ class Result:
     installed: dict[str, str] = field(default_factory=dict)
     problems: list[str] = field(default_factory=list)
     drift: list[str] = field(default_factory=list)  # newer third-party releases than the lock: re-lock to ship
+    not_verified: str = ""  # why this profile cannot be resolved here (it is not a pass)
     seconds: float = 0.0
 
     def as_dict(self) -> dict[str, Any]:
@@ -67,7 +68,8 @@ class Result:
             "packages": len(self.installed),
             "problems": self.problems,
             "drift": self.drift,
-            "ok": not self.problems,
+            "not_verified": self.not_verified,
+            "ok": not self.problems and not self.not_verified,
             "seconds": round(self.seconds, 1),
         }
 
@@ -149,9 +151,20 @@ def check(dist: Path, profile: str, python: str, roots: list[str], index_url: st
     files = {w["filename"] for w in manifest["wheels"]}
     reqs = [f"{r}=={versions[canonicalize_name(r.split('[')[0])]}" for r in roots]
     result = Result(profile, python, reqs)
-    got = resolve(index_url, reqs, python)
-    result.installed = {n: v for n, (v, _) in got.items()}
     install = dist / "install" / f"{profile}-cp{python.replace('.', '')}.txt"
+    sdists = re.findall(r"^--no-binary (\S+)", install.read_text(), re.MULTILINE)
+    if sdists and python != f"{sys.version_info.major}.{sys.version_info.minor}":
+        result.not_verified = (
+            f"{', '.join(sdists)} has only an sdist for CPython {python}; pip resolves for a Python it does not run "
+            f"only from wheels, so this needs a CPython {python} interpreter"
+        )
+        return result
+    try:
+        got = resolve(index_url, reqs, python)
+    except ResolutionError as exc:
+        result.problems.append(str(exc))
+        return result
+    result.installed = {n: v for n, (v, _) in got.items()}
     result.problems, result.drift = judge(got, install.read_text(), install.name, versions, files)
     result.seconds = time.perf_counter() - t0
     return result
@@ -213,7 +226,13 @@ def main(argv: list[str] | None = None) -> int:
                     )
                     r = check(args.dist, profile, python, roots, url)
                     results.append(r)
-                    verdict = "ok" if not r.problems else f"{len(r.problems)} problems"
+                    verdict = (
+                        f"NOT VERIFIED: {r.not_verified}"
+                        if r.not_verified
+                        else "ok"
+                        if not r.problems
+                        else f"{len(r.problems)} problems"
+                    )
                     print(
                         f"[resolve] {profile} cp{python.replace('.', '')}: {len(r.installed)} packages, "
                         f"{verdict} ({r.seconds:.0f}s)"
