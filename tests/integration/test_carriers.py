@@ -149,6 +149,10 @@ def test_assembly_is_deterministic_and_dist_is_complete(tmp_path: Path, kt_wheel
     assert {w["name"] for w in manifest["wheels"]} == {c.name for c in cs.carriers}
     assert {w["kind"] for w in manifest["wheels"]} == {"native", "umbrella", "fork", "repack"}
     assert all(w["inputs"] for w in manifest["wheels"] if w["kind"] in ("fork", "repack"))
-    names = sorted(p.name for p in (tmp_path / "a").iterdir())
-    assert names == sorted([*(w["filename"] for w in manifest["wheels"]), "SHA256SUMS", "manifest.json"])
+    names = sorted(str(p.relative_to(tmp_path / "a")) for p in (tmp_path / "a").rglob("*") if p.is_file())
+    listed = [*(w["filename"] for w in manifest["wheels"]), *(f["file"] for f in manifest["install"])]
+    assert names == sorted([*listed, "SHA256SUMS", "manifest.json"])
+    assert sorted(
+        line.split("  ", 1)[1] for line in (tmp_path / "a" / "SHA256SUMS").read_text().splitlines()
+    ) == sorted(listed)  # every file of the release is listed with its sha256, the install files included
     shutil.rmtree(tmp_path / "b")
