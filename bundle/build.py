@@ -15,23 +15,13 @@ import json
 import os
 import re
 import shutil
-import subprocess
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 from packaging.utils import canonicalize_name, parse_wheel_filename
 
-from carriers.inputs import target_args
+from carriers.inputs import MANYLINUX_2_34, download
 
-# Every platform tag an x86_64 glibc 2.34 system installs (pip does not expand --platform itself: given
-# manylinux_2_34 alone it skips a manylinux_2_27 wheel, and then backtracks to old releases).
-PLATFORMS = (
-    *(f"manylinux_2_{minor}_x86_64" for minor in range(34, 4, -1)),
-    "manylinux2014_x86_64",
-    "manylinux2010_x86_64",
-    "manylinux1_x86_64",
-)
 _PIN = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==(\S+)((?:\s*\\\n\s*--hash=sha256:[0-9a-f]{64})*)", re.MULTILINE)
 
 
@@ -123,23 +113,9 @@ def build(dist: Path, profile: str, python: str, out: Path, *, index_url: str = 
                 f"[bundle] downloading {len(wanted) - len(local)} third-party wheels for CPython {python} by hash ...",
                 flush=True,
             )
-            cmd = [
-                sys.executable,
-                "-m",
-                "pip",
-                "download",
-                "--isolated",
-                "--no-deps",
-                "--require-hashes",
-                *target_args(python, PLATFORMS),
-                "--index-url",
-                index_url,
-                "-d",
-                str(staging),
-                "-r",
-                str(third),
-            ]
-            got = subprocess.run(cmd, capture_output=True, text=True, check=False)
+            requirements = ["--require-hashes", "-r", str(third)]
+            label = f"bundle: {profile} cp{python.replace('.', '')}"
+            got = download(requirements, python, staging, label, index_url=index_url, platforms=MANYLINUX_2_34)
             if got.returncode != 0:
                 raise BundleError(
                     f"downloading {profile}'s third-party wheels for CPython {python} failed:\n{got.stderr[-3000:]}"

@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
 from collections.abc import Sequence
@@ -55,6 +56,46 @@ def default_cache() -> Path:
 def locked_pins(lock: Path = LOCK) -> dict[str, tuple[str, tuple[str, ...]]]:
     """name -> (version, allowed sha256s) from the hash-locked inputs."""
     return {n: (str(p.version), p.hashes) for n, p in parse_lock(lock).items()}
+
+
+# Every platform tag an x86_64 glibc 2.34 system installs, newest first. pip does not expand --platform
+# itself: given manylinux_2_34 alone it skips a manylinux_2_27 wheel, and then backtracks to old releases
+# (resolving sft for 3.12 fell back to torch 2.7.1). Resolution, bundles and installs for another Python
+# take this chain; the release's own inputs keep PLATFORMS, the tags they are locked and built from.
+MANYLINUX_2_34 = (
+    *(f"manylinux_2_{minor}_x86_64" for minor in range(34, 4, -1)),
+    "manylinux2014_x86_64",
+    "manylinux2010_x86_64",
+    "manylinux1_x86_64",
+)
+
+
+def download(
+    requirements: Sequence[str],
+    python: str,
+    dest: Path,
+    label: str,
+    *,
+    index_url: str = "https://pypi.org/simple",
+    platforms: Sequence[str] = PLATFORMS,
+) -> subprocess.CompletedProcess[str]:
+    """`pip download --no-deps` of `requirements` (pip's arguments: `name==version`, or `--require-hashes -r
+    FILE`) as CPython `python` wheels for `platforms` into `dest`, with "still running" lines meanwhile."""
+    cmd = [
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--isolated",
+        "--no-deps",
+        "--index-url",
+        index_url,
+        *target_args(python, platforms),
+        "-d",
+        str(dest),
+        *requirements,
+    ]
+    return progress.run_quiet(cmd, label)
 
 
 def target_args(python: str, platforms: Sequence[str] = PLATFORMS) -> list[str]:
@@ -116,22 +157,9 @@ def fetch(name: str, lock: Path = LOCK, cache: Path | None = None, *, python: st
             cached.unlink()  # stale or tampered cache entry: fetch again
     abi = f"cp{python.replace('.', '')}"
     with tempfile.TemporaryDirectory() as tmp:
-        cmd = [
-            sys.executable,
-            "-m",
-            "pip",
-            "download",
-            "--isolated",
-            "--no-deps",
-            "--index-url",
-            os.environ.get("KT_INPUT_INDEX_URL", "https://pypi.org/simple"),
-            *target_args(python),
-            "-d",
-            tmp,
-            f"{name}=={version}",
-        ]
         progress.say("inputs", f"downloading {name}=={version} for CPython {python} (locked by hash) ...")
-        got = progress.run_quiet(cmd, f"inputs: {name} ({abi})")
+        index = os.environ.get("KT_INPUT_INDEX_URL", "https://pypi.org/simple")
+        got = download([f"{name}=={version}"], python, Path(tmp), f"inputs: {name} ({abi})", index_url=index)
         wheels = sorted(Path(tmp).glob("*.whl"))
         if got.returncode != 0 and "No matching distribution" in got.stderr:
             raise InputError(

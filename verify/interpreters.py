@@ -83,7 +83,7 @@ def _requirements(dist: Path, python: str) -> tuple[list[Path], str]:
 
 def run(dist: Path, python: str, cache: Path) -> dict[str, Any]:
     """Install and exercise the release on CPython `python`; its result, or InterpreterError."""
-    from carriers.inputs import target_args
+    from carriers.inputs import MANYLINUX_2_34, download
 
     t0 = time.perf_counter()
     root = debian_root(python, cache)
@@ -95,27 +95,9 @@ def run(dist: Path, python: str, cache: Path) -> dict[str, Any]:
         shutil.copyfile(w, work / "wheels" / w.name)
     third = work / "third-party.txt"
     third.write_text("".join(ln + "\n" for ln in req.splitlines() if ln.split("==")[0] in THIRD_PARTY))
-    got = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "download",
-            "--isolated",
-            "--no-deps",
-            "--require-hashes",
-            *target_args(python),
-            "--index-url",
-            "https://pypi.org/simple",
-            "-d",
-            str(work / "wheels"),
-            "-r",
-            str(third),
-        ],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
+    requirements = ["--require-hashes", "-r", str(third)]
+    label = f"cp{python.replace('.', '')}: numpy, zstandard"
+    got = download(requirements, python, work / "wheels", label, platforms=MANYLINUX_2_34)
     if got.returncode != 0:
         raise InterpreterError(f"downloading numpy and zstandard for CPython {python} failed:\n{got.stderr[-2000:]}")
     (work / "requirements.txt").write_text(req)

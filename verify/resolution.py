@@ -28,18 +28,12 @@ from typing import Any
 from packaging.utils import canonicalize_name
 from packaging.version import Version
 
-from carriers.inputs import target_args
+from carriers.inputs import MANYLINUX_2_34, target_args
+from tools import progress
 
 PUBLIC = "https://pypi.org/simple"
-# Every platform tag an x86_64 glibc 2.34 system installs (pip does not expand --platform itself: given
-# manylinux_2_34 alone it skips a manylinux_2_27 wheel, and then backtracks to old releases).
-PLATFORMS = (
-    *(f"manylinux_2_{minor}_x86_64" for minor in range(34, 4, -1)),
-    "manylinux2014_x86_64",
-    "manylinux2010_x86_64",
-    "manylinux1_x86_64",
-)
 UPSTREAMS = ("transformers", "accelerate", "sglang", "sglang-kernel", "peft", "trl", "llamafactory")
+HERE = f"{sys.version_info.major}.{sys.version_info.minor}"  # the CPython pip resolves for without --python-version
 _PIN = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==(\S+)", re.MULTILINE)
 
 
@@ -111,8 +105,7 @@ def index(dist: Path, fallback: str = PUBLIC, timeout: float = 30.0) -> Iterator
 def resolve(index_url: str, requirements: list[str], python: str) -> dict[str, tuple[str, str]]:
     """name -> (version, file URL) pip would install for `requirements` on CPython `python` (x86_64
     Linux), from `index_url` alone."""
-    here = f"{sys.version_info.major}.{sys.version_info.minor}"
-    target = [] if python == here else target_args(python, PLATFORMS)
+    target = [] if python == HERE else target_args(python, MANYLINUX_2_34)
     with tempfile.TemporaryDirectory() as tmp:
         report = Path(tmp) / "report.json"
         cmd = [
@@ -131,7 +124,7 @@ def resolve(index_url: str, requirements: list[str], python: str) -> dict[str, t
             *target,
             *requirements,
         ]
-        got = subprocess.run(cmd, capture_output=True, text=True, check=False)
+        got = progress.run_quiet(cmd, f"resolve: CPython {python}")
         if got.returncode != 0:
             raise ResolutionError(
                 f"pip could not resolve {' '.join(requirements)} for CPython {python}:\n{got.stderr[-3000:]}"
@@ -153,7 +146,7 @@ def check(dist: Path, profile: str, python: str, roots: list[str], index_url: st
     result = Result(profile, python, reqs)
     install = dist / "install" / f"{profile}-cp{python.replace('.', '')}.txt"
     sdists = re.findall(r"^--no-binary (\S+)", install.read_text(), re.MULTILINE)
-    if sdists and python != f"{sys.version_info.major}.{sys.version_info.minor}":
+    if sdists and python != HERE:
         result.not_verified = (
             f"{', '.join(sdists)} has only an sdist for CPython {python}; pip resolves for a Python it does not run "
             f"only from wheels, so this needs a CPython {python} interpreter"
