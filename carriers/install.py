@@ -74,7 +74,21 @@ def _carrier_wheel(staging: Path, name: str, python: str) -> Path:
     return found[0]
 
 
-def _third_party(profile: str, python: str, cs: CarrierSet, staging: Path) -> tuple[Any, list[str]]:
+def _closure(profile: str, staging: Path) -> tuple[list[str], list[tuple[str, str]]]:
+    """(carrier names, (root, third-party requirement) pairs) the profile's roots reach in the staged
+    wheels' metadata: the same for every Python (markers are evaluated per Python by _third_party)."""
+    carriers: list[str] = []
+    third: list[tuple[str, str]] = []
+    for root in roots(profile):
+        reached, lines = closure(staging, root)
+        carriers += reached
+        third += [(root, line) for line in lines]
+    return sorted(set(carriers)), third
+
+
+def _third_party(
+    profile: str, python: str, cs: CarrierSet, reached: tuple[list[str], list[tuple[str, str]]]
+) -> tuple[Any, list[str]]:
     """(the profile's PEP 751 lock for `python`, the closure's carrier names); the lock must pin every
     third-party requirement the carriers declare for that Python, and no upstream a fork replaces."""
     path = locks.pylock_path(profile, python)
@@ -88,19 +102,16 @@ def _third_party(profile: str, python: str, cs: CarrierSet, staging: Path) -> tu
         raise ConsistencyError(str(exc)) from None
     env = _environment(python)
     pins = {canonicalize_name(p.name): p for p in pylock.packages}
-    carriers: list[str] = []
+    carriers, third = reached
     problems = []
-    for root in roots(profile):
-        reached, third = closure(staging, root)
-        carriers += reached
-        for line in third:
-            req = Requirement(line)
-            if req.marker is not None and not req.marker.evaluate(env):
-                continue
-            pin = pins.get(canonicalize_name(req.name))
-            if pin is None or (pin.version is not None and not req.specifier.contains(pin.version, prereleases=True)):
-                got = f"{pin.name}=={pin.version}" if pin else "nothing"
-                problems.append(f"{root} requires {req} on CPython {python}; {path.name} pins {got}")
+    for root, line in third:
+        req = Requirement(line)
+        if req.marker is not None and not req.marker.evaluate(env):
+            continue
+        pin = pins.get(canonicalize_name(req.name))
+        if pin is None or (pin.version is not None and not req.specifier.contains(pin.version, prereleases=True)):
+            got = f"{pin.name}=={pin.version}" if pin else "nothing"
+            problems.append(f"{root} requires {req} on CPython {python}; {path.name} pins {got}")
     replaced = cs.by_upstream()
     problems += [
         f"{path.name} pins upstream {p.name}, which {replaced[canonicalize_name(p.name)]} replaces"
@@ -113,7 +124,7 @@ def _third_party(profile: str, python: str, cs: CarrierSet, staging: Path) -> tu
             + "\n  ".join(problems)
             + "\nrun `nox -s lock` (it resolves the carriers' own requirements); dist/ was not touched"
         )
-    return pylock, sorted(set(carriers))
+    return pylock, carriers
 
 
 def _hash_lines(hashes: Sequence[str]) -> str:
@@ -192,8 +203,9 @@ def write(cs: CarrierSet, staging: Path, pythons: Sequence[str], digests: dict[s
     out_dir.mkdir()
     written = []
     for profile in locks.install_profiles():
+        reached = _closure(profile, staging)  # one walk of the wheels' metadata per profile
         for python in pythons:
-            pylock, names = _third_party(profile, python, cs, staging)
+            pylock, names = _third_party(profile, python, cs, reached)
             carriers = []
             for name in names:
                 wheel = _carrier_wheel(staging, name, python)
