@@ -207,6 +207,9 @@ def main(argv: list[str] | None = None) -> int:
     args.profile = args.profile or install_profiles()
     args.python = args.python or list(matrix())
     root = Path(__file__).resolve().parent.parent
+    if not (args.dist / "manifest.json").is_file() or not (args.dist / "install").is_dir():
+        print(f"error: {args.dist} is not an assembled release (no manifest.json or install/); run nox -s build_all")
+        return 1
     results = []
     try:
         with index(args.dist, args.fallback) as url:

@@ -1,0 +1,58 @@
+"""The verification and assembly CLIs on a machine or input that cannot serve them: a clear verdict or
+error naming the fix, never a traceback, and (where the machine lacks a tool) NOT VERIFIED, never a pass."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from carriers import __main__ as carriers_cli
+from verify import interpreters, resolution
+
+
+def test_no_debootstrap_is_not_verified_with_the_fix(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr("shutil.which", lambda name: None)
+    monkeypatch.setattr("os.geteuid", lambda: 0)
+    out = tmp_path / "r.json"
+    assert interpreters.main(["--dist", str(tmp_path), "--cache", str(tmp_path / "cache"), "--json", str(out)]) == 0
+    assert "NOT VERIFIED: debootstrap is not installed: apt-get install debootstrap" in capsys.readouterr().out
+    recorded = json.loads(out.read_text())
+    assert list(recorded) == ["3.13"]
+    assert list(recorded["3.13"]) == ["not_verified"]  # no result, no pass: only why
+    assert "apt-get install debootstrap" in recorded["3.13"]["not_verified"]
+
+
+def test_not_root_is_not_verified_even_with_a_root_already_made(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "cache" / "debian-trixie" / "usr" / "bin").mkdir(parents=True)
+    (tmp_path / "cache" / "debian-trixie" / "usr" / "bin" / "python3.13").write_text("")
+    monkeypatch.setattr("os.geteuid", lambda: 1000)
+    with pytest.raises(interpreters.Unavailable, match="need root"):
+        interpreters.debian_root("3.13", tmp_path / "cache")
+
+
+def test_a_python_without_a_known_suite_is_an_error_not_unavailable(tmp_path: Path) -> None:
+    with pytest.raises(interpreters.InterpreterError, match=r"no Debian suite known for CPython 3\.12") as exc:
+        interpreters.debian_root("3.12", tmp_path)
+    assert not isinstance(exc.value, interpreters.Unavailable)
+
+
+def test_resolution_of_a_directory_that_is_no_release_names_the_fix(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert resolution.main(["--dist", str(tmp_path / "none"), "--profile", "sft", "--python", "3.11"]) == 1
+    assert "is not an assembled release (no manifest.json or install/); run nox -s build_all" in capsys.readouterr().out
+
+
+def test_a_partial_release_for_a_python_outside_the_matrix_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["assemble", "--kernel", str(tmp_path), "--dist", str(tmp_path / "dist"), "--partial", "3.10"]
+    assert carriers_cli.main(argv) != 0
+    assert "--partial 3.10: not in the release's Python matrix ['3.11', '3.12', '3.13']" in capsys.readouterr().err
+    assert not (tmp_path / "dist").exists()
