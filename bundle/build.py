@@ -18,7 +18,7 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from packaging.utils import canonicalize_name, parse_wheel_filename
+from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
 
 from carriers.inputs import MANYLINUX_2_34, download
 
@@ -82,15 +82,20 @@ def build(dist: Path, profile: str, python: str, out: Path, *, index_url: str = 
     local = {}
     release = set()
     for wheel in sorted(dist.glob("*.whl")):
-        name = canonicalize_name(parse_wheel_filename(wheel.name)[0])
+        try:
+            name = canonicalize_name(parse_wheel_filename(wheel.name)[0])
+        except InvalidWheelFilename:
+            raise BundleError(f"{wheel}: not a wheel filename; {dist} is not a release nox -s build_all made") from None
         release.add(name)
         if name in wanted and _sha256(wheel) in wanted[name][1]:
             local[name] = wheel
     manifest = dist / "manifest.json"  # the release's distributions, also those whose wheel went missing
     if manifest.is_file():
-        release |= {
-            canonicalize_name(str(w.get("name", ""))) for w in json.loads(manifest.read_text()).get("wheels", [])
-        }
+        try:
+            listed = json.loads(manifest.read_text())["wheels"]
+            release |= {canonicalize_name(str(w["name"])) for w in listed}
+        except (ValueError, KeyError, TypeError) as exc:
+            raise BundleError(f"{manifest}: not a release manifest ({exc!r}); rebuild it (nox -s build_all)") from None
     missing = sorted((release & set(wanted)) - set(local))
     if missing:
         raise BundleError(

@@ -237,7 +237,7 @@ def main(argv: list[str] | None = None) -> int:
                         print(f"  error: {problem}", file=sys.stderr)
                     for note in r.drift:
                         print(f"  warning: {note} (newer since the lock; `nox -s lock` ships it)", file=sys.stderr)
-    except (ResolutionError, OSError, KeyError) as exc:
+    except (ResolutionError, OSError, KeyError, ValueError) as exc:  # ValueError: a corrupt manifest.json
         print(f"error: {exc}", file=sys.stderr)
         return 1
     if args.json:

@@ -56,3 +56,35 @@ def test_a_partial_release_for_a_python_outside_the_matrix_is_refused(
     assert carriers_cli.main(argv) != 0
     assert "--partial 3.10: not in the release's Python matrix ['3.11', '3.12', '3.13']" in capsys.readouterr().err
     assert not (tmp_path / "dist").exists()
+
+
+@pytest.mark.parametrize(
+    ("name", "content", "message"),
+    [
+        ("manifest.json", "{not json", "not a release manifest"),
+        ("manifest.json", '{"wheels": [{"filename": "x.whl"}]}', "not a release manifest"),
+        ("bad-name.whl", "", "not a wheel filename"),
+    ],
+)
+def test_a_corrupt_release_directory_is_a_bundle_error_naming_the_file(
+    tmp_path: Path, name: str, content: str, message: str
+) -> None:
+    from bundle.build import BundleError, build
+
+    dist = tmp_path / "dist"
+    (dist / "install").mkdir(parents=True)
+    (dist / "install" / "sft-cp311.txt").write_text("numpy==2.3.5 \\\n    --hash=sha256:" + "a" * 64 + "\n")
+    (dist / name).write_text(content)
+    with pytest.raises(BundleError, match=message) as exc:
+        build(dist, "sft", "3.11", tmp_path / "out")
+    assert name in str(exc.value)
+    assert not (tmp_path / "out").exists()
+
+
+def test_resolution_over_a_corrupt_manifest_is_an_error_not_a_traceback(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "install").mkdir()
+    (tmp_path / "manifest.json").write_text("{not json")
+    assert resolution.main(["--dist", str(tmp_path), "--profile", "sft", "--python", "3.11"]) == 1
+    assert "error:" in capsys.readouterr().err
