@@ -5,7 +5,7 @@ Which members go in, the per-wheel budget and the compression are policy data
 (audits/policy/default.toml, [payload] and [size]); which carriers hold the parts
 and the manifest is carrier data (carriers/carriers.toml). kt_kernel.payload reads
 the result at run time; the audits check it (audits/analyzers/payload_rules.py).
-The manifest's schema: carriers/schemas/payload-manifest.schema.json.
+The manifest's schema: audits/schemas/payload-manifest.schema.json.
 """
 
 from __future__ import annotations

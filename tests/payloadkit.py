@@ -15,11 +15,11 @@ from typing import Any
 
 from carriers import payload as packer
 
-SCHEMA = Path(__file__).resolve().parent.parent / "carriers" / "schemas" / "payload-manifest.schema.json"
+SCHEMA = Path(__file__).resolve().parent.parent / "audits" / "schemas" / "payload-manifest.schema.json"
 
 
 def validate_manifest(manifest: dict[str, Any]) -> None:
-    """The manifest against its JSON Schema (carriers/schemas/payload-manifest.schema.json)."""
+    """The manifest against its JSON Schema (audits/schemas/payload-manifest.schema.json)."""
     import jsonschema
 
     jsonschema.validate(manifest, json.loads(SCHEMA.read_text()))
@@ -118,3 +118,42 @@ def make_release(site: Path, files: dict[str, bytes], cache: Path, *, level: int
     (site / "sgl_kernel" / "__init__.py").write_text("")
     path.write_text(json.dumps(manifest, indent=1) + "\n")
     return FakeRelease(site, path, dict(files), paths)
+
+
+def release_wheels(out: Path, files: dict[str, bytes], work: Path) -> list[Path]:
+    """The same synthetic release as wheels in `out`: the five part carriers and the manifest's
+    provider (sglang-kernel-kt, requiring every part carrier exactly), each with a correct RECORD;
+    for the audit's payload rules and its fuzz test."""
+    from tests.wheelkit import write_wheel
+
+    rel = make_release(work / "site", files, work / "cache")
+    tag = "py3-none-manylinux_2_34_x86_64"
+    out.mkdir(parents=True, exist_ok=True)
+
+    def wheel(name: str, version: str, members: dict[str, bytes], requires: tuple[str, ...] = ()) -> Path:
+        stem = f"{name.replace('-', '_')}-{version}"
+        meta = f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\nRequires-Python: >=3.11\n"
+        meta += "".join(f"Requires-Dist: {r}\n" for r in requires)
+        members = {
+            **members,
+            f"{stem}.dist-info/METADATA": meta.encode(),
+            f"{stem}.dist-info/WHEEL": (
+                f"Wheel-Version: 1.0\nGenerator: payloadkit\nRoot-Is-Purelib: false\nTag: {tag}\n"
+            ).encode(),
+        }
+        return write_wheel(out / f"{stem}-{tag}.whl", members)
+
+    made = []
+    for (name, version, pkg), part in zip(CARRIERS, rel.parts, strict=True):
+        member = part.relative_to(rel.site).as_posix()
+        made.append(wheel(name, version, {f"{pkg}/__init__.py": b"", member: part.read_bytes()}))
+    pins = tuple(f"{n}=={v}" for n, v, _ in CARRIERS)
+    made.append(
+        wheel(
+            "sglang-kernel-kt",
+            "0.4.10.post1",
+            {"sgl_kernel/__init__.py": b"", "sgl_kernel/_kt_payload.json": rel.manifest.read_bytes()},
+            (*pins, "zstandard>=0.22"),
+        )
+    )
+    return made

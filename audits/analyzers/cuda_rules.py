@@ -4,7 +4,6 @@ ELF/RPATH rules inside the payload's own layout."""
 
 from __future__ import annotations
 
-import json
 import posixpath
 from typing import Any
 
@@ -12,6 +11,7 @@ from ..model import Finding
 from ..policy import Policy
 from ..readers import WheelFacts
 from ..readers._cuda import CudaFacts, KernelPayload
+from ..readers._json import BUILD_MANIFEST, load
 from . import elf_rules, wheel_rules
 from ._common import finding
 from .manifest_rules import MANIFEST
@@ -67,10 +67,8 @@ def cuda(
     manifest = w.member(MANIFEST)
     claimed: dict[str, Any] = {}
     if manifest is not None:
-        try:
-            claimed = json.loads(manifest.data or b"").get("cuda") or {}
-        except ValueError:
-            claimed = {}
+        doc, _problem = load(manifest.data or b"", BUILD_MANIFEST)  # manifest_rules reports a bad one
+        claimed = (doc or {}).get("cuda") or {}
     if claimed:
         if claimed.get("sha256") != kp.sha256:
             out.append(

@@ -9,13 +9,13 @@ lookups (``carriers/alias``) is recognised by its two top-level files.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from packaging.utils import canonicalize_name
 
 from ..model import Finding
+from ..readers._json import KT_UPSTREAM, load
 from ..readers._python import Lookup
 from ._common import finding
 
@@ -56,19 +56,19 @@ def _renamed(wheels: Sequence[DistNames]) -> tuple[dict[str, tuple[str, str]], l
                     )
                 )
             continue
-        try:
-            up = json.loads(w.upstream)
-            out[canonicalize_name(up["name"])] = (w.dist, str(up["version"]))
-        except (ValueError, KeyError, TypeError) as exc:
+        up, problem = load(w.upstream, KT_UPSTREAM)
+        if problem:
             bad.append(
                 finding(
                     "dist.upstream-record",
                     w.wheel,
                     UPSTREAM_FILE,
-                    f"{UPSTREAM_FILE} does not parse as {{name, version}}: {exc!r}",
+                    f"{UPSTREAM_FILE}: {problem}",
                     "assemble it with the release's carriers",
                 )
             )
+            continue
+        out[canonicalize_name(up["name"])] = (w.dist, up["version"])
     return out, bad
 
 

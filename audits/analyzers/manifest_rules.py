@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import fnmatch
-import json
 from typing import Any
 
 from ..model import Finding
 from ..policy import Policy
 from ..readers import ElfFacts, FeatureUse, WheelFacts
+from ..readers._json import BUILD_MANIFEST, load
 from ._common import finding
 
 MANIFEST = "kt_kernel/_build.json"
@@ -33,11 +33,10 @@ def manifest(
                 "build with kernel/CMakeLists.txt, which installs _build.json",
             )
         ]
-    try:
-        data = json.loads(m.data or b"")
-        variants: dict[str, Any] = data["variants"]
-    except (ValueError, KeyError, TypeError) as exc:
-        return [finding("manifest.missing", fn, MANIFEST, f"unparseable: {exc}", "rebuild the wheel")]
+    data, problem = load(m.data or b"", BUILD_MANIFEST)
+    if problem:
+        return [finding("manifest.missing", fn, MANIFEST, problem, "rebuild the wheel")]
+    variants: dict[str, Any] = data["variants"]
     out: list[Finding] = []
     if data.get("schema_version") != 1:
         out.append(

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import KT_SRC
+from tests.conftest import KT_SRC, ROOT
 from tests.integration.conftest import SCRIPTS, Venv
 
 LADDER = json.loads((KT_SRC / "cpu_variants.json").read_text())["variants"]
@@ -102,7 +102,7 @@ def test_wheel_is_repaired_and_carries_the_manifest(kt_wheel: Path) -> None:
         names = set(zf.namelist())
     import jsonschema
 
-    schema = json.loads((KT_SRC.parents[1] / "cmake" / "build-manifest.schema.json").read_text())
+    schema = json.loads((ROOT / "audits" / "schemas" / "build-manifest.schema.json").read_text())
     jsonschema.validate(manifest, schema)
     assert manifest["schema_version"] == 1
     assert sorted(manifest["variants"]) == sorted(VARIANTS)

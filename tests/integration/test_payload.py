@@ -169,7 +169,7 @@ def test_installed_carriers_materialize_without_torch(release: tuple[Path, dict[
     kt = min(dist.glob("kt_kernel-*.whl"))
     with zipfile.ZipFile(kt) as zf:
         build = json.loads(zf.read("kt_kernel/_build.json"))
-    schema = json.loads((ROOT / "kernel" / "cmake" / "build-manifest.schema.json").read_text())
+    schema = json.loads((ROOT / "audits" / "schemas" / "build-manifest.schema.json").read_text())
     jsonschema.validate(build, schema)
     assert build["cuda"]["archive"] == "release"
     root = venv.run("-c", "import kt_kernel.cuda as c; print(c.extract())", env=env).stdout.strip()

@@ -159,3 +159,8 @@ def test_baseline_from_a_previous_report_flags_growth(tmp_path: Path, capsys: py
     code, _, err = run(capsys, str(wheel), "--baseline", str(tmp_path / "bad.json"))
     assert code == 2
     assert "bad.json: cannot read the size baseline" in err
+    (tmp_path / "shape.json").write_text(json.dumps({"wheels": [{"name": "demo", "size": "big"}]}))
+    code, _, err = run(capsys, str(wheel), "--baseline", str(tmp_path / "shape.json"))
+    assert code == 2
+    assert "shape.json: cannot read the size baseline" in err
+    assert "Traceback" not in err

@@ -122,7 +122,11 @@ def test_an_unreadable_record_is_an_error(tmp_path: Path) -> None:
     write_wheel(fork, members)
     (f,) = _findings(dist, "dist.upstream-record")
     assert f["member"] == "kt_upstream.json"
-    assert "does not parse as {name, version}" in f["message"]
+    assert "not JSON" in f["message"]
+    members["demo_kt-2.0.post1.dist-info/kt_upstream.json"] = b'{"carrier": "demo-kt", "name": 3, "version": "2"}'
+    write_wheel(fork, members)
+    (f,) = _findings(dist, "dist.upstream-record")
+    assert "at $.name: 3 is not of type 'string'" in f["message"]
 
 
 def test_a_third_party_wheel_named_kt_is_not_a_renamed_fork(tmp_path: Path) -> None:

@@ -3,7 +3,7 @@
 A KT release carries its large CUDA binaries (sgl_kernel's kernels and kt-kernel's
 own libkt_cuda*.so) in one zstd-compressed tar, cut into parts that ride in the
 five carrier wheels. The manifest (``sgl_kernel/_kt_payload.json`` in the
-sglang-kernel-kt wheel; schema in carriers/schemas/payload-manifest.schema.json)
+sglang-kernel-kt wheel; schema in audits/schemas/payload-manifest.schema.json)
 names every part (distribution, version, member, size, sha256) and every file.
 
 ``materialize()`` finds each part through ``importlib.metadata`` (never by
