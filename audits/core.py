@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import fnmatch
-import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -32,6 +31,7 @@ from .policy import ExternalProvider, Policy
 from .readers import ElfFacts, FeatureUse, WheelFacts, read_wheel
 from .readers._cuda import KernelPayload, find_cuobjdump, read_kernel_payload
 from .readers._install import read_install_files
+from .readers._json import SIZE_BASELINE, load
 from .readers._payload import ArchiveFacts, WheelSummary, read_archive, summarize
 from .readers._wheel import ReadOptions, file_digest
 
@@ -112,6 +112,7 @@ def read_context(path: Path, policy: Policy, baseline: dict[str, Any] | None) ->
             payload_member.sha256,
             opts.cuobjdump,
             [lib.member for lib in policy.cuda_libraries],
+            policy.limits.memory_max_bytes,
         )
     arch = next(iter(sorted(manylinux.tag_architectures(w))), None) or _arch_of(list(elfs))
     return WheelContext(
@@ -248,9 +249,14 @@ def run(paths: list[Path], policy: Policy, baseline_file: Path | None = None) ->
     baseline = None
     if baseline_file is not None:
         try:
-            raw = json.loads(baseline_file.read_text())
-        except (OSError, ValueError) as exc:
-            raise AuditError(f"{baseline_file}: cannot read the size baseline: {exc}") from exc
+            raw, problem = load(baseline_file.read_bytes(), SIZE_BASELINE)
+        except OSError as exc:
+            raise AuditError(f"{baseline_file}: cannot read the size baseline ({exc.strerror})") from None
+        if problem:
+            raise AuditError(
+                f"{baseline_file}: cannot read the size baseline: {problem}; give a previous audit report (--json) "
+                "or a {name: bytes} map"
+            )
         # Accept a previous audit report, or a plain {name: bytes} map.
         baseline = {w["name"]: w["size"] for w in raw.get("wheels", [])} if "wheels" in raw else raw
     t0 = time.perf_counter()
@@ -307,8 +313,9 @@ def _stream_archive(summaries: list[WheelSummary], policy: Policy) -> ArchiveFac
         located.append((carrier.path, str(p["member"])))
     root = policy.payload.kt_cuda_root
     detailed = {f"{root}/{lib.member}" for lib in policy.cuda_libraries}
-    window = int(provider.manifest.get("archive", {}).get("window_log", policy.payload.zstd_window_log))
-    return read_archive(located, window, find_cuobjdump(), detailed)
+    window = min(provider.manifest["archive"]["window_log"], policy.payload.zstd_window_log)
+    declared = {name: f["size"] for name, f in provider.manifest["files"].items()}
+    return read_archive(located, window, find_cuobjdump(), detailed, declared, policy.limits.archive_max_bytes)
 
 
 def _release_payload(results: list[WheelResult], policy: Policy) -> dict[str, Any]:

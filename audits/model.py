@@ -39,6 +39,10 @@ class Limits:
     member_max_bytes: int = 8 << 30
     ratio_max: float = 200.0
     ratio_min_bytes: int = 16 << 20  # the ratio is only judged for members at least this large
+    # A nested archive (kt-kernel's tar.xz, the release's zstd parts) unpacks to at most this much,
+    # whatever it declares; each of its files is read only up to its declared size.
+    archive_max_bytes: int = 16 << 30
+    memory_max_bytes: int = 256 << 20  # what the audit holds of a nested archive in memory at once
 
     def refuse(self, info: zipfile.ZipInfo) -> str:
         """Why the member is not read, or ""."""
@@ -46,6 +50,12 @@ class Limits:
             return (
                 f"declares {info.file_size / 2**20:.0f} MiB uncompressed, over the limit of "
                 f"{self.member_max_bytes / 2**20:.0f} MiB"
+            )
+        held = ".dist-info/" in info.filename or info.filename.endswith((".json", ".tar.xz"))
+        if held and info.file_size > self.memory_max_bytes:
+            return (
+                f"declares {info.file_size / 2**20:.0f} MiB, over the limit of {self.memory_max_bytes / 2**20:.0f} MiB "
+                "for a file the audit reads whole"
             )
         ratio = info.file_size / max(info.compress_size, 1)
         if info.file_size >= self.ratio_min_bytes and ratio > self.ratio_max:

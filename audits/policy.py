@@ -24,7 +24,13 @@ BUILTIN = {"default": DEFAULT_POLICY, "third-party": POLICY_DIR / "third-party.t
 _SCHEMA: dict[str, Any] = {
     "schema_version": None,
     "extends": None,
-    "limits": {"member_max_mib": None, "ratio_max": None, "ratio_min_mib": None},
+    "limits": {
+        "member_max_mib": None,
+        "ratio_max": None,
+        "ratio_min_mib": None,
+        "archive_max_mib": None,
+        "memory_max_mib": None,
+    },
     "severity": None,
     "size": {"wheel_budget_mib": None, "growth_threshold_pct": None},
     "wheel": {"top_level_forbidden": None},
@@ -171,6 +177,8 @@ def _limits(data: Mapping[str, Any]) -> Limits:
         member_max_bytes=int(data.get("member_max_mib", base.member_max_bytes / 2**20) * 2**20),
         ratio_max=float(data.get("ratio_max", base.ratio_max)),
         ratio_min_bytes=int(data.get("ratio_min_mib", base.ratio_min_bytes / 2**20) * 2**20),
+        archive_max_bytes=int(data.get("archive_max_mib", base.archive_max_bytes / 2**20) * 2**20),
+        memory_max_bytes=int(data.get("memory_max_mib", base.memory_max_bytes / 2**20) * 2**20),
     )
 
 

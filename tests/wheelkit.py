@@ -35,6 +35,7 @@ def write_wheel(path: Path, members: dict[str, bytes], *, regenerate_record: boo
         for n in sorted(members):
             info = zipfile.ZipInfo(n, (2020, 1, 1, 0, 0, 0))
             info.external_attr = 0o644 << 16
+            info.compress_type = zipfile.ZIP_DEFLATED  # a ZipInfo defaults to stored
             zf.writestr(info, members[n])
     return path
 

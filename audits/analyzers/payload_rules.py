@@ -6,6 +6,7 @@ each advertised compute capability. Pure: facts in, findings out."""
 
 from __future__ import annotations
 
+import posixpath
 import re
 from typing import Any
 
@@ -46,6 +47,17 @@ def runs_on(cc: str, sass: frozenset[str], ptx: frozenset[str]) -> str | None:
     return f"{jit[-1][1]} PTX (JIT)" if jit else None
 
 
+def _requirements(lines: tuple[str, ...]) -> list[Requirement]:
+    """The Requires-Dist lines that parse (wheel.requires-dist reports the others)."""
+    out = []
+    for line in lines:
+        try:
+            out.append(Requirement(line))
+        except InvalidRequirement:
+            continue
+    return out
+
+
 def _reach(wheels: dict[str, WheelSummary], root: str) -> set[str]:
     todo: list[str] = [canonicalize_name(root)]
     seen: set[str] = set()
@@ -54,11 +66,7 @@ def _reach(wheels: dict[str, WheelSummary], root: str) -> set[str]:
         if name in seen or name not in wheels:
             continue
         seen.add(name)
-        for line in wheels[name].requires:
-            try:
-                req = Requirement(line)
-            except InvalidRequirement:
-                continue
+        for req in _requirements(wheels[name].requires):
             if req.marker is None or "extra" not in str(req.marker):
                 todo.append(canonicalize_name(req.name))
     return seen
@@ -199,7 +207,7 @@ def _carriers(provider: WheelSummary, m: dict[str, Any], groups: dict[str, list[
     return out
 
 
-def _archive(provider: WheelSummary, m: dict[str, Any], a: ArchiveFacts) -> list[Finding]:
+def _archive(provider: WheelSummary, m: dict[str, Any], a: ArchiveFacts, policy: Policy) -> list[Finding]:
     out: list[Finding] = []
     pf = provider.filename
     meta = m.get("archive", {})
@@ -214,6 +222,18 @@ def _archive(provider: WheelSummary, m: dict[str, Any], a: ArchiveFacts) -> list
                 _FIX_REBUILD,
             )
         )
+    window, allowed = meta.get("window_log", 0), policy.payload.zstd_window_log if policy.payload else 0
+    if window > allowed:
+        out.append(
+            finding(
+                "payload.archive-mismatch",
+                pf,
+                "",
+                f"window_log {window}: decompressing needs a {2**window / 2**20:.0f} MiB window, over the policy's "
+                f"window_log {allowed}; kt_kernel.payload refuses it",
+                "pack with the policy's [payload] zstd_window_log (carriers/payload.py reads it)",
+            )
+        )
     if a.error:
         out.append(
             finding(
@@ -223,7 +243,7 @@ def _archive(provider: WheelSummary, m: dict[str, Any], a: ArchiveFacts) -> list
     claimed: dict[str, Any] = m.get("files", {})
     seen: set[str] = set()
     for f in a.files:
-        norm = f.path
+        norm = posixpath.normpath(f.path)  # as kt_kernel.payload names the file it writes
         if f.path.startswith("/") or ".." in f.path.split("/"):
             out.append(
                 finding(
@@ -247,6 +267,17 @@ def _archive(provider: WheelSummary, m: dict[str, Any], a: ArchiveFacts) -> list
             )
             continue
         if f.kind != "file":
+            continue
+        if norm in seen:
+            out.append(
+                finding(
+                    "payload.file-mismatch",
+                    pf,
+                    f"payload!{norm}",
+                    "appears twice in the archive: kt_kernel.payload refuses the archive",
+                    _FIX_REBUILD,
+                )
+            )
             continue
         seen.add(norm)
         c = claimed.get(norm)
@@ -411,7 +442,7 @@ def analyze(
             )
         )
         return out, section
-    out += _archive(provider, m, archive)
+    out += _archive(provider, m, archive, policy)
     elfs = [f.elf for f in archive.files if f.elf is not None]
     for f in archive.files:
         if f.elf_error:
@@ -419,7 +450,7 @@ def analyze(
                 finding("wheel.unreadable", provider.filename, f"payload!{f.path}", f.elf_error, "rebuild the library")
             )
     out += elf_rules.elf_abi(provider.filename, provider.name, elfs, policy)
-    requires = {canonicalize_name(Requirement(r).name) for r in provider.requires}
+    requires = {canonicalize_name(r.name) for r in _requirements(provider.requires)}
     external = [p for p in policy.external if p.provider in requires]
     out += elf_rules.rpath(
         provider.filename, elfs, [f.path for f in archive.files], system, external, policy.always_external

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import csv
-import io
 import re
 from email.message import Message
 from email.parser import HeaderParser
@@ -47,7 +45,18 @@ def integrity(w: WheelFacts) -> list[Finding]:
             )
         )
         return out
-    rows = {r[0]: r for r in csv.reader(io.StringIO(w.text(record_name) or "")) if r}
+    parsed, problem = w.record()
+    if problem:
+        out.append(
+            finding(
+                "wheel.unreadable",
+                fn,
+                record_name,
+                problem,
+                "rebuild with a PEP 427 wheel builder; installers cannot read this RECORD either",
+            )
+        )
+    rows = {r[0]: r for r in parsed}
     present = {m.name for m in w.members}
     for m in w.members:
         if m.name == record_name or m.name.endswith((".dist-info/RECORD.jws", ".dist-info/RECORD.p7s")):
@@ -366,9 +375,8 @@ def safety(w: WheelFacts) -> list[Finding]:
                     "outside the install root",
                 )
             )
-    record = w.text(f"{w.dist_info}/RECORD")
-    for row in csv.reader(io.StringIO(record or "")):
-        if row and (why := _unsafe(row[0])):
+    for row in w.record()[0]:
+        if why := _unsafe(row[0]):
             out.append(finding("wheel.unsafe-path", fn, f"{w.dist_info}/RECORD", f"RECORD path {row[0]!r} {why}", fix))
     return out
 

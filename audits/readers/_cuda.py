@@ -8,12 +8,13 @@ import os
 import re
 import shutil
 import subprocess
-import tarfile
 import tempfile
 from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from ._tar import TarStream
 
 CUOBJDUMP_ENV = "KT_CUOBJDUMP"
 
@@ -28,24 +29,26 @@ class PayloadEntry:
     linkname: str = ""
 
 
-def read_payload(data: bytes) -> list[PayloadEntry]:
-    """Entries of an xz-compressed tar, nothing extracted; raises ValueError if unreadable."""
+def read_payload(data: bytes, max_bytes: int = 256 << 20) -> list[PayloadEntry]:
+    """Entries of an xz-compressed tar, nothing extracted; raises ValueError if unreadable or if
+    it unpacks to more than `max_bytes` (the policy's memory_max_mib: the files are held)."""
+    out = []
     try:
-        with tarfile.open(fileobj=io.BytesIO(data), mode="r:xz") as tar:
-            out = []
-            for info in tar:
-                if info.isfile():
-                    fh = tar.extractfile(info)
-                    out.append(PayloadEntry(info.name, "file", fh.read() if fh else b""))
-                elif info.isdir():
-                    out.append(PayloadEntry(info.name, "dir", b""))
-                elif info.issym() or info.islnk():
-                    out.append(PayloadEntry(info.name, "link", b"", info.linkname))
-                else:
-                    out.append(PayloadEntry(info.name, "special", b""))
-            return out
-    except (tarfile.TarError, lzma.LZMAError, EOFError) as exc:
-        raise ValueError(str(exc)) from exc
+        with lzma.LZMAFile(io.BytesIO(data)) as raw:
+            stream = TarStream(raw)
+            for e in stream:
+                if stream.offset + e.size > max_bytes:
+                    raise ValueError(
+                        f"unpacks to more than {max_bytes / 2**20:.0f} MiB (the policy's memory_max_mib); "
+                        f"{e.name!r} declares {e.size} bytes"
+                    )
+                out.append(PayloadEntry(e.name, e.kind, stream.read(e.size) if e.kind == "file" else b"", e.linkname))
+            while raw.read(1 << 20):  # the xz stream must end cleanly (its check is at the end)
+                if raw.tell() > max_bytes:
+                    raise ValueError(f"unpacks to more than {max_bytes / 2**20:.0f} MiB after its last entry")
+    except (lzma.LZMAError, EOFError, OSError) as exc:
+        raise ValueError(f"{type(exc).__name__}: {exc}") from exc
+    return out
 
 
 def find_cuobjdump() -> str | None:
@@ -155,7 +158,7 @@ class KernelPayload:
 
 
 def read_kernel_payload(
-    member: str, data: bytes, sha256: str, tool: str | None, detailed: Collection[str]
+    member: str, data: bytes, sha256: str, tool: str | None, detailed: Collection[str], max_bytes: int = 256 << 20
 ) -> KernelPayload:
     """Everything the CUDA rules need of the archive, with cuobjdump run here (not in the analyzer)."""
     import posixpath
@@ -163,7 +166,7 @@ def read_kernel_payload(
     from ._elf import read_elf
 
     try:
-        entries = read_payload(data)
+        entries = read_payload(data, max_bytes)
     except ValueError as exc:
         return KernelPayload(member, len(data), sha256, str(exc), (), (), (), {}, tool is not None)
     files: dict[str, bytes] = {}

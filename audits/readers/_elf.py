@@ -6,9 +6,8 @@ import io
 import re
 from bisect import bisect_right
 from dataclasses import dataclass, field
-from typing import BinaryIO
+from typing import Any, BinaryIO, cast
 
-from elftools.common.exceptions import ELFError
 from elftools.elf.dynamic import DynamicSection
 from elftools.elf.elffile import ELFFile
 from elftools.elf.gnuversions import GNUVerNeedSection
@@ -68,13 +67,49 @@ def read_elf(member: str, data: bytes) -> ElfFacts | None:
     return read_elf_stream(member, io.BytesIO(data))
 
 
+class _Bounded(io.RawIOBase):
+    """A seekable stream whose reads never ask for more than is left of it: a size field of a
+    damaged ELF (2**63 bytes) becomes a short read, not a huge allocation."""
+
+    def __init__(self, inner: BinaryIO) -> None:
+        self._inner = inner
+        self._size = inner.seek(0, io.SEEK_END)
+        inner.seek(0)
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._inner.tell(), io.SEEK_END: self._size}[whence]
+        return self._inner.seek(min(max(base + offset, 0), self._size))
+
+    def tell(self) -> int:
+        return self._inner.tell()
+
+    def read(self, n: int | None = -1) -> bytes:
+        left = self._size - self._inner.tell()
+        return self._inner.read(left if n is None or n < 0 else min(n, left))
+
+    def readinto(self, buf: Any) -> int:
+        data = self.read(len(buf))
+        buf[: len(data)] = data
+        return len(data)
+
+
 def read_elf_stream(member: str, stream: BinaryIO, *, code: bool = True, exports: bool = True) -> ElfFacts:
     """Facts about the ELF file on a seekable stream; bounded reads only. Without `code`, the
     executable sections and the symbol table are skipped (large CUDA binaries: the dynamic
     section, versions and segments are all the rules need); without `exports`, the dynamic
-    symbol table is not walked (hundreds of thousands of symbols in libtorch)."""
+    symbol table is not walked (hundreds of thousands of symbols in libtorch).
+
+    Raises ValueError for any file pyelftools cannot walk: on a damaged ELF it raises ELFError,
+    struct and construct errors, KeyError, IndexError, TypeError, OverflowError, RecursionError...
+    all of them a verdict on the bytes, never a crash of the audit."""
     try:
-        elf = ELFFile(stream)
+        elf = ELFFile(cast(BinaryIO, _Bounded(stream)))
         needed: list[str] = []
         rpath: list[str] = []
         runpath: list[str] = []
@@ -151,5 +186,5 @@ def read_elf_stream(member: str, stream: BinaryIO, *, code: bool = True, exports
             osabi=str(elf["e_ident"]["EI_OSABI"]),
             fatbin_bytes=fatbin["sh_size"] if fatbin is not None else 0,
         )
-    except (ELFError, ValueError, KeyError) as exc:
-        raise ValueError(f"{member}: malformed ELF: {exc}") from exc
+    except Exception as exc:  # any of them is a verdict on the bytes (see the docstring)
+        raise ValueError(f"{member}: malformed ELF: {type(exc).__name__}: {exc}") from exc

@@ -8,11 +8,9 @@ from __future__ import annotations
 
 import hashlib
 import io
-import json
-import tarfile
 import tempfile
 import zipfile
-from collections.abc import Collection, Iterator
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from email.parser import HeaderParser
 from pathlib import Path
@@ -20,7 +18,9 @@ from typing import Any
 
 from ._cuda import CudaFacts, list_archs, read_cuda
 from ._elf import ElfFacts, is_elf, read_elf_stream
-from ._wheel import WheelFacts
+from ._json import PAYLOAD_MANIFEST, load
+from ._tar import BLOCK, TarFormatError, TarStream
+from ._wheel import ARCHIVE_ERRORS, MEMBER_ERRORS, WheelFacts
 
 PART_DIR = "/_kt_payload/"
 _CHUNK = 1 << 20
@@ -57,12 +57,8 @@ def summarize(w: WheelFacts, manifest_member: str) -> WheelSummary:
     manifest, error = None, ""
     member = w.member(manifest_member)
     if member is not None:
-        try:
-            manifest = json.loads(member.data or b"")
-            if not isinstance(manifest, dict):
-                raise ValueError("not a JSON object")
-        except ValueError as exc:
-            manifest, error = None, f"{manifest_member}: {exc}"
+        manifest, problem = load(member.data or b"", PAYLOAD_MANIFEST)
+        error = f"{manifest_member}: {problem}" if problem else ""
     meta = w.text(f"{w.dist_info}/METADATA") or ""
     requires = tuple(HeaderParser().parsestr(meta).get_all("Requires-Dist", []))
     largest = tuple(sorted(((m.name, m.size) for m in w.members), key=lambda x: -x[1])[:3])
@@ -117,6 +113,7 @@ class _Chain(io.RawIOBase):
         self._fh: Any = None
         self.hash = hashlib.sha256()
         self.size = 0
+        self.error = ""  # the first part member that could not be read, and why
 
     def readable(self) -> bool:
         return True
@@ -130,14 +127,30 @@ class _Chain(io.RawIOBase):
         if not self._todo:
             return False
         wheel, member = self._todo.pop(0)
-        self._zip = zipfile.ZipFile(wheel)
-        self._fh = self._zip.open(member)
+        try:
+            self._zip = zipfile.ZipFile(wheel)
+            self._fh = self._zip.open(member)
+        except ARCHIVE_ERRORS as exc:
+            self._fail(wheel, member, exc)
         return True
+
+    def _fail(self, wheel: Path, member: str, exc: BaseException) -> None:
+        """A part that cannot be read ends the stream there (the archive is then short)."""
+        self.error = self.error or f"{wheel.name}!{member}: cannot read the part: {type(exc).__name__}: {exc}"
+        self._todo.clear()
+        if self._zip is not None:
+            self._zip.close()
+        self._fh = self._zip = None
 
     def readinto(self, buf: Any) -> int:
         while True:
             if self._fh is not None:
-                data = self._fh.read(len(buf))
+                try:
+                    data = self._fh.read(len(buf))
+                except MEMBER_ERRORS as exc:
+                    assert self._zip is not None
+                    self._fail(Path(str(self._zip.filename)), self._fh.name, exc)
+                    return 0
                 if data:
                     n = len(data)
                     buf[:n] = data
@@ -152,43 +165,61 @@ class _Chain(io.RawIOBase):
             pass
 
 
-def _entries(raw: Any) -> Iterator[tuple[tarfile.TarInfo, Any]]:
-    with tarfile.open(fileobj=raw, mode="r|") as tar:
-        for info in tar:
-            yield info, tar.extractfile(info) if info.isfile() else None
+# tar's own bytes per archived file at most (header, PAX header and its records, padding), and at its end
+_TAR_OVERHEAD, _TAR_END = 4 * BLOCK, 20 * BLOCK
 
 
 def read_archive(
-    parts: list[tuple[Path, str]], window_log: int, tool: str | None, detailed: Collection[str] = ()
+    parts: list[tuple[Path, str]],
+    window_log: int,
+    tool: str | None,
+    detailed: Collection[str] = (),
+    declared: Mapping[str, int] | None = None,
+    max_bytes: int = 16 << 30,
 ) -> ArchiveFacts:
-    """Stream the archive; `detailed`: archive paths whose full cuobjdump facts are wanted."""
+    """Stream the archive; `detailed`: archive paths whose full cuobjdump facts are wanted.
+
+    Bounded by what the manifest declares (`declared`: path -> size): a file is read only when its
+    header's size is the declared one (any other is listed unread, and the payload rules report
+    it), and the stream is refused once it unpacks past the declared files plus tar's overhead
+    (or `max_bytes`, the policy's archive_max_mib), so a small part can never fill the temp disk."""
     import zstandard
 
     chain = _Chain(parts)
     files: list[ArchivedFile] = []
     error = ""
+    sizes = dict(declared or {})
+    cap = min(max_bytes, sum(sizes.values()) + _TAR_OVERHEAD * (len(sizes) + 8) + _TAR_END) if declared else max_bytes
     try:
         dctx = zstandard.ZstdDecompressor(max_window_size=1 << max(window_log, 10))
         with dctx.stream_reader(chain, read_size=_CHUNK, read_across_frames=True, closefd=False) as raw:
-            for info, src in _entries(raw):
-                if src is None:
-                    kind = "dir" if info.isdir() else "link" if info.issym() or info.islnk() else "special"
-                    files.append(ArchivedFile(info.name, kind, 0, "", info.linkname))
+            stream = TarStream(raw)
+            for e in stream:
+                if stream.offset + (e.size if e.kind == "file" else 0) > cap:
+                    raise TarFormatError(
+                        f"{e.name!r} declares {e.size} bytes at byte {stream.offset}: the archive would unpack past "
+                        f"{cap} bytes, more than its manifest declares"
+                    )
+                if e.kind != "file" or (declared is not None and sizes.get(e.name) != e.size):
+                    files.append(ArchivedFile(e.name, e.kind, e.size, "", e.linkname))
                     continue
-                files.append(_spool(info.name, src, tool, info.name in detailed))
-            while raw.read(_CHUNK):
-                pass
-    except (tarfile.TarError, zstandard.ZstdError, EOFError, OSError) as exc:
-        error = str(exc) or type(exc).__name__
+                files.append(_spool(e.name, stream, tool, e.name in detailed))
+            rest = 0
+            while chunk := raw.read(_CHUNK):
+                rest += len(chunk)
+                if rest > _TAR_END:
+                    raise TarFormatError(f"{rest} bytes follow the end of the tar archive")
+    except (zstandard.ZstdError, EOFError, OSError, ValueError) as exc:  # TarFormatError is a ValueError
+        error = f"{type(exc).__name__}: {exc}"
     chain.drain()
-    return ArchiveFacts(chain.size, chain.hash.hexdigest(), error, tuple(files), tool is not None)
+    return ArchiveFacts(chain.size, chain.hash.hexdigest(), chain.error or error, tuple(files), tool is not None)
 
 
 def _spool(name: str, src: Any, tool: str | None, detailed: bool) -> ArchivedFile:
     h = hashlib.sha256()
     size = 0
     with tempfile.NamedTemporaryFile(prefix="kt-audit-", suffix=".so") as tmp:
-        while chunk := src.read(_CHUNK):
+        while chunk := src.read(_CHUNK):  # a TarStream stops at the entry's size
             h.update(chunk)
             tmp.write(chunk)
             size += len(chunk)

@@ -10,11 +10,14 @@ read at all: they are listed with the reason, and an analyzer reports them."""
 from __future__ import annotations
 
 import base64
+import csv
 import hashlib
 import io
+import lzma
 import shutil
 import tempfile
 import zipfile
+import zlib
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -32,6 +35,20 @@ from ._elf import ElfFacts, is_elf, read_elf_stream
 from ._python import MAX_SOURCE_BYTES, Lookup, find_lookups
 
 _CHUNK = 1 << 20
+# What reading one member of a damaged zip raises: a CRC mismatch or bad zip (BadZipFile), a broken
+# deflate/bzip2/LZMA stream (zlib.error, OSError, lzma.LZMAError), a cut file (EOFError), an
+# encrypted member (RuntimeError), a compression zipfile lacks (NotImplementedError).
+MEMBER_ERRORS: tuple[type[BaseException], ...] = (
+    zipfile.BadZipFile,
+    zlib.error,
+    lzma.LZMAError,
+    OSError,
+    EOFError,
+    ValueError,
+    RuntimeError,
+    NotImplementedError,
+)
+ARCHIVE_ERRORS: tuple[type[BaseException], ...] = (*MEMBER_ERRORS, zipfile.LargeZipFile)
 # ELF members up to this size are spooled in memory, larger ones to a temporary file.
 _SPOOL_IN_MEMORY = 8 << 20
 
@@ -126,6 +143,10 @@ class WheelFacts:
         m = self.member(name)
         return None if m is None or m.data is None else m.data.decode("utf-8", errors="replace")
 
+    def record(self) -> tuple[tuple[tuple[str, ...], ...], str]:
+        """RECORD's rows, and why it does not parse ("" when it does): parse_record."""
+        return parse_record(self.text(f"{self.dist_info}/RECORD"))
+
 
 def looks_like_library(name: str) -> bool:
     """A shared library or an extension module by its name (x.so, x.so.1.2, x.abi3.so)."""
@@ -133,6 +154,19 @@ def looks_like_library(name: str) -> bool:
 
     base = name.rsplit("/", 1)[-1]
     return bool(re.search(r"\.so(\.\d+)*$", base)) and ".dist-info/" not in name
+
+
+def parse_record(text: str | None) -> tuple[tuple[tuple[str, ...], ...], str]:
+    """RECORD's rows (blank lines dropped) and "", or the rows before the first that does not parse
+    as CSV and why (a NUL byte, a field over csv's limit: pip would fail on it too)."""
+    rows: list[tuple[str, ...]] = []
+    try:
+        for row in csv.reader(io.StringIO(text or "")):
+            if row:
+                rows.append(tuple(row))
+    except csv.Error as exc:
+        return tuple(rows), f"RECORD line {len(rows) + 1} does not parse as CSV: {exc}"
+    return tuple(rows), ""
 
 
 def file_digest(path: Path) -> tuple[int, str]:
@@ -174,9 +208,8 @@ def read_wheel(path: Path, options: ReadOptions | None = None) -> WheelFacts:
                     continue
                 try:
                     m, elf, listing = _read_member(zf, info, mode, kind, opts)
-                except (zipfile.BadZipFile, OSError, EOFError, ValueError) as exc:
-                    # zipfile raises on a CRC mismatch, a truncated stream or a bad compression
-                    unreadable.append((info.filename, str(exc) or type(exc).__name__))
+                except MEMBER_ERRORS as exc:
+                    unreadable.append((info.filename, f"cannot decompress: {type(exc).__name__}: {exc}"))
                     members.append(Member(info.filename, None, mode, kind, size=info.file_size))
                     continue
                 if _is_source(m.name, opts) and m.data is not None:
@@ -192,8 +225,9 @@ def read_wheel(path: Path, options: ReadOptions | None = None) -> WheelFacts:
                     non_elf.append(m.name)
                 if listing is not None:
                     cuda.append(listing)
-    except (OSError, zipfile.BadZipFile, zipfile.LargeZipFile, NotImplementedError) as exc:
-        raise AuditError(f"{path}: cannot read the wheel: {exc}") from exc
+    except ARCHIVE_ERRORS as exc:
+        # the central directory itself: cut, corrupt, or a member name that is not UTF-8 though flagged so
+        raise AuditError(f"{path}: cannot read the wheel: {type(exc).__name__}: {exc}") from exc
     counts = Counter(m.name for m in members)
     dist_infos = sorted({m.name.split("/", 1)[0] for m in members if m.name.split("/", 1)[0].endswith(".dist-info")})
     return WheelFacts(
@@ -224,7 +258,7 @@ def _read_member(
 ) -> tuple[Member, ElfFacts | str | None, CudaListing | None]:
     """Stream one member through its hashes; keep its bytes if asked, spool it if ELF."""
     h = hashlib.sha256()
-    keep = (
+    keep = info.file_size <= opts.limits.memory_max_bytes and (
         ".dist-info/" in info.filename
         or opts.keep(info.filename)
         or (_is_source(info.filename, opts) and info.file_size <= MAX_SOURCE_BYTES)
