@@ -1,9 +1,47 @@
-"""Reporters: render a report; they never decide anything."""
+"""Reporters: render a report; they never decide anything.
+
+Names and messages come from the wheels, so from anyone: every string is shown through
+`printable` (control, format and line-separator characters as escapes, so a member name cannot
+move the cursor, recolour the terminal or end a line), and in Markdown also through `md_text` /
+`md_code` (no heading, table cell, link or comment can be opened from inside a cell). The JSON
+report keeps the exact strings."""
 
 from __future__ import annotations
 
+import html
 import json
+import unicodedata
 from typing import Any
+
+_UNSAFE_CATEGORIES = {"Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp"}
+_MD_SPECIAL = set("\\`*_[]<>#|~!&")
+
+
+def printable(value: object) -> str:
+    """`value` as text with every control, format (bidi overrides), surrogate and line/paragraph
+    separator character written as a Python escape: what a terminal shows is what the name is."""
+    text = str(value)
+    if text.isprintable():
+        return text
+    out = []
+    for ch in text:
+        if unicodedata.category(ch) in _UNSAFE_CATEGORIES or ch in "\r\n\t":
+            code = ord(ch)
+            out.append(f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}")
+        else:
+            out.append(ch)
+    return "".join(out)
+
+
+def md_text(value: object) -> str:
+    """`value` for a Markdown table cell: printable, and Markdown's punctuation backslash-escaped."""
+    return "".join(f"\\{c}" if c in _MD_SPECIAL else c for c in printable(value))
+
+
+def md_code(value: object) -> str:
+    """`value` as inline code in a Markdown table cell (an HTML code element: a backtick in the name
+    cannot close it, a pipe cannot end the cell)."""
+    return "<code>" + html.escape(printable(value)).replace("|", "&#124;") + "</code>"
 
 
 def to_json(report: dict[str, Any]) -> str:
@@ -13,15 +51,16 @@ def to_json(report: dict[str, Any]) -> str:
 
 def to_terminal(report: dict[str, Any]) -> str:
     """The report as a terminal summary: verdict lines, findings with fixes, CPU and CUDA tables."""
+    p = printable
     lines = []
     for w in report["wheels"]:
-        lines.append(f"{'FAIL' if w['errors'] else 'ok  '} {w['filename']} ({w['size'] / 2**20:.1f} MiB)")
+        lines.append(f"{'FAIL' if w['errors'] else 'ok  '} {p(w['filename'])} ({w['size'] / 2**20:.1f} MiB)")
     for f in report["findings"]:
-        lines.append(f"  {f['severity']:<7} {f['rule']:<26} {f['wheel']} {f['member']}")
-        lines.append(f"          {f['message']}")
-        lines.append(f"          fix: {f['fix']}")
+        lines.append(f"  {f['severity']:<7} {f['rule']:<26} {p(f['wheel'])} {p(f['member'])}")
+        lines.append(f"          {p(f['message'])}")
+        lines.append(f"          fix: {p(f['fix'])}")
     for wheel, cpu in report["cpu_variants"].items():
-        lines.append(f"CPU variants of {wheel}:")
+        lines.append(f"CPU variants of {p(wheel)}:")
         for name, v in cpu.items():
             if name == "loader":
                 lines.append(f"  loader: above baseline: {v['above_baseline'] or 'nothing'}")
@@ -43,12 +82,13 @@ def _payload_lines(payload: dict[str, Any]) -> list[str]:
     """The lazy CUDA archive: its parts, and per binary what runs on each compute capability."""
     if not payload:
         return []
+    e = printable
     lines = [
-        f"CUDA payload ({payload['manifest']}): {payload['archive_bytes'] / 2**20:.1f} MiB in "
+        f"CUDA payload ({e(payload['manifest'])}): {payload['archive_bytes'] / 2**20:.1f} MiB in "
         f"{len(payload['parts'])} parts"
     ]
     lines += [
-        f"  part {p['index']}: {p['distribution']} {p['version']} ({p['size'] / 2**20:.1f} MiB)"
+        f"  part {e(p['index'])}: {e(p['distribution'])} {e(p['version'])} ({p['size'] / 2**20:.1f} MiB)"
         for p in payload["parts"]
     ]
     coverage: dict[str, dict[str, str | None]] = payload.get("coverage", {})
@@ -57,9 +97,14 @@ def _payload_lines(payload: dict[str, Any]) -> list[str]:
         lines.append("  " + f"{'archived binary':<56}" + "".join(f"{cc:>14}" for cc in ccs))
         for name, row in sorted(coverage.items()):
             lines.append(
-                "  " + f"{name:<56}" + "".join(f"{(row.get(cc) or '-').replace(' SASS', ''):>14}" for cc in ccs)
+                "  " + f"{e(name):<56}" + "".join(f"{e(row.get(cc) or '-').replace(' SASS', ''):>14}" for cc in ccs)
             )
     return lines
+
+
+def _fenced(text: str) -> str:
+    """Text safe inside a ``` fence: no backtick can close it."""
+    return text.replace("`", "\\u0060")
 
 
 def to_markdown(report: dict[str, Any]) -> str:
@@ -70,28 +115,38 @@ def to_markdown(report: dict[str, Any]) -> str:
         "| wheel | size (MiB) | errors |",
         "| --- | ---: | ---: |",
     ]
-    out += [f"| `{w['filename']}` | {w['size'] / 2**20:.2f} | {w['errors']} |" for w in report["wheels"]]
+    out += [f"| {md_code(w['filename'])} | {w['size'] / 2**20:.2f} | {w['errors']} |" for w in report["wheels"]]
     if report["findings"]:
         out += ["", "| severity | rule | wheel | member | message | fix |", "| --- | --- | --- | --- | --- | --- |"]
         out += [
-            f"| {f['severity']} | `{f['rule']}` | {f['wheel']} | `{f['member']}` | {f['message']} | {f['fix']} |"
+            f"| {f['severity']} | `{f['rule']}` | {md_text(f['wheel'])} | {md_code(f['member'])} | "
+            f"{md_text(f['message'])} | {md_text(f['fix'])} |"
             for f in report["findings"]
         ]
     for wheel, cpu in report["cpu_variants"].items():
         out += [
             "",
-            f"### CPU variants: `{wheel}`",
+            f"### CPU variants: {md_code(wheel)}",
             "",
             "| variant | marker | marker used | forbidden |",
             "| --- | --- | --- | ---: |",
         ]
         out += [
-            f"| {n} | {v['marker']} | {'yes' if v['marker_present'] else '**no**'} | {len(v['forbidden'])} |"
+            f"| {md_text(n)} | {md_text(v['marker'])} | {'yes' if v['marker_present'] else '**no**'} | "
+            f"{len(v['forbidden'])} |"
             for n, v in cpu.items()
             if n != "loader" and v.get("present")
         ]
     if report.get("payload"):
-        out += ["", "### CUDA payload", "", "```", *_payload_lines(report["payload"]), "```"]
+        out += ["", "### CUDA payload", "", "```", *(_fenced(s) for s in _payload_lines(report["payload"])), "```"]
     for wheel, cuda in report["cuda_architectures"].items():
-        out += ["", f"### CUDA architectures: `{wheel}`", "", "```json", json.dumps(cuda, indent=1), "```"]
+        # json.dumps escapes control characters; a backtick could still close the fence
+        out += [
+            "",
+            f"### CUDA architectures: {md_code(wheel)}",
+            "",
+            "```json",
+            _fenced(json.dumps(cuda, indent=1)),
+            "```",
+        ]
     return "\n".join(out) + "\n"

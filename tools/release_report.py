@@ -19,11 +19,18 @@ import zipfile
 from pathlib import Path
 from typing import Any
 
+from audits.report import printable
 from carriers.consistency import torch_summary
 from tools import progress
 
 ROOT = Path(__file__).resolve().parent.parent
 VERSION_FILE = ROOT / "kernel" / "python" / "kt_kernel" / "_version.py"
+
+
+def _e(value: object) -> str:
+    """Text for the page: wheel, member and finding strings come from the wheels, so control and
+    bidi characters are shown escaped (audits.report.printable), then HTML-escaped."""
+    return html.escape(printable(value))
 
 
 def _load(path: Path) -> Any:
@@ -60,14 +67,14 @@ def svg_bars(items: list[tuple[str, int]], title: str) -> str:
         y = 30 + i * (bar_h + 6)
         w = max(1, int((width - label_w - 90) * value / top))
         rows.append(
-            f'<text x="0" y="{y + 15}" font-size="12">{html.escape(label)}</text>'
+            f'<text x="0" y="{y + 15}" font-size="12">{_e(label)}</text>'
             f'<rect x="{label_w}" y="{y}" width="{w}" height="{bar_h}" fill="#4a7bd0"/>'
             f'<text x="{label_w + w + 6}" y="{y + 15}" font-size="12">{value / 2**20:.2f} MiB</text>'
         )
     h = 40 + len(items) * (bar_h + 6)
     return (
         f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{h}" font-family="sans-serif">'
-        f'<text x="0" y="16" font-size="14" font-weight="bold">{html.escape(title)}</text>{"".join(rows)}</svg>'
+        f'<text x="0" y="16" font-size="14" font-weight="bold">{_e(title)}</text>{"".join(rows)}</svg>'
     )
 
 
@@ -123,7 +130,7 @@ def render_html(
     manifest: dict[str, Any], audit: dict[str, Any], verify: dict[str, Any], baseline: dict[str, Any] | None, dist: Path
 ) -> str:
     """The release candidate as one self-contained page (no network, no script)."""
-    e = html.escape
+    e = _e
     errors: dict[str, int] = {w["filename"]: w["errors"] for w in audit.get("wheels", [])}
     passed = bool(audit.get("passed")) and all(not r.get("error") for r in verify.values())
     verdict = "PASSED" if passed else "FAILED" if audit else "NOT AUDITED"
@@ -200,7 +207,7 @@ MISSING = " (missing)"
 
 
 def _findings_table(findings: list[dict[str, Any]]) -> str:
-    e = html.escape
+    e = _e
     order = {"error": 0, "warning": 1, "info": 2}
     rows = [
         "<table class=findings><tr><th>severity</th><th>rule</th><th>wheel / member</th><th>message</th>"
@@ -218,7 +225,7 @@ def _findings_table(findings: list[dict[str, Any]]) -> str:
 
 def _cpu_matrix(audit: dict[str, Any]) -> str:
     """CPU variant x ISA feature: instructions used (count), the marker, anything forbidden."""
-    e = html.escape
+    e = _e
     rows = []
     for wheel, variants in audit.get("cpu_variants", {}).items():
         names = [n for n in variants if n != "loader"]
@@ -247,7 +254,7 @@ def _cpu_matrix(audit: dict[str, Any]) -> str:
 
 def _cuda_matrix(audit: dict[str, Any]) -> str:
     """Archived CUDA binary x compute capability: the SASS or PTX that runs there."""
-    e = html.escape
+    e = _e
     coverage = (audit.get("payload") or {}).get("coverage") or {}
     if not coverage:
         return "<h2 id=cuda-matrix>CUDA coverage</h2><p>no CUDA payload in this release</p>"
