@@ -104,7 +104,7 @@ def _payload_lines(payload: dict[str, Any]) -> list[str]:
 
 def _fenced(text: str) -> str:
     """Text safe inside a ``` fence: no backtick can close it."""
-    return text.replace("`", "\\u0060")
+    return text.replace("`", "\\u0060").replace("<", "\\u003c")
 
 
 def to_markdown(report: dict[str, Any]) -> str:

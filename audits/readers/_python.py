@@ -40,11 +40,12 @@ class Lookup:
 
 
 def _dotted(node: ast.expr) -> str:
-    if isinstance(node, ast.Name):
-        return node.id
-    if isinstance(node, ast.Attribute):
-        return f"{_dotted(node.value)}.{node.attr}"
-    return ""
+    """`a.b.c` for a chain of attributes on a name, "" for anything else (iterative: a chain can be long)."""
+    attrs: list[str] = []
+    while isinstance(node, ast.Attribute):
+        attrs.append(node.attr)
+        node = node.value
+    return ".".join([node.id, *reversed(attrs)]) if isinstance(node, ast.Name) else ""
 
 
 def _imported_from(tree: ast.Module) -> dict[str, tuple[str, str]]:
@@ -85,6 +86,8 @@ def find_lookups(member: str, data: bytes) -> tuple[Lookup, ...]:
     try:
         tree = ast.parse(data, member)
     except (SyntaxError, ValueError):  # not Python 3 (a template, a py2 leftover): nothing to find
+        return ()
+    except (RecursionError, MemoryError):  # nested past what CPython's parser takes: it cannot import either
         return ()
     origin = _imported_from(tree)
     out = []

@@ -1,0 +1,259 @@
+"""One test per way a wheel met in the wild used to crash the audit (exit 3 or a traceback): each
+builds exactly that input and asserts the finding that replaces the crash, exit 1, and that the
+other wheels of the directory are still reported."""
+
+from __future__ import annotations
+
+import json
+import struct
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from audits.__main__ import main
+from audits.report import md_code, md_text, printable, to_markdown, to_terminal
+from tests.payloadkit import compressible, release_wheels
+from tests.wheelkit import pure_wheel_members, read_members, write_wheel
+
+
+def _audit(where: Path, capsys: pytest.CaptureFixture[str]) -> tuple[int, dict[str, Any], str]:
+    report = where / "report.json"
+    code = main([str(where), "--json", str(report)])
+    out = capsys.readouterr()
+    assert "Traceback" not in out.err, out.err
+    assert "internal error" not in out.err, out.err
+    return code, json.loads(report.read_text()), out.out
+
+
+def _rules(report: dict[str, Any], wheel: str = "") -> dict[str, list[dict[str, str]]]:
+    out: dict[str, list[dict[str, str]]] = {}
+    for f in report["findings"]:
+        if not wheel or f["wheel"] == wheel:
+            out.setdefault(f["rule"], []).append(f)
+    return out
+
+
+def _pair(tmp_path: Path, members: dict[str, bytes], *, compression: int = zipfile.ZIP_DEFLATED) -> Path:
+    """`members` as demo_pkg's wheel beside a clean other_pkg wheel, in a fresh directory."""
+    where = tmp_path / "dist"
+    where.mkdir()
+    write_wheel(where / "other_pkg-1.0-py3-none-any.whl", pure_wheel_members("other_pkg"))
+    path = write_wheel(where / "demo_pkg-1.0-py3-none-any.whl", members)
+    if compression != zipfile.ZIP_DEFLATED:
+        with zipfile.ZipFile(path, "w", compression) as zf:
+            for name, data in sorted(read_members_of(members).items()):
+                zf.writestr(zipfile.ZipInfo(name, (2020, 1, 1, 0, 0, 0)), data, compress_type=compression)
+    return where
+
+
+def read_members_of(members: dict[str, bytes]) -> dict[str, bytes]:
+    """`members` with the RECORD write_wheel would add (for a rewrite with another compression)."""
+    from tests.wheelkit import record_hash
+
+    rec = "demo_pkg-1.0.dist-info/RECORD"
+    rows = [f"{n},{record_hash(d)},{len(d)}" for n, d in sorted(members.items())]
+    return {**members, rec: ("\n".join([*rows, f"{rec},,"]) + "\n").encode()}
+
+
+def _damage(path: Path, member: str, fn: Any) -> None:
+    """Apply `fn` to the compressed bytes of `member` inside the zip file, in place."""
+    raw = bytearray(path.read_bytes())
+    with zipfile.ZipFile(path) as zf:
+        info = zf.getinfo(member)
+    name_len, extra_len = struct.unpack_from("<HH", raw, info.header_offset + 26)
+    start = info.header_offset + 30 + name_len + extra_len
+    raw[start : start + info.compress_size] = fn(bytes(raw[start : start + info.compress_size]))
+    path.write_bytes(bytes(raw))
+
+
+def _big_module() -> dict[str, bytes]:
+    members = pure_wheel_members()
+    members["demo_pkg/big.py"] = compressible(200_000, 5).hex().encode()[:200_000]
+    return members
+
+
+def test_a_corrupt_deflate_stream(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    where = _pair(tmp_path, _big_module())
+    _damage(where / "demo_pkg-1.0-py3-none-any.whl", "demo_pkg/big.py", lambda b: b[:100] + b"\xff" * 64 + b[164:])
+    code, report, _ = _audit(where, capsys)
+    assert code == 1
+    (f,) = _rules(report, "demo_pkg-1.0-py3-none-any.whl")["wheel.unreadable"]
+    assert f["member"] == "demo_pkg/big.py"
+    assert "cannot decompress" in f["message"]
+    assert not _rules(report, "other_pkg-1.0-py3-none-any.whl")
+
+
+def test_a_corrupt_lzma_stream(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    where = _pair(tmp_path, _big_module(), compression=zipfile.ZIP_LZMA)
+    _damage(where / "demo_pkg-1.0-py3-none-any.whl", "demo_pkg/big.py", lambda b: b[:40] + b"\x00" * 200 + b[240:])
+    code, report, _ = _audit(where, capsys)
+    assert code == 1
+    assert [f["member"] for f in _rules(report)["wheel.unreadable"]] == ["demo_pkg/big.py"]
+
+
+def test_an_encrypted_member(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    where = _pair(tmp_path, pure_wheel_members())
+    path = where / "demo_pkg-1.0-py3-none-any.whl"
+    raw = bytearray(path.read_bytes())
+    with zipfile.ZipFile(path) as zf:
+        info = zf.getinfo("demo_pkg/__init__.py")
+    raw[info.header_offset + 6] |= 1  # local header: general purpose flag bit 0, encrypted
+    central = raw.find(b"PK\x01\x02" + raw[raw.find(b"PK\x01\x02") + 4 : raw.find(b"PK\x01\x02") + 4])
+    while central != -1:
+        name_len = struct.unpack_from("<H", raw, central + 28)[0]
+        if raw[central + 46 : central + 46 + name_len] == b"demo_pkg/__init__.py":
+            raw[central + 8] |= 1
+        central = raw.find(b"PK\x01\x02", central + 4)
+    path.write_bytes(bytes(raw))
+    code, report, _ = _audit(where, capsys)
+    assert code == 1
+    (f,) = _rules(report)["wheel.unreadable"]
+    assert (f["member"], "encrypted" in f["message"]) == ("demo_pkg/__init__.py", True)
+
+
+def test_a_member_name_that_is_not_utf8(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    where = _pair(tmp_path, pure_wheel_members())
+    path = where / "demo_pkg-1.0-py3-none-any.whl"
+    raw = bytearray(path.read_bytes())
+    good = b"demo_pkg/__init__.py"
+    central = raw.find(b"PK\x01\x02")
+    while central != -1:
+        name_len = struct.unpack_from("<H", raw, central + 28)[0]
+        if raw[central + 46 : central + 46 + name_len] == good:
+            raw[central + 8 : central + 10] = struct.pack("<H", struct.unpack_from("<H", raw, central + 8)[0] | 0x800)
+            raw[central + 46 : central + 46 + 4] = b"\xff\xfe\xfd\xfc"  # flagged UTF-8, is not
+        central = raw.find(b"PK\x01\x02", central + 4)
+    path.write_bytes(bytes(raw))
+    code, report, _ = _audit(where, capsys)
+    assert code == 1
+    (f,) = _rules(report)["wheel.unreadable"]
+    assert f["wheel"] == path.name
+    assert "UnicodeDecodeError" in f["message"]
+    assert {w["filename"] for w in report["wheels"]} == {path.name, "other_pkg-1.0-py3-none-any.whl"}
+
+
+def test_a_record_field_over_csv_limits(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    members = read_members_of(pure_wheel_members())
+    rec = "demo_pkg-1.0.dist-info/RECORD"
+    members[rec] += b"demo_pkg/" + b"x" * 200_000 + b",,\n"
+    where = tmp_path / "dist"
+    where.mkdir()
+    write_wheel(where / "demo_pkg-1.0-py3-none-any.whl", members, regenerate_record=False)
+    code, report, _ = _audit(where, capsys)
+    assert code == 1
+    (f,) = _rules(report)["wheel.unreadable"]
+    assert f["member"] == rec
+    assert "field larger than field limit" in f["message"]
+
+
+@pytest.mark.parametrize("source", [b"x = " + b"-" * 100_000 + b"1\n", b"x = " + b"+".join([b"1"] * 100_000) + b"\n"])
+def test_a_deeply_nested_python_module(tmp_path: Path, capsys: pytest.CaptureFixture[str], source: bytes) -> None:
+    members = pure_wheel_members()
+    members["demo_pkg/deep.py"] = b"from importlib.metadata import version\nversion('numpy')\n" + source
+    code, _, _ = _audit(_pair(tmp_path, members), capsys)
+    assert code == 0
+
+
+def test_an_elf_member_with_a_mutated_header(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    elf = bytearray(b"\x7fELF\x02\x01\x01" + bytes(57))
+    struct.pack_into("<HHIQQQIHHHHHH", elf, 16, 3, 62, 1, 0, 0, 2**62, 0, 64, 56, 0, 64, 0xFFFF, 0)
+    members = pure_wheel_members()
+    members["demo_pkg/_native.so"] = bytes(elf) + bytes(256)
+    code, report, _ = _audit(_pair(tmp_path, members), capsys)
+    assert code == 1
+    (f,) = _rules(report)["wheel.unreadable"]
+    assert (f["member"], "malformed ELF" in f["message"]) == ("demo_pkg/_native.so", True)
+
+
+@pytest.fixture(scope="module")
+def release(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
+    work = tmp_path_factory.mktemp("hostile-release")
+    files = {"sgl_kernel/sm90/libflash.so": compressible(50_000, 1), "sgl_kernel/sm100/libflash.so": b"x" * 1000}
+    return release_wheels(work / "dist", files, work / "build")
+
+
+def _copy(release: list[Path], where: Path, change: str, fn: Any) -> Path:
+    where.mkdir()
+    for w in release:
+        members = read_members(w)
+        if w.name.startswith(change):
+            members = fn(members)
+        write_wheel(where / w.name, members)
+    return where
+
+
+def test_a_payload_manifest_of_the_wrong_shape(
+    release: list[Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    def reshape(members: dict[str, bytes]) -> dict[str, bytes]:
+        doc = json.loads(members["sgl_kernel/_kt_payload.json"])
+        doc["parts"][1]["distribution"] = 3.5
+        doc["archive"]["window_log"] = None
+        return {**members, "sgl_kernel/_kt_payload.json": json.dumps(doc).encode()}
+
+    code, report, _ = _audit(_copy(release, tmp_path / "dist", "sglang_kernel_kt", reshape), capsys)
+    assert code == 1
+    (f,) = _rules(report)["payload.manifest"]
+    assert "at $.archive.window_log: None is not of type 'integer'" in f["message"]
+
+
+def test_an_invalid_requires_dist_in_the_manifest_wheel(
+    release: list[Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    def bad_requirement(members: dict[str, bytes]) -> dict[str, bytes]:
+        name = next(n for n in members if n.endswith("/METADATA"))
+        return {**members, name: members[name] + b"Requires-Dist: ]]not a requirement[[\n"}
+
+    code, report, _ = _audit(_copy(release, tmp_path / "dist", "sglang_kernel_kt", bad_requirement), capsys)
+    assert code == 1
+    assert "wheel.requires-dist" in _rules(report)
+
+
+def test_a_part_with_a_crc_error(release: list[Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    where = _copy(release, tmp_path / "dist", "", lambda m: m)
+    carrier = next(w for w in where.iterdir() if w.name.startswith("ktransformers"))
+    member = next(n for n in zipfile.ZipFile(carrier).namelist() if "/_kt_payload/" in n)
+    _damage(carrier, member, lambda b: b[:-40] + bytes(b[-40] ^ 0xFF for _ in range(1)) + b[-39:])
+    code, report, _ = _audit(where, capsys)
+    assert code == 1
+    messages = [f["message"] for f in _rules(report)["payload.archive-mismatch"]]
+    assert any(f"{carrier.name}!{member}: cannot read the part" in m for m in messages), messages
+
+
+HOSTILE = "evil\x1b[2K\rPASSED: 0 errors\u202e\u2028## heading | cell <!-- `x`"
+
+
+def test_names_and_messages_are_escaped_in_terminal_and_markdown() -> None:
+    report = {
+        "passed": False,
+        "elapsed_s": 0.1,
+        "wheels": [{"filename": HOSTILE, "size": 1, "errors": 1}],
+        "findings": [
+            {"rule": "wheel.unreadable", "severity": "error", "wheel": HOSTILE, "member": HOSTILE, "message": HOSTILE}
+            | {"fix": HOSTILE}
+        ],
+        "cpu_variants": {},
+        "cuda_architectures": {HOSTILE: {"x": HOSTILE}},
+        "payload": {},
+    }
+    term = to_terminal(report)
+    for raw in ("\x1b", "\r", "\u202e", "\u2028"):
+        assert raw not in term
+    assert "\\x1b[2K\\x0dPASSED" in term
+    assert term.rstrip().splitlines()[-1].startswith("FAILED")
+    md = to_markdown(report)
+    for raw in ("\x1b", "\r", "\u202e", "\u2028", "<!--", "\n## heading"):
+        assert raw not in md
+    cells = [line for line in md.splitlines() if line.startswith("| error")]
+    assert len(cells) == 1
+    assert cells[0].count("|") - cells[0].count("\\|") == 7  # six cells, no extra column from the name
+    assert json.loads(json.dumps(report))["findings"][0]["member"] == HOSTILE  # the JSON keeps the bytes
+
+
+def test_printable_helpers() -> None:
+    assert printable("plain name.so") == "plain name.so"
+    assert printable("a\nb\u200fc") == "a\\x0ab\\u200fc"
+    assert md_text("a|b*c") == "a\\|b\\*c"
+    assert md_code("x`|<y>") == "<code>x`&#124;&lt;y&gt;</code>"
