@@ -120,6 +120,14 @@ def make_release(site: Path, files: dict[str, bytes], cache: Path, *, level: int
     return FakeRelease(site, path, dict(files), paths)
 
 
+def installed(tmp_path: Path, monkeypatch: Any, files: dict[str, bytes]) -> FakeRelease:
+    """A synthetic release installed under `tmp_path` on sys.path, the cache in `tmp_path/cache`."""
+    rel = make_release(tmp_path / "site", files, tmp_path / "build-cache")
+    monkeypatch.syspath_prepend(str(rel.site))
+    monkeypatch.setenv("KT_KERNEL_CACHE_DIR", str(tmp_path / "cache"))
+    return rel
+
+
 def release_wheels(out: Path, files: dict[str, bytes], work: Path) -> list[Path]:
     """The same synthetic release as wheels in `out`: the five part carriers and the manifest's
     provider (sglang-kernel-kt, requiring every part carrier exactly), each with a correct RECORD;

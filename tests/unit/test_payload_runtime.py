@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import KT_SRC, load_source_module
-from tests.payloadkit import FakeRelease, compressible, make_release
+from tests.payloadkit import FakeRelease, compressible, installed, make_release
 
 payload: Any = load_source_module("kt_payload_under_test", KT_SRC / "payload.py")
 
@@ -27,10 +27,7 @@ FILES = {
 
 @pytest.fixture
 def release(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> FakeRelease:
-    rel = make_release(tmp_path / "site", FILES, tmp_path / "build-cache")
-    monkeypatch.syspath_prepend(str(rel.site))
-    monkeypatch.setenv("KT_KERNEL_CACHE_DIR", str(tmp_path / "cache"))
-    return rel
+    return installed(tmp_path, monkeypatch, FILES)
 
 
 def test_round_trip_keeps_the_wheel_relative_layout(release: FakeRelease, tmp_path: Path) -> None:
@@ -64,7 +61,8 @@ def test_missing_carrier_names_what_to_install(release: FakeRelease) -> None:
         payload.materialize(release.manifest)
     msg = str(exc.value)
     assert "transformers-kt==5.19.0.post1 (part 4/5) not installed" in msg
-    assert "pip install" not in msg or "transformers-kt==5.19.0.post1" in msg
+    assert "Install transformers-kt==5.19.0.post1, or" in msg  # exactly the missing carrier, then the extra
+    assert "kt-kernel==" not in msg  # installed carriers are not asked for again
     assert "ktransformers[serve]==0.6.1" in msg
 
 

@@ -31,11 +31,13 @@ from ._cpu import KTKernelError
 from .payload import (
     _CRASH_ENV,
     CACHE_ENV,  # noqa: F401 - kt_kernel.cuda.CACHE_ENV stays importable
+    check_owned,
+    hold,
     install_atomically,
+    is_complete,
     lock_file,
     safe_member_name,
 )
-from .payload import COMPLETE as _COMPLETE
 from .payload import cache_root as _cache_root
 from .payload import locked as _locked
 
@@ -127,11 +129,18 @@ def extract(section: dict[str, Any] | None = None, root: Path | None = None, pac
     root = root or cache_root()
     digest: str = section["sha256"]
     final = root / digest
-    if (final / _COMPLETE).is_file():
+    # The warm path checks what the payload's does: this user's directory, every file a regular
+    # file of its declared size (a library truncated by a full disk is extracted again).
+    sizes = {name: int(f["size"]) for name, f in section["files"].items() if "size" in f}
+    sizes |= {name: -1 for name in section["files"] if name not in sizes}
+    check_owned(root, "CUDA cache", CudaError)
+    if _warm(final, sizes):
+        hold(root, digest, CudaError)
         return final
     lock = lock_file(root, digest, "CUDA cache", CudaError)
-    with _locked(lock):
-        if (final / _COMPLETE).is_file():  # another process finished while we waited
+    with _locked(lock, CudaError):
+        if _warm(final, sizes):  # another process finished while we waited
+            hold(root, digest, CudaError)
             return final
         for stale in root.glob(f".tmp-{digest}-*"):  # left by a crash mid-extraction
             shutil.rmtree(stale, ignore_errors=True)
@@ -147,7 +156,19 @@ def extract(section: dict[str, Any] | None = None, root: Path | None = None, pac
             raise CudaError(
                 f"corrupted CUDA archive {payload}: sha256 {actual}, the manifest says {digest}; reinstall kt-kernel"
             )
-        return install_atomically(root, digest, lambda tmp: _extract_into(tmp, payload, data, section["files"]))
+        need = f"{sum(max(s, 0) for s in sizes.values()) / 2**20:.0f} MiB"
+        fill = lambda tmp: _extract_into(tmp, payload, data, section["files"])  # noqa: E731
+        done = install_atomically(root, digest, fill, need, CudaError)
+        hold(root, digest, CudaError)
+        return done
+
+
+def _warm(final: Path, sizes: dict[str, int]) -> bool:
+    """is_complete, where a file without a declared size (-1) need only be a regular file."""
+    declared = {n: s for n, s in sizes.items() if s >= 0}
+    if not is_complete(final, declared, CudaError):
+        return False
+    return all((final / n).is_file() and not (final / n).is_symlink() for n, s in sizes.items() if s < 0)
 
 
 def is_legacy(section: dict[str, Any]) -> bool:

@@ -18,11 +18,20 @@ file; the warm path only stats files. Command line::
     python -m kt_kernel.payload materialize   # extract + verify, print the directory
     python -m kt_kernel.payload verify        # re-hash every extracted file
     python -m kt_kernel.payload where         # print the directory; exit 1 if absent
+    python -m kt_kernel.payload prune         # remove other releases' entries (never one in use)
+
+The cache belongs to its user, as ssh's and gpg's directories do: a cache root or entry that
+another user owns, that others can write, or that is a symbolic link is refused with the fix
+(never loaded from), and the lock and log files are opened without following links. The tar
+stream is read by the same rules as the audit's (audits/readers/_tar.py): headers and PAX
+records bounded, PAX split by its length-prefixed records, and every file's size compared with
+the manifest before a byte of it is written.
 """
 
 from __future__ import annotations
 
 import argparse
+import errno
 import fcntl
 import hashlib
 import io
@@ -30,7 +39,9 @@ import json
 import os
 import posixpath
 import queue
+import re
 import shutil
+import stat
 import sys
 import tarfile
 import threading
@@ -57,6 +68,13 @@ COMPLETE = ".complete"
 # Test hook: exit abruptly after extracting this many files (crash-recovery tests).
 _CRASH_ENV = "KT_KERNEL_TEST_CRASH_AFTER_MEMBERS"
 _CHUNK = 4 << 20
+# The largest zstd window this kt-kernel decompresses with (the audit policy's [payload]
+# zstd_window_log; tests/unit/test_tar_rules.py holds them equal): 2**27 = 128 MiB of memory.
+MAX_WINDOW_LOG = 27
+MAX_HEADER_BYTES = 1 << 20  # a PAX record set or GNU long name larger than this is refused
+_PAX_RECORD = re.compile(rb"([0-9]+) ")
+# What a full, failing or forbidding disk raises while the cache is written: a PayloadError then.
+_DISK_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EACCES, errno.EPERM, errno.EROFS}
 _SERVE_HINT = "ktransformers[serve]"
 
 
@@ -147,23 +165,76 @@ def load_manifest(path: Path | None = None) -> Manifest:
 
 
 def cache_root(kind: str = "payload") -> Path:
-    """$KT_KERNEL_CACHE_DIR, else $XDG_CACHE_HOME/kt-kernel/KIND (~/.cache when XDG_CACHE_HOME is unset)."""
+    """$KT_KERNEL_CACHE_DIR, else $XDG_CACHE_HOME/kt-kernel/KIND (~/.cache when XDG_CACHE_HOME is
+    unset); always absolute (a relative variable is taken against the working directory, once:
+    a later chdir cannot move the cache)."""
     env = os.environ.get(CACHE_ENV)
     if env:
-        return Path(env)
+        return _absolute(env)
     xdg = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(xdg) / "kt-kernel" / kind
+    return _absolute(xdg) / "kt-kernel" / kind
+
+
+_ABSOLUTE: dict[str, Path] = {}
+
+
+def _absolute(value: str) -> Path:
+    if value not in _ABSOLUTE:
+        _ABSOLUTE[value] = Path(value).absolute()
+    return _ABSOLUTE[value]
+
+
+def check_owned(path: Path, what: str, error: type[KTKernelError] = KTKernelError) -> None:
+    """`path` (a cache root or entry) is a real directory of this user that nobody else can write;
+    else `error` saying which and how to fix it. A missing path is fine (it will be made)."""
+    try:
+        st = path.lstat()
+    except (FileNotFoundError, NotADirectoryError):  # made later (or refused then, with the reason)
+        return
+    except OSError as exc:
+        raise error(
+            f"cannot inspect the {what} {path}: {exc.strerror}; set {CACHE_ENV} to a directory of your own"
+        ) from None
+    fix = f"remove it, or set {CACHE_ENV} to a directory of your own"
+    if stat.S_ISLNK(st.st_mode):
+        raise error(f"the {what} {path} is a symbolic link; kt-kernel never loads code through one. {fix}")
+    if not stat.S_ISDIR(st.st_mode):
+        raise error(f"the {what} {path} is not a directory; {fix}")
+    if st.st_uid != os.getuid():
+        raise error(
+            f"the {what} {path} belongs to uid {st.st_uid}, not to you (uid {os.getuid()}): libraries from a "
+            f"directory another user controls are never loaded. {fix}"
+        )
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        raise error(
+            f"the {what} {path} is writable by others (mode {stat.S_IMODE(st.st_mode):o}): anyone could swap its "
+            f"libraries. chmod go-w {path}, or {fix}"
+        )
+
+
+def _open_private(path: Path, flags: int, error: type[KTKernelError]) -> int:
+    """Open (creating, mode 0600) a file of the cache without following a symbolic link."""
+    try:
+        fd = os.open(path, flags | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    except OSError as exc:
+        why = "is a symbolic link" if exc.errno == errno.ELOOP else exc.strerror
+        raise error(f"cannot open {path}: {why}; remove it, or set {CACHE_ENV} to a directory of your own") from None
+    st = os.fstat(fd)
+    if st.st_uid != os.getuid() or not stat.S_ISREG(st.st_mode):
+        os.close(fd)
+        raise error(f"{path} belongs to uid {st.st_uid} or is no regular file; remove it, or set {CACHE_ENV}")
+    return fd
 
 
 @contextmanager
-def locked(path: Path) -> Iterator[None]:
-    """An exclusive flock on `path` (created if needed), held for the block."""
-    with path.open("a") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
+def locked(path: Path, error: type[KTKernelError] = KTKernelError, *, shared: bool = False) -> Iterator[None]:
+    """A flock on `path` (created if needed, never through a link), held for the block."""
+    fd = _open_private(path, os.O_RDWR, error)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH if shared else fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
 
 
 def safe_member_name(name: str, where: object, fix: str) -> str:
@@ -336,28 +407,58 @@ def _read_exact(raw: Any, n: int) -> bytes:
     return bytes(data)
 
 
+def pax_records(data: bytes) -> dict[str, str]:
+    """The records of a PAX extended header, each "<length> <key>=<value>\\n" with the length
+    counting the whole record (POSIX pax); never split on line breaks, which a name may hold."""
+    out: dict[str, str] = {}
+    pos = 0
+    while pos < len(data) and data[pos:].strip(b"\0"):
+        m = _PAX_RECORD.match(data, pos)
+        if m is None or int(m.group(1)) < len(m.group(0)) + 2:
+            raise tarfile.HeaderError(f"PAX header: malformed record at byte {pos}")
+        end = pos + int(m.group(1))
+        record = data[m.end() : end]
+        if end > len(data) or not record.endswith(b"\n") or b"=" not in record:
+            raise tarfile.HeaderError(f"PAX header: record at byte {pos} is cut or has no key=value")
+        key, _, value = record[:-1].partition(b"=")
+        out[key.decode("utf-8", "surrogateescape")] = value.decode("utf-8", "surrogateescape")
+        pos = end
+    return out
+
+
+def _header_data(raw: Any, info: tarfile.TarInfo, what: str) -> bytes:
+    if not 0 <= info.size <= MAX_HEADER_BYTES:
+        raise tarfile.HeaderError(f"a {what} of {info.size} bytes (at most {MAX_HEADER_BYTES})")
+    return _read_exact(raw, info.size + (-info.size % tarfile.BLOCKSIZE))[: info.size]
+
+
 def _tar_members(raw: Any) -> Iterator[tarfile.TarInfo]:
     """The headers of a tar stream read in whole blocks straight from the decompressor (tarfile's
-    stream mode copies every byte several times; this archive is ours and plain). The caller
-    reads each member's data. PAX extended headers are honoured for path and size."""
+    stream mode copies every byte several times and reads a PAX header of any size). The caller
+    reads each member's data. PAX path and size, and GNU long names, are honoured."""
     pax: dict[str, str] = {}
+    longname = ""
     while True:
         block = _read_exact(raw, tarfile.BLOCKSIZE)
         if block == bytes(tarfile.BLOCKSIZE):
             return
         info = tarfile.TarInfo.frombuf(block, "utf-8", "surrogateescape")
+        if info.size < 0:
+            raise tarfile.HeaderError(f"member {info.name!r} declares a negative size")
         if info.type in (tarfile.XHDTYPE, tarfile.XGLTYPE):
-            data = _read_exact(raw, info.size + (-info.size % tarfile.BLOCKSIZE))[: info.size]
-            for record in data.decode("utf-8", "surrogateescape").splitlines():
-                key, _, value = record.partition(" ")[2].partition("=")
-                if info.type == tarfile.XHDTYPE:
-                    pax[key] = value
+            records = pax_records(_header_data(raw, info, "PAX header"))
+            pax = records if info.type == tarfile.XHDTYPE else pax
             continue
-        if "path" in pax:
-            info.name = pax["path"]
+        if info.type in (tarfile.GNUTYPE_LONGNAME, tarfile.GNUTYPE_LONGLINK):
+            text = _header_data(raw, info, "GNU long name").rstrip(b"\0").decode("utf-8", "surrogateescape")
+            longname = text if info.type == tarfile.GNUTYPE_LONGNAME else longname
+            continue
+        info.name = pax.get("path") or longname or info.name
         if "size" in pax:
+            if not pax["size"].isdigit():
+                raise tarfile.HeaderError(f"PAX size {pax['size']!r} of {info.name!r} is not a byte count")
             info.size = int(pax["size"])
-        pax = {}
+        pax, longname = {}, ""
         yield info
 
 
@@ -365,7 +466,12 @@ def _untar(m: Manifest, stream: _PartStream, tmp: Path, fix: str) -> None:
     import zstandard
 
     crash_after = int(os.environ.get(_CRASH_ENV, "0") or 0)
-    dctx = zstandard.ZstdDecompressor(max_window_size=1 << max(m.window_log, 10))
+    if not 10 <= m.window_log <= MAX_WINDOW_LOG:
+        raise PayloadError(
+            f"{m.path}: window_log {m.window_log} needs a {2**m.window_log / 2**20:.0f} MiB window, over this "
+            f"kt-kernel's {2**MAX_WINDOW_LOG / 2**20:.0f} MiB; {fix}"
+        )
+    dctx = zstandard.ZstdDecompressor(max_window_size=1 << m.window_log)
     seen: set[str] = set()
     try:
         with dctx.stream_reader(stream, read_size=_CHUNK, read_across_frames=True, closefd=False) as raw:
@@ -380,6 +486,11 @@ def _untar(m: Manifest, stream: _PartStream, tmp: Path, fix: str) -> None:
                 if expected is None or name in seen:
                     why = "is not in the manifest" if expected is None else "appears twice"
                     raise PayloadError(f"corrupted CUDA payload: member {name!r} {why}; {fix}")
+                if info.size != int(expected["size"]):  # before a byte is written: never past the declared size
+                    raise PayloadError(
+                        f"corrupted CUDA payload: {name} is {info.size} bytes in the archive, the manifest says "
+                        f"{expected['size']}; {fix}"
+                    )
                 out = tmp / name
                 out.parent.mkdir(parents=True, exist_ok=True)
                 sink = _Sink(out)
@@ -392,7 +503,7 @@ def _untar(m: Manifest, stream: _PartStream, tmp: Path, fix: str) -> None:
                 finally:
                     digest = sink.close()
                 _read_exact(raw, -info.size % tarfile.BLOCKSIZE)
-                if digest != expected["sha256"] or info.size != int(expected["size"]):
+                if digest != expected["sha256"]:
                     raise PayloadError(
                         f"corrupted CUDA payload: {name} has sha256 {digest} ({info.size} "
                         f"bytes), the manifest says {expected['sha256']} ({expected['size']}); {fix}"
@@ -419,14 +530,39 @@ def _untar(m: Manifest, stream: _PartStream, tmp: Path, fix: str) -> None:
         raise PayloadError(f"corrupted CUDA payload: {', '.join(missing)} missing from the archive; {fix}")
 
 
-def _is_complete(final: Path, m: Manifest) -> bool:
-    """The warm check: the marker exists and every file has its size (stat only, no hashing)."""
-    if not (final / COMPLETE).is_file():
-        return False
+def is_complete(final: Path, sizes: dict[str, int], error: type[KTKernelError] = KTKernelError) -> bool:
+    """The warm check (stat only, no hashing): `final` is this user's directory (else `error`), its
+    marker exists, and every file is a regular file (no link) of its declared size."""
+    check_owned(final, "cache entry", error)
     try:
-        return all((final / name).stat().st_size == int(f["size"]) for name, f in m.files.items())
+        marker = (final / COMPLETE).lstat()
+        if not stat.S_ISREG(marker.st_mode):
+            return False
+        for name, size in sizes.items():
+            st = (final / name).lstat()
+            if not stat.S_ISREG(st.st_mode) or st.st_size != size:
+                return False
     except OSError:
         return False
+    return True
+
+
+def _is_complete(final: Path, m: Manifest) -> bool:
+    return is_complete(final, {name: int(f["size"]) for name, f in m.files.items()}, PayloadError)
+
+
+# Shared flocks on `<digest>.use`, held for the life of the process that materialized the entry:
+# `prune` never removes an entry some process is using.
+_IN_USE: dict[Path, int] = {}
+
+
+def hold(root: Path, digest: str, error: type[KTKernelError] = KTKernelError) -> None:
+    """Mark the entry in use by this process until it exits (a shared flock prune respects)."""
+    path = root / f"{digest}.use"
+    if path not in _IN_USE:
+        fd = _open_private(path, os.O_RDWR, error)
+        fcntl.flock(fd, fcntl.LOCK_SH)
+        _IN_USE[path] = fd
 
 
 def target_dir(m: Manifest, root: Path | None = None) -> Path:
@@ -439,11 +575,14 @@ def materialize(manifest: Path | Manifest | None = None, root: Path | None = Non
     m = manifest if isinstance(manifest, Manifest) else load_manifest(manifest)
     root = root or cache_root()
     final = target_dir(m, root)
+    check_owned(root, "CUDA payload cache", PayloadError)
     if _is_complete(final, m):
+        hold(root, m.sha256, PayloadError)
         return final
     lock = lock_file(root, m.sha256, "CUDA payload cache", PayloadError)
-    with locked(lock):
+    with locked(lock, PayloadError):
         if _is_complete(final, m):  # another process finished while we waited
+            hold(root, m.sha256, PayloadError)
             return final
         parts = locate_parts(m)
         for stale in root.glob(f".tmp-{m.sha256}-*"):  # left by a crash mid-extraction
@@ -457,44 +596,98 @@ def materialize(manifest: Path | Manifest | None = None, root: Path | None = Non
                 f"{m.extracted_size / 2**20:.0f} MiB, {free / 2**20:.0f} MiB are free; free space "
                 f"or set {CACHE_ENV} to a larger disk"
             )
-        return install_atomically(root, m.sha256, lambda tmp: _extract_stream(m, parts, tmp))
+        need = f"{m.extracted_size / 2**20:.0f} MiB"
+        done = install_atomically(root, m.sha256, lambda tmp: _extract_stream(m, parts, tmp), need, PayloadError)
+        hold(root, m.sha256, PayloadError)
+        return done
 
 
 def lock_file(root: Path, digest: str, what: str, error: type[KTKernelError]) -> Path:
-    """The lock file serialising extractions of `digest` under `root` (both created); an unwritable
-    cache is `error`, naming the directory and the variable that moves it."""
+    """The lock file serialising extractions of `digest` under `root` (the root created 0700 and
+    checked to be this user's); an unwritable cache is `error`, naming the directory and the
+    variable that moves it."""
     try:
-        root.mkdir(parents=True, exist_ok=True)
-        lock = root / f"{digest}.lock"
-        lock.touch()
+        root.mkdir(parents=True, exist_ok=True, mode=0o700)
     except OSError as exc:
         raise error(
             f"cannot write the {what} {root}: {exc.strerror}; set {CACHE_ENV} to a writable directory"
         ) from None
+    check_owned(root, what, error)
+    lock = root / f"{digest}.lock"
+    os.close(_open_private(lock, os.O_RDWR, error))
     return lock
 
 
-def install_atomically(root: Path, digest: str, fill: Callable[[Path], None]) -> Path:
+def install_atomically(
+    root: Path,
+    digest: str,
+    fill: Callable[[Path], None],
+    need: str = "",
+    error: type[KTKernelError] = KTKernelError,
+) -> Path:
     """`fill` a temporary directory under `root`, mark it complete and rename it to `root/digest`:
-    readers see nothing or everything. Call with the digest's lock held; the extraction is logged."""
+    readers see nothing or everything. Call with the digest's lock held; the extraction is logged.
+    A full, failing or forbidding disk is `error` naming the directory, the need and the fix."""
     tmp = root / f".tmp-{digest}-{os.getpid()}"
-    tmp.mkdir()
     try:
+        tmp.mkdir(mode=0o700)
         fill(tmp)
         (tmp / COMPLETE).write_text(digest + "\n")
         tmp.rename(root / digest)
+    except OSError as exc:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if exc.errno not in _DISK_ERRNOS:
+            raise
+        needs = f" (it needs {need})" if need else ""
+        raise error(
+            f"cannot write the cache {root}: {exc.strerror}{needs}; free space or fix the directory's permissions, "
+            f"or set {CACHE_ENV} to a writable disk with room"
+        ) from None
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    with (root / "extractions.log").open("a") as log:
+    fd = _open_private(root / "extractions.log", os.O_WRONLY | os.O_APPEND, error)
+    with os.fdopen(fd, "a") as log:
         log.write(f"{digest} {os.getpid()}\n")
     return root / digest
+
+
+def prune(keep: set[str], root: Path | None = None) -> list[str]:
+    """Remove the entries under `root` whose digest is not in `keep`, and stale temporary
+    directories, each under its lock and only when no process holds it in use; what was done."""
+    root = root or cache_root()
+    check_owned(root, "CUDA payload cache", PayloadError)
+    if not root.is_dir():
+        return []
+    said = []
+    for entry in sorted(root.iterdir()):
+        name = entry.name
+        digest = name.split("-")[1] if name.startswith(".tmp-") and name.count("-") >= 2 else name
+        if not re.fullmatch(r"[0-9a-f]{64}", digest) or digest in keep or entry.is_symlink() or not entry.is_dir():
+            continue
+        lock_fd = _open_private(root / f"{digest}.lock", os.O_RDWR, PayloadError)
+        use_fd = _open_private(root / f"{digest}.use", os.O_RDWR, PayloadError)
+        try:
+            try:
+                fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                fcntl.flock(use_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                said.append(f"kept {entry}: in use by another process")
+                continue
+            size = sum(p.lstat().st_size for p in entry.rglob("*"))
+            shutil.rmtree(entry)  # the .lock and .use files stay: a process may be opening them now
+            said.append(f"removed {entry} ({size / 2**20:.1f} MiB)")
+        finally:
+            os.close(use_fd)
+            os.close(lock_fd)
+    return said
 
 
 def verify(manifest: Path | Manifest | None = None, root: Path | None = None) -> list[str]:
     """Re-hash every extracted file; the problems found (empty: all match)."""
     m = manifest if isinstance(manifest, Manifest) else load_manifest(manifest)
     final = target_dir(m, root)
+    check_owned(final, "cache entry", PayloadError)
     if not (final / COMPLETE).is_file():
         return [f"{final} is not materialized; run python -m kt_kernel.payload materialize"]
     problems = []
@@ -512,13 +705,28 @@ def verify(manifest: Path | Manifest | None = None, root: Path | None = None) ->
     return problems
 
 
+def _prune_command(manifest: Path | None) -> int:
+    try:
+        m: Manifest | None = load_manifest(manifest)
+    except PayloadError as exc:  # no release installed: every entry is another release's
+        print(f"note: {exc}; keeping nothing", file=sys.stderr)
+        m = None
+    for line in prune({m.sha256} if m else set()):
+        print(line)
+    if m is not None:
+        print(f"kept {target_dir(m)} (this release)" if target_dir(m).exists() else "nothing of this release cached")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
-    """`python -m kt_kernel.payload materialize|verify|where`; returns the exit status."""
+    """`python -m kt_kernel.payload materialize|verify|where|prune`; returns the exit status."""
     p = argparse.ArgumentParser(prog="python -m kt_kernel.payload", description=__doc__.splitlines()[0])
-    p.add_argument("command", choices=["materialize", "verify", "where"])
+    p.add_argument("command", choices=["materialize", "verify", "where", "prune"])
     p.add_argument("--manifest", type=Path, help="a manifest other than the installed sgl_kernel's")
     args = p.parse_args(argv)
     try:
+        if args.command == "prune":
+            return _prune_command(args.manifest)
         m = load_manifest(args.manifest)
         if args.command == "materialize":
             print(materialize(m))
