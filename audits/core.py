@@ -72,6 +72,7 @@ def read_options(policy: Policy, dist_name: str = "") -> ReadOptions:
         code=wants_code,
         exports=dist_name in policy.exports_applies_to,
         cuobjdump=find_cuobjdump(),
+        forbidden=manylinux.forbidden_symbols(),
     )
 
 

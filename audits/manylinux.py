@@ -69,6 +69,20 @@ def most_portable_first() -> tuple[dict[str, Any], ...]:
     return tuple(sorted(_manylinux_policies(), key=lambda p: p["priority"], reverse=True))
 
 
+@cache
+def forbidden_symbols() -> frozenset[str]:
+    """Every symbol some manylinux policy forbids a library to use (auditwheel's "blacklist")."""
+    return frozenset(s for p in _manylinux_policies() for syms in p.get("blacklist", {}).values() for s in syms)
+
+
+def forbidden_uses(pol: dict[str, Any], e: ElfFacts) -> list[tuple[str, str]]:
+    """(library, symbol) pairs `pol` forbids that `e` uses: as auditwheel, an undefined symbol of
+    the ELF named in the blacklist of a library it needs."""
+    black = pol.get("blacklist", {})
+    used = set(e.forbidden_candidates)
+    return sorted((lib, s) for lib in e.needed if lib in black for s in used & set(black[lib]))
+
+
 def honest_platform(
     elfs: list[ElfFacts], where: dict[tuple[str, str], str | None] | None = None, arch: str = "x86_64"
 ) -> tuple[str | None, str]:
@@ -79,6 +93,9 @@ def honest_platform(
     `where`: elf_rules.load_chains (None: every DT_NEEDED counts as outside). No ELF: (None, "")."""
     if not elfs:
         return None, ""
+    isa = next((e for e in elfs if e.isa_needed), None)
+    if isa is not None:  # auditwheel's machine policy: no manylinux tag for an ISA extension level
+        return f"linux_{arch}", f"{isa.member} declares {isa.isa_needed} in its GNU property note (ISA_1_NEEDED)"
     where = where or {}
     outside = [
         (e.member, lib) for e in elfs for lib in e.needed if where.get((e.member, lib)) is None and not is_loader(lib)
@@ -97,7 +114,8 @@ def honest_platform(
             continue
         bad_lib = next(((m, lib) for m, lib in outside if lib not in pol["lib_whitelist"]), None)
         bad_sym = next(((m, lib, v) for m, lib, v in versions if not admits(pol, v, arch)), None)
-        if bad_lib is None and bad_sym is None:
+        bad_use = next(((e.member, use) for e in elfs for use in forbidden_uses(pol, e)), None)
+        if bad_lib is None and bad_sym is None and bad_use is None:
             return f"{pol['name']}_{arch}", reason
         # Kept from the last failure before the verdict: what the next more portable tag lacks.
         if bad_lib is not None:
@@ -106,6 +124,8 @@ def honest_platform(
             )
         elif bad_sym is not None:
             reason = f"{bad_sym[2]} from {bad_sym[1]} (needed by {bad_sym[0]}) is newer than {pol['name']} allows"
+        elif bad_use is not None:
+            reason = f"{bad_use[0]} uses {bad_use[1][1]} of {bad_use[1][0]}, which {pol['name']} forbids"
     return f"linux_{arch}", reason
 
 

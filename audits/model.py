@@ -104,6 +104,9 @@ RULES: dict[str, Rule] = {
         Rule("tag.ext-suffix", "wheel", "an extension module's suffix does not match the python/abi tag"),
         Rule("tag.manylinux-overclaim", "wheel", "an ELF needs symbol versions newer than the platform tag allows"),
         Rule("tag.not-portable", "wheel", "a native wheel with a plain linux_* tag"),
+        Rule("tag.isa-level", "wheel", "an ELF declares an x86-64 ISA level above baseline under a manylinux tag"),
+        Rule("tag.forbidden-symbol", "wheel", "an ELF uses a symbol the claimed manylinux policy forbids"),
+        Rule("tag.native-any", "wheel", "a wheel tagged for any platform holds native libraries"),
         # 3. ELF / ABI
         Rule("elf.needed-forbidden", "wheel", "DT_NEEDED names a library that must never be needed"),
         Rule("elf.textrel", "wheel", "text relocations (DT_TEXTREL)"),
@@ -126,6 +129,7 @@ RULES: dict[str, Rule] = {
         Rule("cuda.ptx-version", "cuda", "PTX ISA newer than the policy's minimum driver can JIT"),
         Rule("cuda.tool-missing", "cuda", "cuobjdump is not available, CUDA checks could not run"),
         Rule("cuda.payload", "cuda", "the lazy CUDA payload is unreadable or unsafe"),
+        Rule("cuda.fatbin-unreadable", "cuda", "cuobjdump cannot read the device code embedded in a library"),
         # 9. the release's lazy CUDA archive, across wheels
         Rule("payload.manifest", "cuda", "the payload manifest is missing, unreadable or present twice"),
         Rule("payload.part-missing", "cuda", "a part the manifest lists is not in the release or not in its wheel"),

@@ -131,12 +131,11 @@ def listing(w: WheelFacts) -> tuple[list[Finding], dict[str, Any]]:
         if c.error:
             out.append(
                 finding(
-                    "cuda.payload",
+                    "cuda.fatbin-unreadable",
                     w.filename,
                     c.member,
-                    f"cuobjdump cannot read it: {c.error}",
-                    "rebuild the library",
-                    "warning",
+                    f"cuobjdump cannot read its embedded device code ({c.fatbin_bytes} bytes of .nv_fatbin): {c.error}",
+                    "rebuild the library; check it with cuobjdump --list-elf",
                 )
             )
         files[c.member] = {

@@ -307,7 +307,7 @@ def _archive(provider: WheelSummary, m: dict[str, Any], a: ArchiveFacts, policy:
         if f.cuda_error:
             out.append(
                 finding(
-                    "cuda.payload",
+                    "cuda.fatbin-unreadable",
                     pf,
                     f"payload!{norm}",
                     f"cuobjdump cannot read it: {f.cuda_error}",

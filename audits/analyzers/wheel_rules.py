@@ -11,6 +11,7 @@ from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
 from ..manylinux import ARCH, admits, glibc_of, most_portable_first, policy_for, tag_architectures, version_key
+from ..manylinux import forbidden_uses as manylinux_forbidden
 from ..model import Finding
 from ..readers import ElfFacts, WheelFacts
 from ._common import finding
@@ -284,6 +285,19 @@ def tags(w: WheelFacts, elfs: list[ElfFacts]) -> list[Finding]:
                     "build the wheel with the interpreter its tag names",
                 )
             )
+    host = [e for e in elfs if e.machine not in _DEVICE_CODE]
+    if host and all(t.platform == "any" for t in w.tags):
+        out.append(
+            finding(
+                "tag.native-any",
+                fn,
+                host[0].member,
+                f"tagged for any platform but holds {len(host)} native librar{'ies' if len(host) > 1 else 'y'} "
+                f"({host[0].machine}): an installer puts it on every OS and CPU",
+                "build a platform wheel (scikit-build-core/setuptools with the extension declared), then "
+                "`auditwheel repair`",
+            )
+        )
     if elfs and not any(glibc_of(t.platform) for t in w.tags) and any(t.platform.startswith("linux_") for t in w.tags):
         msg = "native wheel tagged linux_*: no installer will take it from an index"
         out.append(
@@ -303,26 +317,65 @@ def platform_overclaims(w: WheelFacts, elfs: list[ElfFacts]) -> list[Finding]:
     arch = next(iter(sorted(tag_architectures(w))), "x86_64")
     newest = pol["symbol_versions"].get(arch, pol["symbol_versions"]["x86_64"])
     out: list[Finding] = []
+    fix = "let `auditwheel repair` choose the tag, or build in an older manylinux image"
     for e in elfs:
+        # One finding per library and limiting reason (its newest version needed), with the count.
+        over: dict[tuple[str, str], list[str]] = {}
         for lib, versions in e.version_needs:
             for v in versions:
-                if admits(pol, v, arch):
-                    continue
-                prefix = v.partition("_")[0]
-                need = next(
-                    (p["name"] for p in most_portable_first() if arch in p["symbol_versions"] and admits(p, v, arch)),
-                    "none known to auditwheel",
+                if not admits(pol, v, arch):
+                    over.setdefault((lib, v.partition("_")[0]), []).append(v)
+        for (lib, prefix), vs in sorted(over.items()):
+            worst = max(vs, key=version_key)
+            need = next(
+                (p["name"] for p in most_portable_first() if arch in p["symbol_versions"] and admits(p, worst, arch)),
+                "none known to auditwheel",
+            )
+            # The newest *numbered* version the tag allows (CXXABI also lists FLOAT128 and TM_1).
+            numbered = [x for x in newest.get(prefix, []) if re.fullmatch(r"\d+(\.\d+)*", x)]
+            allowed = (
+                f"its newest {prefix} is {prefix}_{max(numbered, key=version_key)}"
+                if numbered
+                else (f"it allows no {prefix} version")
+            )
+            more = f" and {len(vs) - 1} more {prefix} version{'s' if len(vs) > 2 else ''}" if len(vs) > 1 else ""
+            out.append(
+                finding(
+                    "tag.manylinux-overclaim",
+                    w.filename,
+                    e.member,
+                    f"needs {worst}{more} from {lib}, which {platform} does not allow ({allowed}); the lowest tag "
+                    f"allowing it is {need}",
+                    fix,
                 )
-                out.append(
-                    finding(
-                        "tag.manylinux-overclaim",
-                        w.filename,
-                        e.member,
-                        f"needs {v} from {lib}, which {platform} does not allow (its newest {prefix} is "
-                        f"{max(newest[prefix], key=version_key)}); the lowest tag allowing it is {need}",
-                        "let `auditwheel repair` choose the tag, or build in an older manylinux image",
-                    )
+            )
+        if e.isa_needed and e.machine == "EM_X86_64":
+            out.append(
+                finding(
+                    "tag.isa-level",
+                    w.filename,
+                    e.member,
+                    f"declares {e.isa_needed} in its GNU property note (GNU_PROPERTY_X86_ISA_1_NEEDED): no manylinux "
+                    f"tag allows an ISA level above x86-64 baseline, and {platform} claims one",
+                    "build without -march=x86-64-vN (dispatch at run time, as kt-kernel's CPU variants do), or "
+                    "drop the note with -Wl,-z,x86-64-baseline",
                 )
+            )
+        uses = manylinux_forbidden(pol, e)
+        if uses:
+            shown = ", ".join(f"{s} ({lib})" for lib, s in uses[:5]) + (
+                f" and {len(uses) - 5} more" if len(uses) > 5 else ""
+            )
+            out.append(
+                finding(
+                    "tag.forbidden-symbol",
+                    w.filename,
+                    e.member,
+                    f"uses {shown}, which {platform} forbids (auditwheel's policy: a symbol private to the system "
+                    "library, or one that differs between distributions)",
+                    "build in the manylinux image of the tag (or a newer tag's), or vendor the library",
+                )
+            )
     return out
 
 

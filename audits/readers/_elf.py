@@ -11,7 +11,7 @@ from typing import Any, BinaryIO, cast
 from elftools.elf.dynamic import DynamicSection
 from elftools.elf.elffile import ELFFile
 from elftools.elf.gnuversions import GNUVerNeedSection
-from elftools.elf.sections import SymbolTableSection
+from elftools.elf.sections import NoteSection, SymbolTableSection
 
 PF_X, PF_W = 0x1, 0x2
 SHF_EXECINSTR = 0x4
@@ -41,6 +41,11 @@ class ElfFacts:
     little_endian: bool = True
     osabi: str = "ELFOSABI_SYSV"
     fatbin_bytes: int = 0  # size of the .nv_fatbin section (embedded CUDA device code), 0 if none
+    # The x86-64 ISA level its GNU property note says it needs ("x86_64_v2".."x86_64_v4",
+    # "unknown x86_64 ISA", or "" for baseline / no note): auditwheel allows no manylinux tag above baseline.
+    isa_needed: str = ""
+    # Undefined dynamic symbols that some manylinux policy forbids (auditwheel's "blacklist").
+    forbidden_candidates: tuple[str, ...] = ()
 
     def symbol_at(self, address: int) -> str:
         i = bisect_right(self.symbols, (address, "\uffff")) - 1
@@ -99,7 +104,44 @@ class _Bounded(io.RawIOBase):
         return len(data)
 
 
-def read_elf_stream(member: str, stream: BinaryIO, *, code: bool = True, exports: bool = True) -> ElfFacts:
+def _isa_needed(elf: ELFFile) -> str:
+    """auditwheel's reading of GNU_PROPERTY_X86_ISA_1_NEEDED (bit 0 baseline, 1 v2, 2 v3, 3 v4)."""
+    if elf["e_machine"] != "EM_X86_64":
+        return ""
+    for sec in elf.iter_sections():
+        if not isinstance(sec, NoteSection):
+            continue
+        for note in sec.iter_notes():
+            if note["n_type"] != "NT_GNU_PROPERTY_TYPE_0" or note["n_name"] != "GNU":
+                continue
+            for prop in note["n_desc"]:
+                if prop.pr_type != "GNU_PROPERTY_X86_ISA_1_NEEDED" or prop.pr_datasz != 4:
+                    continue
+                data = prop.pr_data & ~1
+                for bit, level in ((8, "x86_64_v4"), (4, "x86_64_v3"), (2, "x86_64_v2")):
+                    if data & bit:
+                        return level
+                return "unknown x86_64 ISA" if data else ""
+    return ""
+
+
+def _forbidden_candidates(elf: ELFFile, dynsym: object, forbidden: frozenset[str]) -> tuple[str, ...]:
+    """The undefined dynamic symbols named in `forbidden`; .dynstr is searched first, so a library
+    naming none of them (all but a few) costs one section read, not a walk of its symbols."""
+    dynstr = elf.get_section_by_name(".dynstr")
+    if not forbidden or dynstr is None or not isinstance(dynsym, SymbolTableSection):
+        return ()
+    strings = dynstr.data()
+    if not any(name.encode() + b"\0" in strings for name in forbidden):
+        return ()
+    return tuple(
+        sorted({s.name for s in dynsym.iter_symbols() if s.entry.st_shndx == "SHN_UNDEF" and s.name in forbidden})
+    )
+
+
+def read_elf_stream(
+    member: str, stream: BinaryIO, *, code: bool = True, exports: bool = True, forbidden: frozenset[str] = frozenset()
+) -> ElfFacts:
     """Facts about the ELF file on a seekable stream; bounded reads only. Without `code`, the
     executable sections and the symbol table are skipped (large CUDA binaries: the dynamic
     section, versions and segments are all the rules need); without `exports`, the dynamic
@@ -185,6 +227,8 @@ def read_elf_stream(member: str, stream: BinaryIO, *, code: bool = True, exports
             little_endian=elf.little_endian,
             osabi=str(elf["e_ident"]["EI_OSABI"]),
             fatbin_bytes=fatbin["sh_size"] if fatbin is not None else 0,
+            isa_needed=_isa_needed(elf),
+            forbidden_candidates=_forbidden_candidates(elf, dynsym, forbidden),
         )
     except Exception as exc:  # any of them is a verdict on the bytes (see the docstring)
         raise ValueError(f"{member}: malformed ELF: {type(exc).__name__}: {exc}") from exc

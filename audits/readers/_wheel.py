@@ -63,6 +63,7 @@ class ReadOptions:
     exports: bool = False  # read every ELF's exported symbols
     cuobjdump: str | None = None  # list SASS/PTX of ELF members holding a .nv_fatbin section
     python: bool = True  # find lookups by distribution name in the .py members (readers/_python.py)
+    forbidden: frozenset[str] = frozenset()  # symbols some manylinux policy forbids (ElfFacts.forbidden_candidates)
 
 
 @dataclass(frozen=True)
@@ -295,7 +296,9 @@ def _read_member(
         spool.seek(0)
         try:
             stream = cast(BinaryIO, spool)  # a SpooledTemporaryFile is a seekable binary stream
-            elf = read_elf_stream(info.filename, stream, code=opts.code(info.filename), exports=opts.exports)
+            elf = read_elf_stream(
+                info.filename, stream, code=opts.code(info.filename), exports=opts.exports, forbidden=opts.forbidden
+            )
         except ValueError as exc:
             return member, str(exc), None
         listing = None

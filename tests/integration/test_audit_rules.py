@@ -12,6 +12,7 @@ import pytest
 
 from audits import RULES, audit_wheel, load_policy, run
 from audits.policy import DEFAULT_POLICY
+from audits.readers._cuda import find_cuobjdump
 from tests.wheelkit import compile_so, pure_wheel_members, read_members, retag, write_wheel
 
 POLICY = load_policy()
@@ -153,6 +154,51 @@ def test_overclaiming_manylinux_tag(members: dict[str, bytes], tmp_path: Path, k
     over = [f for f in res.findings if f.rule == "tag.manylinux-overclaim"]
     assert over
     assert any("GLIBC_2.34" in f.message for f in over)
+    # one finding per library and limiting reason, however many versions and symbols
+    keys = [(f.member, f.message.split(" from ")[1].split(",")[0], f.message.split("_")[0]) for f in over]
+    assert len(keys) == len(set(keys)), [f.message for f in over]
+    assert len(over) <= 4 * len({f.member for f in over})  # libc, libm (GLIBC), libstdc++ (GLIBCXX, CXXABI)
+
+
+def test_isa_level_above_baseline_under_a_manylinux_tag(members: dict[str, bytes], out: Path, tmp_path: Path) -> None:
+    """auditwheel allows no manylinux tag to a library whose GNU property note needs x86-64-v3."""
+    lib = compile_so(tmp_path, "v3.so", "int kt_cuda_v3(void) { return 3; }", "-Wl,-z,x86-64-v3")
+    res = audit_wheel(write_wheel(out, _with_lib(members, "kt_kernel/v3.so", lib)), POLICY)
+    assert {f.rule for f in res.findings if f.severity == "error"} == {"tag.isa-level"}
+    assert res.platform == "linux_x86_64"
+    assert "x86_64_v3" in res.platform_reason
+
+
+def test_symbol_the_policy_forbids(members: dict[str, bytes], out: Path, tmp_path: Path) -> None:
+    """zlib's internal _tr_init is on auditwheel's blacklist for libz.so.1 in every manylinux policy."""
+    src = "extern void _tr_init(void *); void kt_cuda_z(void) { _tr_init(0); }"
+    lib = compile_so(tmp_path, "z.so", src, "-Wl,--no-as-needed", "/lib/x86_64-linux-gnu/libz.so.1")
+    res = audit_wheel(write_wheel(out, _with_lib(members, "kt_kernel/z.so", lib)), POLICY)
+    (f,) = [f for f in res.findings if f.rule == "tag.forbidden-symbol"]
+    assert "_tr_init (libz.so.1)" in f.message
+    assert res.platform == "linux_x86_64"
+
+
+def test_native_library_in_an_any_wheel(tmp_path: Path) -> None:
+    members = pure_wheel_members()
+    members["demo_pkg/_speedups.so"] = compile_so(tmp_path, "s.so", "int s(void) { return 1; }")
+    res = audit_wheel(write_wheel(tmp_path / "demo_pkg-1.0-py3-none-any.whl", members), POLICY)
+    (f,) = [f for f in res.findings if f.rule == "tag.native-any"]
+    assert (f.severity, f.member) == ("error", "demo_pkg/_speedups.so")
+
+
+def test_a_fatbin_cuobjdump_cannot_read(members: dict[str, bytes], out: Path, tmp_path: Path) -> None:
+    if find_cuobjdump() is None:
+        pytest.fail("cuobjdump is required (lockfiles/test.txt installs nvidia-cuda-cuobjdump)")
+    src = (
+        '__attribute__((section(".nv_fatbin"), used)) static const char fatbin[256] = "not a fatbin";\n'
+        "int kt_cuda_bad(void) { return 0; }"
+    )
+    wheel = write_wheel(out, _with_lib(members, "kt_kernel/bad.so", compile_so(tmp_path, "bad.so", src)))
+    ours = [f for f in audit_wheel(wheel, POLICY).findings if f.rule == "cuda.fatbin-unreadable"]
+    assert [(f.severity, f.member) for f in ours] == [("error", "kt_kernel/bad.so")]
+    theirs = [f for f in audit_wheel(wheel, load_policy("third-party")).findings if f.rule == "cuda.fatbin-unreadable"]
+    assert [f.severity for f in theirs] == ["warning"]
 
 
 def test_plain_linux_tag_is_a_warning(members: dict[str, bytes], tmp_path: Path, kt_wheel: Path) -> None:
@@ -347,21 +393,32 @@ def test_cli_writes_report_and_exits_nonzero_on_errors(
     assert set(f) == {"rule", "severity", "wheel", "member", "message", "fix"}
 
 
+def _asserted_strings(path: Path) -> set[str]:
+    """String constants a test checks: inside an assert, a comparison (``f.rule == "x"``, ``"x" in
+    rules``), a subscript (``rules["x"]``) or the rule argument of a findings helper
+    (``_findings(dist, "x")``); never a docstring, a comment or a bare list."""
+    import ast
+
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        roots: list[ast.AST] = [node] if isinstance(node, ast.Assert | ast.Compare) else []
+        if isinstance(node, ast.Subscript):
+            roots = [node.slice]
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and "finding" in node.func.id:
+            roots = list(node.args)
+        for root in roots:
+            found |= {c.value for c in ast.walk(root) if isinstance(c, ast.Constant) and isinstance(c.value, str)}
+    return found
+
+
 def test_every_rule_has_a_negative_test() -> None:
-    """Each rule id appears in the assertions of this file or of the unit tests that feed the
-    payload, path-safety, architecture, distribution-name and install-file rules made-up facts (one
-    defect each)."""
+    """Each rule id is checked (asserted or compared, not merely mentioned) by a test that builds its
+    defect: this file, the audit's other integration tests, or the unit tests that feed the analyzers
+    made-up facts."""
     here = Path(__file__).resolve()
-    units = (
-        "test_install_rules.py",
-        "test_payload_rules.py",
-        "test_wheel_safety.py",
-        "test_audit_cli.py",
-        "test_audit_world.py",
-        "test_dist_names.py",
-    )
-    text = here.read_text() + "".join((here.parents[1] / "unit" / name).read_text() for name in units)
-    untested = [r for r in RULES if f'"{r}"' not in text]
+    files = [here, *here.parent.glob("test_audit_*.py"), *(here.parents[1] / "unit").glob("test_*.py")]
+    checked = set().union(*(_asserted_strings(f) for f in files))
+    untested = [r for r in RULES if r not in checked]
     assert untested == []
 
 

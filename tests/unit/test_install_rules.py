@@ -71,8 +71,7 @@ def test_a_carrier_pinned_wrongly_is_install_carrier_hash(
     tmp_path: Path, files: dict[str, str | bytes], member: str
 ) -> None:
     (label,) = files
-    rule = "install.carrier-hash"
-    assert _audit(tmp_path, files) == [(rule, f"install/{label}", member)]
+    assert _audit(tmp_path, files) == [("install.carrier-hash", f"install/{label}", member)]
 
 
 def test_third_party_pins_are_not_the_audits_to_judge(tmp_path: Path) -> None:

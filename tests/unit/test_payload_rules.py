@@ -275,7 +275,7 @@ def test_compatibility_rules(cc: str, sass: set[str], ptx: set[str], expected: s
 def test_a_binary_cuobjdump_cannot_read_is_reported_once() -> None:
     s, a = release()
     unreadable = dataclasses.replace(a.files[0], cuda_error="cuobjdump fatal   : Uncompress failed")
-    assert rules(s, dataclasses.replace(a, files=(unreadable, a.files[1]))) == {"cuda.payload"}
+    assert rules(s, dataclasses.replace(a, files=(unreadable, a.files[1]))) == {"cuda.fatbin-unreadable"}
     # a file whose bytes already differ from the manifest gets the mismatch only
     both = dataclasses.replace(unreadable, sha256="0" * 64)
     assert rules(s, dataclasses.replace(a, files=(both, a.files[1]))) == {"payload.file-mismatch"}
