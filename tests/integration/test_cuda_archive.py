@@ -79,7 +79,7 @@ def test_extracted_layout_loads(fresh_venv: Venv, tmp_path: Path) -> None:
     assert common.endswith("/lib/libkt_cuda.so")
     assert hopper.endswith("/sm90a/libkt_cuda_sm90a.so")
     err, text = out["device_count_error"]
-    assert text
+    assert re.search(r"driver|device|no error", text), f"not a CUDA runtime error string: {text!r}"
     if HAS_GPU:
         assert err == 0, f"cudaGetDeviceCount failed on a machine with a GPU: {text}"
     else:
@@ -192,9 +192,10 @@ def test_link_escaping_the_root_is_refused(
 
 def test_unwritable_cache_names_path_and_variable(fresh_venv: Venv) -> None:
     out = fresh_venv.run(SCRIPT, "launch", "/proc/kt-cache", env={"KT_KERNEL_CACHE_DIR": "/proc/kt-cache"}, check=False)
-    text = out.stdout + out.stderr
-    # No driver is checked first; extraction errors show with a driver. Exercise extract directly:
+    # The driver is checked first: without one the launcher says so and never touches the cache.
+    if not HAS_GPU:
+        assert "CudaUnavailable" in out.stdout + out.stderr
+    # Extraction errors show with a driver. Exercise extract directly:
     res = fresh_venv.run(SCRIPT, "extract", "/proc/kt-cache", check=False)
     assert "cannot write the CUDA cache /proc/kt-cache" in res.stderr
     assert "KT_KERNEL_CACHE_DIR" in res.stderr
-    assert text

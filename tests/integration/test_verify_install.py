@@ -103,7 +103,7 @@ def test_sft_cpu_profile_end_to_end(tmp_path: Path, kt_wheel: Path) -> None:
         "transformers is_peft_available": True,
         "require_version": "ok",
     }
-    assert json.dumps(result)
+    assert json.loads(json.dumps(result)) == result  # the result is JSON as the report writes it
 
 
 def _doctor_finds_and_repairs_a_clobbered_peft(venv: Path, dist: Path, tmp: Path) -> None:

@@ -23,7 +23,9 @@ def _pure(tmp_path: Path) -> Path:
 def _policy(tmp_path: Path, old: str, new: str) -> Path:
     text = DEFAULT_POLICY.read_text()
     assert old in text
-    path = DEFAULT_POLICY.parent / f".test-{tmp_path.name}.toml"  # beside the default: relative paths resolve
+    ladder = DEFAULT_POLICY.parent / "cpu_variants.json"  # named absolutely: the copy lives in tmp_path
+    text = text.replace('ladder = "cpu_variants.json"', f'ladder = "{ladder}"')
+    path = tmp_path / "policy.toml"  # never beside the default: the checkout stays as it was
     path.write_text(text.replace(old, new, 1))
     return path
 
@@ -104,10 +106,7 @@ def test_bad_policy_values_exit_2_naming_the_key(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], old: str, new: str, message: str
 ) -> None:
     policy = _policy(tmp_path, old, new)
-    try:
-        code, _, err = run(capsys, str(_pure(tmp_path)), "--policy", str(policy))
-    finally:
-        policy.unlink()
+    code, _, err = run(capsys, str(_pure(tmp_path)), "--policy", str(policy))
     assert code == 2
     assert message in err
     assert policy.name in err

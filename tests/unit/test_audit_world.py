@@ -14,7 +14,6 @@ from audits import __main__ as cli
 from audits import audit_wheel, load_policy
 from audits.analyzers.elf_rules import load_chains, rpath
 from audits.manylinux import honest_platform
-from audits.policy import POLICY_DIR
 from audits.readers._elf import ElfFacts
 from audits.readers._wheel import ReadOptions, read_wheel
 from tests.factkit import elf_facts
@@ -221,18 +220,15 @@ def test_third_party_by_name_on_the_cli(tmp_path: Path, capsys: pytest.CaptureFi
 
 
 def test_a_policy_that_extends_itself_is_an_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    loop = POLICY_DIR / f".test-loop-{tmp_path.name}.toml"
+    loop = tmp_path / "loop.toml"
     loop.write_text(f'schema_version = 1\nextends = "{loop.name}"\n')
-    try:
-        code = cli.main(
-            [
-                str(write_wheel(tmp_path / "demo-1.0-py3-none-any.whl", pure_wheel_members("demo", "1.0"))),
-                "--policy",
-                str(loop),
-            ]
-        )
-    finally:
-        loop.unlink()
+    code = cli.main(
+        [
+            str(write_wheel(tmp_path / "demo-1.0-py3-none-any.whl", pure_wheel_members("demo", "1.0"))),
+            "--policy",
+            str(loop),
+        ]
+    )
     assert code == 2
     assert "loops back" in capsys.readouterr().err
 

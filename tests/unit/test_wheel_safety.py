@@ -3,7 +3,6 @@ a clean wheel gives none. Made-up facts (and one real zip read back), no build."
 
 from __future__ import annotations
 
-import dataclasses
 import zipfile
 from pathlib import Path
 
@@ -130,8 +129,20 @@ def test_library_names(name: str, expected: bool) -> None:
     assert looks_like_library(name) is expected
 
 
-def test_dataclass_defaults_keep_old_constructors() -> None:
-    assert dataclasses.replace(elf(), machine="EM_X86_64").osabi == "ELFOSABI_SYSV"
+def test_the_reader_takes_the_os_abi_from_the_elf_header() -> None:
+    """EI_OSABI is read from the file (the default would hide a FreeBSD library in a Linux wheel)."""
+    import sys
+
+    from audits.readers._elf import read_elf
+
+    data = bytearray(Path(sys.executable).resolve().read_bytes())
+    native = read_elf("python", bytes(data))
+    assert native is not None
+    assert native.osabi in ("ELFOSABI_SYSV", "ELFOSABI_LINUX")
+    data[7] = 9  # ELFOSABI_FREEBSD
+    freebsd = read_elf("python", bytes(data))
+    assert freebsd is not None
+    assert freebsd.osabi == "ELFOSABI_FREEBSD"
 
 
 def test_top_level_lib_and_include_install_into_site_packages() -> None:
