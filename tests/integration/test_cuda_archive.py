@@ -199,3 +199,20 @@ def test_unwritable_cache_names_path_and_variable(fresh_venv: Venv) -> None:
     res = fresh_venv.run(SCRIPT, "extract", "/proc/kt-cache", check=False)
     assert "cannot write the CUDA cache /proc/kt-cache" in res.stderr
     assert "KT_KERNEL_CACHE_DIR" in res.stderr
+
+
+def test_warm_path_checks_sizes_and_ownership(fresh_venv: Venv, tmp_path: Path) -> None:
+    """kt_kernel.cuda's warm path checks what the payload's does: a library truncated after its
+    marker was written is extracted again, and a cache others can write is refused with the fix."""
+    cache = tmp_path / "cache"
+    root = Path(fresh_venv.json(SCRIPT, "extract", str(cache))["root"])
+    lib = root / "lib" / "libkt_cuda.so"
+    size = lib.stat().st_size
+    lib.write_bytes(lib.read_bytes()[:100])
+    assert fresh_venv.json(SCRIPT, "extract", str(cache))["root"] == str(root)
+    assert lib.stat().st_size == size
+    cache.chmod(0o777)
+    res = fresh_venv.run(SCRIPT, "extract", str(cache), check=False)
+    assert res.returncode != 0
+    assert "writable by others (mode 777)" in res.stderr
+    assert "chmod go-w" in res.stderr
