@@ -11,7 +11,9 @@ from typing import Any, BinaryIO, cast
 from elftools.elf.dynamic import DynamicSection
 from elftools.elf.elffile import ELFFile
 from elftools.elf.gnuversions import GNUVerNeedSection
-from elftools.elf.sections import NoteSection, SymbolTableSection
+from elftools.elf.hash import ELFHashSection, GNUHashSection
+from elftools.elf.sections import SymbolTableSection
+from elftools.elf.segments import NoteSegment
 
 PF_X, PF_W = 0x1, 0x2
 SHF_EXECINSTR = 0x4
@@ -80,6 +82,8 @@ class _Bounded(io.RawIOBase):
         self._inner = inner
         self._size = inner.seek(0, io.SEEK_END)
         inner.seek(0)
+        self._tell = inner.tell
+        self._read = inner.read
 
     def readable(self) -> bool:
         return True
@@ -88,15 +92,14 @@ class _Bounded(io.RawIOBase):
         return True
 
     def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
-        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._inner.tell(), io.SEEK_END: self._size}[whence]
-        return self._inner.seek(min(max(base + offset, 0), self._size))
+        return self._inner.seek(offset, whence)  # past the end is harmless: reads are clamped
 
     def tell(self) -> int:
-        return self._inner.tell()
+        return self._tell()
 
     def read(self, n: int | None = -1) -> bytes:
-        left = self._size - self._inner.tell()
-        return self._inner.read(left if n is None or n < 0 else min(n, left))
+        left = self._size - self._tell()
+        return self._read(left if n is None or n < 0 or n > left else n)
 
     def readinto(self, buf: Any) -> int:
         data = self.read(len(buf))
@@ -104,38 +107,42 @@ class _Bounded(io.RawIOBase):
         return len(data)
 
 
-def _isa_needed(elf: ELFFile) -> str:
-    """auditwheel's reading of GNU_PROPERTY_X86_ISA_1_NEEDED (bit 0 baseline, 1 v2, 2 v3, 3 v4)."""
+def _isa_needed(elf: ELFFile, seg: NoteSegment) -> str:
+    """auditwheel's reading of GNU_PROPERTY_X86_ISA_1_NEEDED (bit 0 baseline, 1 v2, 2 v3, 3 v4),
+    from one PT_NOTE segment."""
     if elf["e_machine"] != "EM_X86_64":
         return ""
-    for sec in elf.iter_sections():
-        if not isinstance(sec, NoteSection):
+    for note in seg.iter_notes():
+        if note["n_type"] != "NT_GNU_PROPERTY_TYPE_0" or note["n_name"] != "GNU":
             continue
-        for note in sec.iter_notes():
-            if note["n_type"] != "NT_GNU_PROPERTY_TYPE_0" or note["n_name"] != "GNU":
+        for prop in note["n_desc"]:
+            if prop.pr_type != "GNU_PROPERTY_X86_ISA_1_NEEDED" or prop.pr_datasz != 4:
                 continue
-            for prop in note["n_desc"]:
-                if prop.pr_type != "GNU_PROPERTY_X86_ISA_1_NEEDED" or prop.pr_datasz != 4:
-                    continue
-                data = prop.pr_data & ~1
-                for bit, level in ((8, "x86_64_v4"), (4, "x86_64_v3"), (2, "x86_64_v2")):
-                    if data & bit:
-                        return level
-                return "unknown x86_64 ISA" if data else ""
+            data = prop.pr_data & ~1
+            for bit, level in ((8, "x86_64_v4"), (4, "x86_64_v3"), (2, "x86_64_v2")):
+                if data & bit:
+                    return level
+            return "unknown x86_64 ISA" if data else ""
     return ""
 
 
-def _forbidden_candidates(elf: ELFFile, dynsym: object, forbidden: frozenset[str]) -> tuple[str, ...]:
-    """The undefined dynamic symbols named in `forbidden`; .dynstr is searched first, so a library
-    naming none of them (all but a few) costs one section read, not a walk of its symbols."""
-    dynstr = elf.get_section_by_name(".dynstr")
+def _forbidden_candidates(by_name: dict[str, Any], forbidden: frozenset[str]) -> tuple[str, ...]:
+    """The undefined dynamic symbols named in `forbidden`. Only names that are whole strings of
+    .dynstr can be symbols; of those, one the hash table finds is defined here, so the symbol table
+    is walked only for a library without one (libtorch: one section read, no walk)."""
+    dynstr, dynsym = by_name.get(".dynstr"), by_name.get(".dynsym")
     if not forbidden or dynstr is None or not isinstance(dynsym, SymbolTableSection):
         return ()
-    strings = dynstr.data()
-    if not any(name.encode() + b"\0" in strings for name in forbidden):
+    strings = b"\0" + dynstr.data()
+    named = sorted(n for n in forbidden if b"\0" + n.encode() + b"\0" in strings)
+    if not named:
         return ()
+    table = by_name.get(".gnu.hash") or by_name.get(".hash")
+    if isinstance(table, GNUHashSection | ELFHashSection):
+        return tuple(n for n in named if table.get_symbol(n) is None)
+    wanted = set(named)
     return tuple(
-        sorted({s.name for s in dynsym.iter_symbols() if s.entry.st_shndx == "SHN_UNDEF" and s.name in forbidden})
+        sorted({s.name for s in dynsym.iter_symbols() if s.entry.st_shndx == "SHN_UNDEF" and s.name in wanted})
     )
 
 
@@ -151,13 +158,27 @@ def read_elf_stream(
     struct and construct errors, KeyError, IndexError, TypeError, OverflowError, RecursionError...
     all of them a verdict on the bytes, never a crash of the audit."""
     try:
-        elf = ELFFile(cast(BinaryIO, _Bounded(stream)))
+        # BytesIO already clamps a read to what is left; a file must be told (a read of 2**62 bytes
+        # would allocate them first).
+        elf = ELFFile(stream if isinstance(stream, io.BytesIO) else cast(BinaryIO, _Bounded(stream)))
         needed: list[str] = []
         rpath: list[str] = []
         runpath: list[str] = []
         soname = ""
         textrel = False
+        # One pass over the sections (pyelftools builds each section object it yields; libtorch's
+        # hash tables alone cost milliseconds each).
+        needs: list[tuple[str, tuple[str, ...]]] = []
+        exec_list: list[tuple[str, int, bytes]] = []
+        by_name: dict[str, object] = {}
         for sec in elf.iter_sections():
+            if sec.name in (".dynsym", ".symtab", ".dynstr", ".gnu.hash", ".hash", ".nv_fatbin"):
+                by_name.setdefault(sec.name, sec)
+            if code and sec["sh_flags"] & SHF_EXECINSTR and sec["sh_type"] == "SHT_PROGBITS":
+                exec_list.append((sec.name, sec["sh_addr"], sec.data()))
+            if isinstance(sec, GNUVerNeedSection):
+                for verneed, auxs in sec.iter_versions():
+                    needs.append((str(verneed.name), tuple(str(a.name) for a in auxs)))
             if isinstance(sec, DynamicSection):
                 for tag in sec.iter_tags():
                     t = tag.entry.d_tag
@@ -174,14 +195,17 @@ def read_elf_stream(
                         textrel = True
         execstack = False
         rwx: list[int] = []
+        isa = ""
         for i, seg in enumerate(elf.iter_segments()):
+            if isinstance(seg, NoteSegment) and not isa:
+                isa = _isa_needed(elf, seg)
             flags = seg["p_flags"]
             if seg["p_type"] == "PT_GNU_STACK" and flags & PF_X:
                 execstack = True
             if seg["p_type"] == "PT_LOAD" and flags & PF_W and flags & PF_X:
                 rwx.append(i)
         exported: list[str] = []
-        dynsym = elf.get_section_by_name(".dynsym")
+        dynsym = by_name.get(".dynsym")
         if exports and isinstance(dynsym, SymbolTableSection):
             for s in dynsym.iter_symbols():
                 e = s.entry
@@ -192,18 +216,9 @@ def read_elf_stream(
                     and s.name
                 ):
                     exported.append(s.name)
-        needs: list[tuple[str, tuple[str, ...]]] = []
-        for sec in elf.iter_sections():
-            if isinstance(sec, GNUVerNeedSection):
-                for verneed, auxs in sec.iter_versions():
-                    needs.append((str(verneed.name), tuple(str(a.name) for a in auxs)))
-        exec_secs = tuple(
-            (s.name, s["sh_addr"], s.data())
-            for s in elf.iter_sections()
-            if code and s["sh_flags"] & SHF_EXECINSTR and s["sh_type"] == "SHT_PROGBITS"
-        )
-        fatbin = elf.get_section_by_name(".nv_fatbin")
-        table = elf.get_section_by_name(".symtab") or dynsym
+        exec_secs = tuple(exec_list)
+        fatbin: Any = by_name.get(".nv_fatbin")
+        table = by_name.get(".symtab") or dynsym
         syms: list[tuple[int, str]] = []
         if code and isinstance(table, SymbolTableSection):
             syms = sorted(
@@ -227,8 +242,8 @@ def read_elf_stream(
             little_endian=elf.little_endian,
             osabi=str(elf["e_ident"]["EI_OSABI"]),
             fatbin_bytes=fatbin["sh_size"] if fatbin is not None else 0,
-            isa_needed=_isa_needed(elf),
-            forbidden_candidates=_forbidden_candidates(elf, dynsym, forbidden),
+            isa_needed=isa,
+            forbidden_candidates=_forbidden_candidates(by_name, forbidden),
         )
     except Exception as exc:  # any of them is a verdict on the bytes (see the docstring)
         raise ValueError(f"{member}: malformed ELF: {type(exc).__name__}: {exc}") from exc

@@ -270,7 +270,9 @@ def _read_member(
     with zf.open(info) as src:
         head = src.read(_CHUNK)
         if is_elf(head) and kind == "file":
-            spool = tempfile.SpooledTemporaryFile(max_size=_SPOOL_IN_MEMORY, prefix="kt-audit-", suffix=".so")  # noqa: SIM115 (closed by `with spool` below)
+            # in memory up to _SPOOL_IN_MEMORY (the zip declares the size; a lie only makes it a file)
+            in_memory = info.file_size <= _SPOOL_IN_MEMORY
+            spool = io.BytesIO() if in_memory else tempfile.TemporaryFile(prefix="kt-audit-", suffix=".so")  # noqa: SIM115 (closed by `with spool` below)
         chunk = head
         while chunk:
             h.update(chunk)
@@ -295,7 +297,7 @@ def _read_member(
     with spool:
         spool.seek(0)
         try:
-            stream = cast(BinaryIO, spool)  # a SpooledTemporaryFile is a seekable binary stream
+            stream = cast(BinaryIO, spool)
             elf = read_elf_stream(
                 info.filename, stream, code=opts.code(info.filename), exports=opts.exports, forbidden=opts.forbidden
             )
