@@ -137,3 +137,18 @@ def test_prune_removes_other_releases_but_never_one_in_use(release: FakeRelease,
     assert (cache / "not-an-entry").exists()
     assert any(line.startswith(f"removed {old}") for line in said)
     assert f"kept {busy}: in use by another process" in said
+
+
+def test_prune_cli_also_prunes_the_kernels_own_cuda_cache(
+    release: FakeRelease, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.delenv("KT_KERNEL_CACHE_DIR")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    stale = tmp_path / "xdg" / "kt-kernel" / "cuda" / ("c" * 64)
+    (stale / "lib").mkdir(parents=True)
+    (stale / "lib" / "libkt_cuda.so").write_bytes(b"x" * 100)
+    stale.parent.chmod(0o700)
+    assert payload.main(["prune", "--manifest", str(release.manifest)]) == 0
+    out = capsys.readouterr().out
+    assert f"removed {stale}" in out
+    assert not stale.exists()

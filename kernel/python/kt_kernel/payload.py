@@ -715,7 +715,24 @@ def _prune_command(manifest: Path | None) -> int:
         print(line)
     if m is not None:
         print(f"kept {target_dir(m)} (this release)" if target_dir(m).exists() else "nothing of this release cached")
+    # kt-kernel's own CUDA archive (kt_kernel.cuda, outside a release): keep this build's entry only
+    own = _own_cuda_digest()
+    cuda_root = cache_root("cuda")
+    if cuda_root.is_dir():
+        for line in prune({own} if own else set(), cuda_root):
+            print(line)
     return 0
+
+
+def _own_cuda_digest() -> str:
+    """The sha256 of this kt-kernel build's own CUDA archive, from _build.json beside this file
+    ("" for a release's kt-kernel, whose libraries travel in the release payload)."""
+    try:
+        section = json.loads(Path(__file__).with_name("_build.json").read_text()).get("cuda") or {}
+    except (OSError, ValueError, AttributeError):
+        return ""
+    digest = section.get("sha256", "") if isinstance(section, dict) else ""
+    return digest if isinstance(digest, str) else ""
 
 
 def main(argv: list[str] | None = None) -> int:
