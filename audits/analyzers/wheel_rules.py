@@ -46,7 +46,7 @@ def integrity(w: WheelFacts) -> list[Finding]:
             )
         )
         return out
-    parsed, problem = w.record()
+    parsed, problem = w.record
     if problem:
         out.append(
             finding(
@@ -428,7 +428,7 @@ def safety(w: WheelFacts) -> list[Finding]:
                     "outside the install root",
                 )
             )
-    for row in w.record()[0]:
+    for row in w.record[0]:
         if why := _unsafe(row[0]):
             out.append(finding("wheel.unsafe-path", fn, f"{w.dist_info}/RECORD", f"RECORD path {row[0]!r} {why}", fix))
     return out

@@ -21,6 +21,7 @@ import zlib
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 from pathlib import Path
 from typing import IO, BinaryIO, cast
 
@@ -144,8 +145,9 @@ class WheelFacts:
         m = self.member(name)
         return None if m is None or m.data is None else m.data.decode("utf-8", errors="replace")
 
+    @cached_property
     def record(self) -> tuple[tuple[tuple[str, ...], ...], str]:
-        """RECORD's rows, and why it does not parse ("" when it does): parse_record."""
+        """RECORD's rows, and why it does not parse ("" when it does): parse_record, once per wheel."""
         return parse_record(self.text(f"{self.dist_info}/RECORD"))
 
 

@@ -131,15 +131,16 @@ def extract(section: dict[str, Any] | None = None, root: Path | None = None, pac
     final = root / digest
     # The warm path checks what the payload's does: this user's directory, every file a regular
     # file of its declared size (a library truncated by a full disk is extracted again).
-    sizes = {name: int(f["size"]) for name, f in section["files"].items() if "size" in f}
-    sizes |= {name: -1 for name in section["files"] if name not in sizes}
+    sizes: dict[str, int | None] = {
+        name: int(f["size"]) if "size" in f else None for name, f in section["files"].items()
+    }
     check_owned(root, "CUDA cache", CudaError)
-    if _warm(final, sizes):
+    if is_complete(final, sizes, CudaError):
         hold(root, digest, CudaError)
         return final
     lock = lock_file(root, digest, "CUDA cache", CudaError)
     with _locked(lock, CudaError):
-        if _warm(final, sizes):  # another process finished while we waited
+        if is_complete(final, sizes, CudaError):  # another process finished while we waited
             hold(root, digest, CudaError)
             return final
         for stale in root.glob(f".tmp-{digest}-*"):  # left by a crash mid-extraction
@@ -156,19 +157,11 @@ def extract(section: dict[str, Any] | None = None, root: Path | None = None, pac
             raise CudaError(
                 f"corrupted CUDA archive {payload}: sha256 {actual}, the manifest says {digest}; reinstall kt-kernel"
             )
-        need = f"{sum(max(s, 0) for s in sizes.values()) / 2**20:.0f} MiB"
+        need = f"{sum(s or 0 for s in sizes.values()) / 2**20:.0f} MiB"
         fill = lambda tmp: _extract_into(tmp, payload, data, section["files"])  # noqa: E731
         done = install_atomically(root, digest, fill, need, CudaError)
         hold(root, digest, CudaError)
         return done
-
-
-def _warm(final: Path, sizes: dict[str, int]) -> bool:
-    """is_complete, where a file without a declared size (-1) need only be a regular file."""
-    declared = {n: s for n, s in sizes.items() if s >= 0}
-    if not is_complete(final, declared, CudaError):
-        return False
-    return all((final / n).is_file() and not (final / n).is_symlink() for n, s in sizes.items() if s < 0)
 
 
 def is_legacy(section: dict[str, Any]) -> bool:

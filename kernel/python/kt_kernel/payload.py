@@ -227,11 +227,11 @@ def _open_private(path: Path, flags: int, error: type[KTKernelError]) -> int:
 
 
 @contextmanager
-def locked(path: Path, error: type[KTKernelError] = KTKernelError, *, shared: bool = False) -> Iterator[None]:
-    """A flock on `path` (created if needed, never through a link), held for the block."""
+def locked(path: Path, error: type[KTKernelError] = KTKernelError) -> Iterator[None]:
+    """An exclusive flock on `path` (created if needed, never through a link), held for the block."""
     fd = _open_private(path, os.O_RDWR, error)
     try:
-        fcntl.flock(fd, fcntl.LOCK_SH if shared else fcntl.LOCK_EX)
+        fcntl.flock(fd, fcntl.LOCK_EX)
         yield
     finally:
         os.close(fd)
@@ -530,9 +530,10 @@ def _untar(m: Manifest, stream: _PartStream, tmp: Path, fix: str) -> None:
         raise PayloadError(f"corrupted CUDA payload: {', '.join(missing)} missing from the archive; {fix}")
 
 
-def is_complete(final: Path, sizes: dict[str, int], error: type[KTKernelError] = KTKernelError) -> bool:
+def is_complete(final: Path, sizes: dict[str, int | None], error: type[KTKernelError] = KTKernelError) -> bool:
     """The warm check (stat only, no hashing): `final` is this user's directory (else `error`), its
-    marker exists, and every file is a regular file (no link) of its declared size."""
+    marker exists, and every file is a regular file (no link) of its declared size (any size where
+    none is declared: None)."""
     check_owned(final, "cache entry", error)
     try:
         marker = (final / COMPLETE).lstat()
@@ -540,7 +541,7 @@ def is_complete(final: Path, sizes: dict[str, int], error: type[KTKernelError] =
             return False
         for name, size in sizes.items():
             st = (final / name).lstat()
-            if not stat.S_ISREG(st.st_mode) or st.st_size != size:
+            if not stat.S_ISREG(st.st_mode) or (size is not None and st.st_size != size):
                 return False
     except OSError:
         return False
@@ -548,7 +549,8 @@ def is_complete(final: Path, sizes: dict[str, int], error: type[KTKernelError] =
 
 
 def _is_complete(final: Path, m: Manifest) -> bool:
-    return is_complete(final, {name: int(f["size"]) for name, f in m.files.items()}, PayloadError)
+    sizes: dict[str, int | None] = {name: int(f["size"]) for name, f in m.files.items()}
+    return is_complete(final, sizes, PayloadError)
 
 
 # Shared flocks on `<digest>.use`, held for the life of the process that materialized the entry:
