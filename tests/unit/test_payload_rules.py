@@ -182,6 +182,36 @@ def test_archived_file_missing_extra_or_different() -> None:
     assert "payload.file-mismatch" in found
 
 
+def _messages(summaries: list[WheelSummary], archive: ArchiveFacts, rule: str) -> list[str]:
+    findings, _ = analyze(summaries, archive, POLICY, frozenset({"libc.so.6"}))
+    return [f.message for f in findings if f.rule == rule and f.severity == "error"]
+
+
+def test_a_file_archived_twice_is_reported_as_the_runtime_refuses_it() -> None:
+    s, a = release()
+    again = dataclasses.replace(a, files=(*a.files, a.files[0]))
+    assert rules(s, again) == {"payload.file-mismatch"}
+    assert _messages(s, again, "payload.file-mismatch") == [
+        "appears twice in the archive: kt_kernel.payload refuses the archive"
+    ]
+    # "./x" names the file the runtime writes as "x": the same file twice
+    dotted = dataclasses.replace(a.files[0], path="./" + a.files[0].path)
+    assert "appears twice" in " ".join(
+        _messages(s, dataclasses.replace(a, files=(*a.files, dotted)), "payload.file-mismatch")
+    )
+
+
+def test_a_window_over_the_policys_is_reported_as_the_runtime_refuses_it() -> None:
+    s, a = release()
+    assert POLICY.payload is not None
+    _manifest(s)["archive"]["window_log"] = POLICY.payload.zstd_window_log + 1
+    (message,) = _messages(s, a, "payload.archive-mismatch")
+    assert f"window_log {POLICY.payload.zstd_window_log + 1}" in message
+    assert "kt_kernel.payload refuses it" in message
+    _manifest(s)["archive"]["window_log"] = POLICY.payload.zstd_window_log
+    assert rules(s, a) == set()
+
+
 @pytest.mark.parametrize(
     ("name", "kind"), [("../../etc/evil", "file"), ("sgl_kernel/link.so", "link"), ("sgl_kernel/fifo", "special")]
 )
