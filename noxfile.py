@@ -1,8 +1,9 @@
 # /// script
 # dependencies = ["nox>=2025.2.9"]
 # ///
-"""kt-release front door. Sessions hold no logic: they install a lock and call
-into kernel/, audits/, carriers/ or tools/. Arguments go after ``--``."""
+"""kt-release front door. Sessions hold no logic: they install a lock and call the package named
+after them (kernel/, carriers/, audits/, verify/, release/, bundle/, bench/, maint/ for the
+maintainer's own actions). Arguments go after ``--``."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import argparse
 import importlib.util
 import json
 import os
+import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -17,6 +19,11 @@ from pathlib import Path
 from types import ModuleType
 
 import nox
+
+# nox does not put the noxfile's directory on sys.path; the two layers imported here are stdlib only.
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from base import paths
+from locks import indexes
 
 nox.needs_version = ">=2025.2.9"
 nox.options.default_venv_backend = "uv"
@@ -26,11 +33,11 @@ nox.options.stop_on_first_error = True
 nox.options.sessions = ["release"]
 
 PYTHON = "3.11"
-ROOT = Path(__file__).resolve().parent
+ROOT = paths.ROOT
 
 
 def _load(name: str, path: Path) -> ModuleType:
-    """A stdlib-only module of this repository (nox does not put the noxfile's directory on sys.path)."""
+    """kernel/tools/build_wheel.py, a script of the kernel's own project (stdlib only)."""
     spec = importlib.util.spec_from_file_location(name, path)
     if spec is None or spec.loader is None:
         raise ImportError(f"cannot load {path}")
@@ -39,8 +46,7 @@ def _load(name: str, path: Path) -> ModuleType:
     return module
 
 
-indexes = _load("kt_release_indexes", ROOT / "tools" / "indexes.py")  # where locked wheels come from
-TIMINGS = ROOT / "build" / "timings"  # each release stage's wall time, for release_report's table
+TIMINGS = paths.TIMINGS  # each release stage's wall time, for release_report's table
 
 
 @contextmanager
@@ -51,17 +57,17 @@ def _timed(name: str) -> Iterator[None]:
     (TIMINGS / f"{name}.json").write_text(json.dumps({"start": t0, "seconds": round(time.time() - t0, 1)}) + "\n")
 
 
-DIST = ROOT / "dist"
-KERNEL_OUT = ROOT / "build" / "kt-kernel" / "out"
+DIST = paths.DIST
+KERNEL_OUT = paths.KERNEL_OUT
 CPU_VARIANTS = tuple(
-    v["name"] for v in json.loads((ROOT / "kernel/python/kt_kernel/cpu_variants.json").read_text())["variants"]
+    v["name"] for v in json.loads((paths.KERNEL / "python/kt_kernel/cpu_variants.json").read_text())["variants"]
 )
 
 
 def _install_lock(session: nox.Session, name: str) -> None:
     """Install lockfiles/NAME.txt with every hash checked (the PyTorch CPU index it may name
-    adapted to this machine by tools/indexes.py: KT_TORCH_INDEX, KT_FIND_LINKS)."""
-    lock = indexes.for_install(ROOT / "lockfiles" / f"{name}.txt", ROOT / "build" / "locks" / f"{name}.txt")
+    adapted to this machine by locks/indexes.py: KT_TORCH_INDEX, KT_FIND_LINKS)."""
+    lock = indexes.for_install(paths.LOCKFILES / f"{name}.txt", paths.LOCKS_FOR_INSTALL / f"{name}.txt")
     session.install("--require-hashes", "-r", str(lock))
 
 
@@ -86,7 +92,8 @@ def build_cpu(session: nox.Session) -> None:
 def build_cuda(session: nox.Session) -> None:
     """Build the kt-kernel wheel with its CUDA archive (hermetic PyPI toolchain) into build/kt-kernel/out/."""
     p = _parser("build_cuda")
-    p.add_argument("--arch", action="append", default=[], help="CI shard: only this SASS arch (80, 86, 89, 90, 120)")
+    archs = _load("kt_build_wheel", ROOT / "kernel" / "tools" / "build_wheel.py").policy_archs()  # its one owner
+    p.add_argument("--arch", action="append", default=[], choices=archs, help="CI shard: only this SASS arch")
     args = p.parse_args(session.posargs)
     _install_lock(session, "toolchain")
     _install_lock(session, "cuda")
@@ -108,7 +115,7 @@ def build_wheels(session: nox.Session) -> None:
         "SOURCE_DATE_EPOCH": build_wheel.source_date_epoch(),
         "CIBW_ENVIRONMENT_PASS_LINUX": "KT_CUDA_ARCHS SOURCE_DATE_EPOCH",
     }  # the policy's matrix, the release date
-    session.run("cibuildwheel", "kernel", "--output-dir", str(ROOT / "build" / "wheelhouse"), env=env)
+    session.run("cibuildwheel", "kernel", "--output-dir", str(paths.WHEELHOUSE), env=env)
 
 
 def _partial_args(session: nox.Session, name: str) -> list[str]:
@@ -161,7 +168,7 @@ def tests(session: nox.Session) -> None:
 @nox.session(python=PYTHON, default=False)
 def tests_gpu(session: nox.Session) -> None:
     """On a machine with an NVIDIA GPU: the built kt-kernel wheel beside CUDA torch (lockfiles/gpu.txt),
-    then tests/gpu, where a skip is a failure. Offline GPU machines: tools/gpu_check.sh."""
+    then tests/gpu, where a skip is a failure. Offline GPU machines: maint/gpu_check.sh."""
     import shutil
 
     if shutil.which("nvidia-smi") is None:
@@ -178,7 +185,7 @@ def tests_gpu(session: nox.Session) -> None:
 def mutants(session: nox.Session) -> None:
     """Delete each audit rule in turn; the tests that name it must fail (build/mutants.json; survivors fail)."""
     _install_lock(session, "test")
-    session.run("python", "-m", "tools.mutants", *session.posargs, env={"KT_DIST": str(KERNEL_OUT)})
+    session.run("python", "-m", "maint.mutants", *session.posargs, env={"KT_DIST": str(KERNEL_OUT)})
 
 
 @nox.session(python=PYTHON, tags=["audit"])
@@ -191,7 +198,7 @@ def audit(session: nox.Session) -> None:
     p.add_argument("--baseline", help="a previous audit-report.json, for size growth")
     p.add_argument("paths", nargs="*")
     args = p.parse_args(session.posargs)
-    reports = ROOT / "build" / "audit" if args.paths else DIST
+    reports = paths.AUDIT_REPORTS if args.paths else DIST
     if not args.paths and not DIST.is_dir():
         session.error(f"{DIST} does not exist: run `nox -s build_all` first, or name wheels: `nox -s audit -- PATH...`")
     reports.mkdir(parents=True, exist_ok=True)
@@ -226,21 +233,21 @@ def verify_install(session: nox.Session) -> None:
     )
     p.add_argument("--python", action="append", default=[], metavar="3.N", help="resolve: only these Pythons")
     args = p.parse_args(session.posargs)
-    report = str(ROOT / "build" / "verify.json")
+    report = str(paths.VERIFY_JSON)
     venvs = [x for x in args.profile if x not in ("resolve", "cp313")]
     pythons = [f"--python={v}" for v in args.python]
     with _timed("verify_install"):
         _install_lock(session, "verify")
         if venvs or not args.profile:
             profiles = (f"--profile={x}" for x in venvs)
-            session.run("python", "-m", "tools.verify_install", "--dist", str(DIST), "--json", report, *profiles)
+            session.run("python", "-m", "verify", "--dist", str(DIST), "--json", report, *profiles)
         if "resolve" in args.profile or not args.profile:
             # Normal resolution from an index serving dist/ (PyPI behind it), every install profile and Python.
-            resolved = str(ROOT / "build" / "verify-resolution.json")
+            resolved = str(paths.VERIFY_RESOLUTION_JSON)
             session.run("python", "-m", "verify.resolution", "--dist", str(DIST), "--json", resolved, *pythons)
         if "cp313" in args.profile or not args.profile:
             # The release on Debian trixie's CPython 3.13 (a debootstrap'ed root; no 3.12 interpreter exists here).
-            exercised = str(ROOT / "build" / "verify-interpreters.json")
+            exercised = str(paths.VERIFY_INTERPRETERS_JSON)
             session.run("python", "-m", "verify.interpreters", "--dist", str(DIST), "--json", exercised)
 
 
@@ -253,11 +260,7 @@ def clean(session: nox.Session) -> None:
     p = _parser("clean")
     p.add_argument("--all", action="store_true", help="also build/cache, dist/ and the nox venvs")
     args = p.parse_args(session.posargs)
-    targets = [ROOT / "build" / n for n in ("verify", "ci-local", "emulated", "locks", "lock")]
-    targets += [ROOT / "build" / "kt-kernel" / n for n in ("raw", "repaired", "shards")]
-    targets += [ROOT / "kernel" / "build"]
-    if args.all:
-        targets += [ROOT / "build", DIST, ROOT / ".nox"]
+    targets = [*paths.LEFTOVERS, *(paths.EVERYTHING if args.all else ())]
     for t in targets:
         if t.exists():
             size = sum(f.stat().st_size for f in t.rglob("*") if f.is_file() and not f.is_symlink())
@@ -271,7 +274,7 @@ def ci_local(session: nox.Session) -> None:
     handed on as declared, `if:` evaluated for the event, publish to a 127.0.0.1 index (build/ci-local/).
     `-- --event push --ref refs/tags/v0.6.1`, `-- --event workflow_dispatch --input target=testpypi`, `-- --plan`."""
     _install_lock(session, "ci")
-    session.run("python", "-m", "tools.ci_local", *session.posargs)
+    session.run("python", "-m", "maint.ci_local", *session.posargs)
 
 
 @nox.session(venv_backend="none", tags=["release"])
@@ -288,7 +291,7 @@ def release(session: nox.Session) -> None:
 def release_report(session: nox.Session) -> None:
     """Summarise dist/ (carriers, versions, sizes, hashes, audit verdicts) into dist/release-report.{md,html}."""
     _install_lock(session, "verify")
-    session.run("python", "-m", "tools.release_report", "--dist", str(DIST))
+    session.run("python", "-m", "release.report", "--dist", str(DIST))
 
 
 @nox.session(python=PYTHON, default=False)
@@ -308,7 +311,7 @@ def publish(session: nox.Session) -> None:
     if not session.posargs:
         session.error("usage: nox -s publish -- --repository-url URL [--index-url URL] [--attestations]")
     _install_lock(session, "publish")
-    session.run("python", "-m", "tools.publish", "--dist", str(DIST), *session.posargs)
+    session.run("python", "-m", "release.publish", "--dist", str(DIST), *session.posargs)
 
 
 @nox.session(python=PYTHON, tags=["lint"])
@@ -318,12 +321,12 @@ def preflight(session: nox.Session) -> None:
     _install_lock(session, "publish")
     session.run("python", "-c", "import audits; audits.load_policy(); print('audit policy: ok')")
     session.run("python", "-m", "carriers", "check")
-    session.run("python", "-m", "tools.lock", "--check")
+    session.run("python", "-m", "maint.lock", "--check")
 
 
 @nox.session(python=PYTHON, tags=["lint"])
 def lint(session: nox.Session) -> None:
-    """ruff (lint + format check), mypy --strict, and the offline lock drift check."""
+    """ruff (lint + format check), mypy --strict, the import layers (lint-imports) and the offline lock drift check."""
     _install_lock(session, "lint")
     workflows = [str(p) for p in sorted((ROOT / ".github" / "workflows").glob("*.yml"))]
     session.run("zizmor", "--offline", *workflows)
@@ -331,7 +334,8 @@ def lint(session: nox.Session) -> None:
     session.run("ruff", "check", ".")
     session.run("ruff", "format", "--check", ".")
     session.run("mypy")
-    session.run("python", "-m", "tools.lock", "--check")
+    session.run("lint-imports", "--no-cache")  # the import layers ([tool.importlinter] in pyproject.toml)
+    session.run("python", "-m", "maint.lock", "--check")
 
 
 @nox.session(python=PYTHON, default=False)
@@ -339,32 +343,32 @@ def lock(session: nox.Session) -> None:
     """Regenerate lockfiles/*.txt with uv (network); `-- --check` only checks drift."""
     _install_lock(session, "nox")
     session.install("--require-hashes", "-r", "lockfiles/lint.txt")
-    session.run("python", "-m", "tools.lock", *session.posargs)
+    session.run("python", "-m", "maint.lock", *session.posargs)
 
 
 @nox.session(python=PYTHON, default=False)
 def bench(session: nox.Session) -> None:
     """Kernel throughput per variant vs torch bf16 and the bandwidth roofline; kt_kernel.sft forward+backward vs
-    torch autograd (tools/bench_sft.py); kt-prepare-data serial vs parallel (tools/bench_data_prep.py);
+    torch autograd (bench/sft.py); kt-prepare-data serial vs parallel (bench/data_prep.py);
     build times; the CUDA payload
     (size, cold/warm materialization, disk, audit, assembly) beside the gzip reference, on dist/; the audit's
     time and peak RSS on the torch wheel and a 2 GiB zip bomb beside auditwheel show."""
     p = _parser("bench")
     p.add_argument("--no-build-times", action="store_true", help="skip the cold/incremental build timing")
-    p.add_argument("--json", default=str(ROOT / "build" / "bench.json"))
+    p.add_argument("--json", default=str(paths.BENCH_JSON["kernel"]))
     p.add_argument("--only", choices=["kernel", "sft", "data_prep", "payload", "audit"], help="run one part only")
     p.add_argument("--assembly", action="store_true", help="payload: also time a cold and a warm assembly")
     args = p.parse_args(session.posargs)
     _install_lock(session, "test")
     if args.only in (None, "audit"):
-        session.run("python", "-m", "tools.bench_audit", "--json", str(ROOT / "build" / "bench-audit.json"))
+        session.run("python", "-m", "bench.audit", "--json", str(paths.BENCH_JSON["audit"]))
     if args.only == "audit":
         return
     if args.only not in ("kernel", "sft", "data_prep"):
         session.run(
             "python",
             "-m",
-            "tools.bench_payload",
+            "bench.payload",
             "--dist",
             str(DIST),
             "--kernel",
@@ -378,10 +382,10 @@ def bench(session: nox.Session) -> None:
     session.install("--no-deps", "--force-reinstall", str(wheel))
     if args.only in (None, "kernel"):
         session.run(
-            "python", "-m", "tools.bench", "--json", args.json, *(["--no-build-times"] if args.no_build_times else [])
+            "python", "-m", "bench.kernel", "--json", args.json, *(["--no-build-times"] if args.no_build_times else [])
         )
     if args.only in (None, "sft"):
-        session.run("python", "-m", "tools.bench_sft", "--json", str(ROOT / "build" / "bench-sft.json"))
+        session.run("python", "-m", "bench.sft", "--json", str(paths.BENCH_JSON["sft"]))
     if args.only in (None, "data_prep"):
         _install_lock(session, "sft-test")  # transformers and tokenizers, the pins the tests use
-        session.run("python", "-m", "tools.bench_data_prep", "--json", str(ROOT / "build" / "bench-data-prep.json"))
+        session.run("python", "-m", "bench.data_prep", "--json", str(paths.BENCH_JSON["data_prep"]))

@@ -61,7 +61,7 @@ _SCHEMA: dict[str, Any] = {
         "coverage": None,
     },
     "waivers": None,
-    "installed_collision": None,  # read by tools/verify_install.py
+    "installed_collision": None,  # read by verify/owners.py
 }
 
 

@@ -15,7 +15,7 @@ from typing import Any
 
 from packaging.utils import parse_wheel_filename
 
-from tools import progress
+from base import progress
 
 from . import consistency, inputs, install, payload, transform, wheelio
 from .errors import ConsistencyError, InputError

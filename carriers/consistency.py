@@ -12,6 +12,7 @@ from packaging.specifiers import SpecifierSet
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
+from .graph import Graph
 from .model import CarrierSet
 
 
@@ -26,24 +27,6 @@ class Report:
     payload_roots: tuple[str, ...] = ()
 
 
-def reach(requires: Mapping[str, list[str]], root: str) -> set[str]:
-    """The carriers an install of `root` ("name" or "name[extra]") pulls in through Requires-Dist alone."""
-    todo = [Requirement(root)]
-    seen: dict[str, set[str]] = {}
-    while todo:
-        req = todo.pop()
-        name = canonicalize_name(req.name)
-        extras = set(req.extras)
-        if name not in requires or (name in seen and extras <= seen[name]):
-            continue
-        seen.setdefault(name, set()).update(extras)
-        for line in requires[name]:
-            dep = Requirement(line)
-            if dep.marker is None or any(dep.marker.evaluate({"extra": e}) for e in (extras or {""})):
-                todo.append(dep)
-    return set(seen)
-
-
 def payload_closure(cs: CarrierSet, requires: Mapping[str, list[str]]) -> tuple[list[str], list[str]]:
     """(problems, roots that reach the provider): every install that can import the payload's
     package (it pulls the provider) must pull every part carrier too."""
@@ -52,9 +35,10 @@ def payload_closure(cs: CarrierSet, requires: Mapping[str, list[str]]) -> tuple[
         return [], []
     parts = {c.name for c in cs.part_carriers}
     roots = [c.name for c in cs.carriers] + [f"{c.name}[{e}]" for c in cs.carriers for e, _ in c.extras]
+    graph = Graph(requires)
     problems, reaching = [], []
     for root in roots:
-        got = reach(requires, root)
+        got = graph.reach(root)
         if provider.name not in got:
             continue
         reaching.append(root)

@@ -16,12 +16,13 @@ from pathlib import Path
 from packaging.utils import canonicalize_name, parse_wheel_filename
 from packaging.version import Version
 
-from tools import progress
-from tools.lock import parse_lock
+from base import progress
+from base.paths import ROOT
+from locks.read import parse_lock
 
 from . import proc
 from .errors import InputError
-from .model import ROOT, Source
+from .model import Source
 
 LOCK = ROOT / "lockfiles" / "carrier-inputs.txt"
 CACHE_ENV = "KT_RELEASE_CACHE"

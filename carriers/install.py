@@ -20,11 +20,11 @@ from packaging.markers import default_environment
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name, parse_wheel_filename
 
-from tools import indexes
-from tools import lock as locks
-from tools.profiles import closure
+from locks import indexes
+from locks import read as locks
 
 from .errors import ConsistencyError
+from .graph import closure
 from .model import CarrierSet, python_tag
 
 INSTALL_DIR = "install"

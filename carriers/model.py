@@ -12,11 +12,12 @@ import tomllib
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.utils import canonicalize_name
 
+from base import version as _version
+from base.paths import VERSION_FILE
+
 from .errors import DefinitionError
 
-ROOT = Path(__file__).resolve().parent.parent
 DEFINITIONS = Path(__file__).resolve().parent / "carriers.toml"
-VERSION_FILE = ROOT / "kernel" / "python" / "kt_kernel" / "_version.py"
 Kind = Literal["native", "umbrella", "fork", "repack"]
 _KEYS = {
     "native": {"kind", "version", "payload_part"},
@@ -119,11 +120,11 @@ class CarrierSet:
 
 
 def kt_version(path: Path = VERSION_FILE) -> str:
-    """The KT release version, read from kernel/python/kt_kernel/_version.py."""
-    m = re.search(r'^__version__\s*=\s*"([^"]+)"', path.read_text(), re.MULTILINE)
-    if not m:
-        raise DefinitionError(f'{path}: no line __version__ = "..."; the KT version lives there')
-    return m.group(1)
+    """The KT release version (base.version reads kernel/python/kt_kernel/_version.py)."""
+    try:
+        return _version.kt_version(path)
+    except _version.VersionFileError as exc:
+        raise DefinitionError(str(exc)) from None
 
 
 def _hint(word: str, choices: set[str]) -> str:

@@ -1,2 +1,4 @@
-"""Install verification stages (nox -s verify_install). Today: the normal-resolution check
-(verify.resolution); the venv profiles still live in tools/verify_install.py."""
+"""`nox -s verify_install`: the release installed as its users install it, and proven. The venv
+profiles (`install`: sft-cpu, serve; `lf`: the LlamaFactory profiles), normal resolution
+(`resolution`) and the other interpreters (`interpreters`). `probes/` holds the programs run inside
+the installed venvs, by path."""

@@ -21,7 +21,8 @@ from typing import Any
 
 from packaging.utils import canonicalize_name
 
-ROOT = Path(__file__).resolve().parent.parent
+from base.paths import ROOT
+
 SUITES = {"3.13": "trixie"}  # CPython -> the Debian suite whose python3 it is
 MIRROR = "http://deb.debian.org/debian"
 PROBE = Path(__file__).resolve().parent / "probes" / "exercise.py"
@@ -72,7 +73,7 @@ def debian_root(python: str, cache: Path) -> Path:
 def _requirements(dist: Path, python: str) -> tuple[list[Path], str]:
     """The carriers' wheels for `python` and the pin lines (their sha256; numpy/zstandard from the lock)."""
     from carriers.inputs import serves
-    from tools.lock import pylock_path, read_pylock
+    from locks.read import pylock_path, read_pylock
 
     manifest = json.loads((dist / "manifest.json").read_text())
     wheels, lines = [], []

@@ -28,8 +28,8 @@ from typing import Any
 from packaging.utils import canonicalize_name
 from packaging.version import Version
 
+from base import progress
 from carriers.inputs import MANYLINUX_2_34, target_args
-from tools import progress
 
 PUBLIC = "https://pypi.org/simple"
 UPSTREAMS = ("transformers", "accelerate", "sglang", "sglang-kernel", "peft", "trl", "llamafactory")
@@ -195,7 +195,8 @@ def judge(
 
 def main(argv: list[str] | None = None) -> int:
     """python -m verify.resolution --dist dist --profile sft --python 3.11 [--roots ...] [--json F]."""
-    from tools.lock import directive, install_profiles, matrix
+    from carriers import load as load_carriers
+    from locks.read import directive, install_profiles
 
     p = argparse.ArgumentParser(prog="python -m verify.resolution")
     p.add_argument("--dist", type=Path, default=Path("dist"))
@@ -205,7 +206,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", type=Path)
     args = p.parse_args(argv)
     args.profile = args.profile or install_profiles()
-    args.python = args.python or list(matrix())
+    args.python = args.python or list(load_carriers().pythons)
     root = Path(__file__).resolve().parent.parent
     if not (args.dist / "manifest.json").is_file() or not (args.dist / "install").is_dir():
         print(f"error: {args.dist} is not an assembled release (no manifest.json or install/); run nox -s build_all")

@@ -1,5 +1,5 @@
 """CUDA kernels against torch references. Needs an NVIDIA GPU, torch with CUDA
-and kt_kernel installed (tools/gpu_check.sh sets that up); skipped otherwise."""
+and kt_kernel installed (maint/gpu_check.sh sets that up); skipped otherwise."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-# nox -s tests_gpu and tools/gpu_check.sh set KT_REQUIRE_GPU=1: there a missing torch or device is a
+# nox -s tests_gpu and maint/gpu_check.sh set KT_REQUIRE_GPU=1: there a missing torch or device is a
 # failure, never a skip. Elsewhere (nox -s tests on a CPU machine) these tests skip, saying why.
 REQUIRED = os.environ.get("KT_REQUIRE_GPU") == "1"
 if REQUIRED:

@@ -16,8 +16,9 @@ from typing import Any
 
 import pytest
 
+from locks import indexes
+from maint import ci_local
 from tests.conftest import ROOT
-from tools import ci_local, indexes
 
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
 

@@ -22,7 +22,7 @@ import tomllib
 
 from audits import audit_wheel, load_policy
 from audits.readers._cuda import find_cuobjdump, read_cuda
-from tools import indexes
+from locks import indexes
 
 pytestmark = pytest.mark.network
 ROOT = Path(__file__).resolve().parents[2]

@@ -1,4 +1,4 @@
-"""The local workflow runner (tools/ci_local.py): the real release.yml planned for each event, and
+"""The local workflow runner (maint/ci_local.py): the real release.yml planned for each event, and
 a small workflow executed end to end in fresh clones - matrix, artifacts handed on by name and by
 pattern, the step summary, `if:` conditions, and a failing job stopping its dependants."""
 
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tools import ci_local
+from maint import ci_local
 
 REAL = ci_local.load()
 

@@ -1,6 +1,6 @@
 """The LLaMA-Factory install profiles, for real: lf-standard (upstream LlamaFactory), lf-kt (serving and
 fine-tuning with llamafactory-kt) and the upgrade of the first into the second, each in a fresh venv
-by hash, trained in with LlamaFactory itself (tools/lf_control.py). The CUDA torch build they pin
+by hash, trained in with LlamaFactory itself (verify/probes/lf_control.py). The CUDA torch build they pin
 (several GB) comes through uv's cache."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import pytest
 
 from carriers import load
 from carriers.assemble import assemble
-from tools import verify_lf
+from verify import lf as verify_lf
 
 pytestmark = pytest.mark.network
 

@@ -21,11 +21,11 @@ import pytest
 from audits import core, load_policy
 from carriers import InputError, load, model, wheelio
 from carriers.assemble import assemble
+from locks.read import parse_lock
 from tests.conftest import KT_SRC, ROOT, load_source_module
 from tests.integration.conftest import make_venv
 from tests.payloadkit import compressible, make_release, validate_manifest
 from tests.wheelkit import compile_so, python_sibling, read_members, write_wheel
-from tools.lock import parse_lock
 
 payload: Any = load_source_module("kt_payload_integration", KT_SRC / "payload.py")
 MiB = 1 << 20
@@ -244,7 +244,7 @@ def test_every_python_of_the_matrix_gets_its_wheels_each_carrying_the_same_part(
     carriers.toml's matrix, the one abi3 kt-kernel wheel serves them all, every wheel of a part carrier
     holds its part byte for byte, the audit passes, the manifest says which Pythons each wheel serves,
     and an install on this interpreter is offered only the wheels its tags accept."""
-    from tools.verify_install import carrier_lines
+    from verify.venv import carrier_lines
 
     dist, summary = release
     pythons = list(load().pythons)
@@ -308,7 +308,7 @@ def test_install_files_for_every_profile_and_python_pin_the_release_wheels(
     from packaging.pylock import Pylock
 
     from audits.readers._install import read_install_files
-    from tools import lock
+    from locks import read as lock
 
     dist, summary = release
     pythons = load().pythons
@@ -412,7 +412,7 @@ def test_normal_resolution_from_an_index_serving_the_release_matches_the_install
     fallback) installs the forks only, the release's own kt-kernel (PyPI has another 0.6.1), and exactly
     the versions of dist/install/sft-cp311.txt. The serve and lf-kt profiles and the other Pythons are
     checked by verify_install (minutes each)."""
-    from tools.lock import directive
+    from locks.read import directive
     from verify.resolution import check, index
 
     dist, _ = release

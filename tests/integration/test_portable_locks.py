@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from locks import indexes
 from tests.conftest import ROOT
-from tools import indexes
 
 pytestmark = pytest.mark.network
 
@@ -76,7 +76,7 @@ def test_runtime_lock_installs_without_the_local_directory(index: tuple[str, Pat
         [
             sys.executable,
             "-c",
-            "import sys; from pathlib import Path; from tools import indexes; "
+            "import sys; from pathlib import Path; from locks import indexes; "
             "indexes.for_install(Path(sys.argv[1]), Path(sys.argv[2]))",
             str(lock),
             str(req),

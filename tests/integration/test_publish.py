@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from release.publish import PublishError, publish, upload_order
 from tests.wheelkit import pure_wheel_members, write_wheel
-from tools.publish import PublishError, publish, upload_order
 
 
 def _dist(tmp_path: Path, marker: str = "1", specs: dict[str, tuple[str, ...]] | None = None) -> Path:
@@ -81,7 +81,7 @@ def test_cli_reports_unreachable_index(tmp_path: Path) -> None:
         [
             sys.executable,
             "-m",
-            "tools.publish",
+            "release.publish",
             "--repository-url",
             "http://127.0.0.1:9/",
             "--dist",

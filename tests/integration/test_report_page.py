@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from release import report as release_report
 from tests.conftest import ROOT
 from tests.unit.test_release_report import KT, _candidate
-from tools import release_report
 
 SECTIONS = ("verdict", "wheels", "findings", "cpu-matrix", "cuda-matrix", "sizes", "artifacts")
 

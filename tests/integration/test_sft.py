@@ -4,7 +4,7 @@ Gradients against the torch fp32 autograd reference on the dequantized weights (
 TP1 and TP2, fp32 and bf16, 3/5/7 experts) on every variant the host runs (the emulated variants:
 test_emulated_variants.py), the training properties (accumulation, loss scaling, checkpointing,
 frozen base, zero tokens, NaN), the lazy import, KTConfig's errors, and an end-to-end PEFT run on
-tiny random Hugging Face MoE models (tools/sft_e2e.py, also run by verify_install on the forks)."""
+tiny random Hugging Face MoE models (verify/probes/sft_e2e.py, also run by verify_install on the forks)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ import pytest
 from tests.conftest import ROOT
 from tests.integration.conftest import SCRIPTS, Venv, make_venv, wheel_requirement
 from tests.integration.test_kernel_wheel import VARIANTS, skip_unless_host_runs
-from tools import sft_e2e
+from verify.probes import sft_e2e
 
 # The forward quantizes activations (int8 per row, or bf16): ~1.2% relative error on y, ~0.6% on
 # the gradients (which use the saved fp32 projections). A wrong sign, transpose or scale anywhere
@@ -151,7 +151,7 @@ def test_sft_gradients_match_torch_autograd(variant: str, fresh_venv: Venv) -> N
 def test_sft_end_to_end_with_peft(sft_venv: Venv) -> None:
     """Tiny random Qwen3-MoE / DeepSeek-V3 / Mixtral: wrapped, trained with PEFT + expert LoRA,
     saved, reloaded; the loss follows the same model with torch experts."""
-    r = sft_venv.json(str(ROOT / "tools" / "sft_e2e.py"))
+    r = sft_venv.json(str(ROOT / "verify" / "probes" / "sft_e2e.py"))
     print({k: v for k, v in r.items() if k != "families"})
     bad = sft_e2e.problems(r)
     assert not bad, "\n".join(bad)

@@ -17,7 +17,8 @@ from carriers.model import ALIAS_DIR
 from carriers.transform import ALIAS_FILES
 from tests.conftest import ROOT
 from tests.wheelkit import pure_wheel_members, write_wheel
-from tools import verify_install as vi
+from verify import owners, serve, sft
+from verify import venv as vi
 
 
 def _venv(path: Path) -> Path:
@@ -59,7 +60,7 @@ def test_fork_check_tells_fork_from_upstream(tmp_path: Path) -> None:
     req = tmp_path / "req.txt"
     req.write_text("\n".join(lines) + "\n")
     vi.install(venv, req)
-    assert vi.fork_status(venv, ("foo", "bar", "baz")) == {
+    assert owners.fork_status(venv, ("foo", "bar", "baz")) == {
         "foo": "foo-kt",
         "bar": "UPSTREAM INSTALLED",
         "baz": "MISSING",
@@ -77,7 +78,7 @@ def test_sft_cpu_profile_end_to_end(tmp_path: Path, kt_wheel: Path) -> None:
     peft-kt/trl-kt leaves the core untouched; 3+3 steps equal 6, bit for bit."""
     dist = tmp_path / "dist"
     assemble(load(), kt_wheel, dist)
-    result = vi.verify_sft_cpu(dist, tmp_path / "work")
+    result = sft.verify_sft_cpu(dist, tmp_path / "work")
     assert result["forks"] == {
         "transformers": "transformers-kt",
         "accelerate": "accelerate-kt",
@@ -158,5 +159,5 @@ def test_extracted_libraries_resolve_beside_them_in_the_env_or_the_system(tmp_pa
         "-Wl,-rpath,$ORIGIN",
     )
     (root / "pkg" / "ext.so").write_bytes(ext)
-    missing = vi.unresolved_needed(root, venv, {"libcuda.so.1"})
+    missing = serve.unresolved_needed(root, venv, {"libcuda.so.1"})
     assert missing == {"pkg/ext.so": ["libmissing.so"]}

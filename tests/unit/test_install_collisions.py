@@ -1,10 +1,10 @@
-"""Installed-path ownership in a profile's closure (tools/verify_install.py): two distributions
+"""Installed-path ownership in a profile's closure (verify/owners.py): two distributions
 writing one path with different bytes fail the verification; identical bytes, and collisions the
 audit policy names with a reason, are reported but pass."""
 
 from __future__ import annotations
 
-from tools.verify_install import accepted_collisions, path_collisions
+from verify.owners import accepted_collisions, path_collisions
 
 
 def test_different_bytes_at_one_path_conflict() -> None:

@@ -7,19 +7,21 @@ from pathlib import Path
 
 import pytest
 
-from tools import lock
+from locks import read as locks
+from maint import lock
 
 
-@pytest.mark.parametrize("name", lock.names())
+@pytest.mark.parametrize("name", locks.names())
 def test_committed_lock_matches_its_input(name: str) -> None:
     assert lock.check(name) == []
 
 
 @pytest.fixture
 def lockdir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    for f in lock.LOCKDIR.iterdir():
+    for f in locks.LOCKDIR.iterdir():
         shutil.copy(f, tmp_path / f.name)
     monkeypatch.setattr(lock, "LOCKDIR", tmp_path)
+    monkeypatch.setattr(locks, "LOCKDIR", tmp_path)
     return tmp_path
 
 

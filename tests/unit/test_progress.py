@@ -6,7 +6,7 @@ from __future__ import annotations
 import io
 import sys
 
-from tools import progress
+from base import progress
 
 
 def test_a_quiet_long_step_says_it_is_still_running() -> None:

@@ -11,7 +11,8 @@ from carriers import DefinitionError, load
 from carriers.assemble import Built, coverage_problems
 from carriers.inputs import serves
 from carriers.model import DEFINITIONS, python_tag
-from tools import lock
+from locks import read as locks
+from maint import lock
 
 
 def _with_pythons(tmp_path: Path, line: str) -> Path:
@@ -82,18 +83,19 @@ def test_a_python_of_the_matrix_without_wheels_is_named_with_its_fix(tmp_path: P
 
 @pytest.fixture
 def lockdir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    for f in lock.LOCKDIR.iterdir():
+    for f in locks.LOCKDIR.iterdir():
         (tmp_path / f.name).write_bytes(f.read_bytes())
     monkeypatch.setattr(lock, "LOCKDIR", tmp_path)
+    monkeypatch.setattr(locks, "LOCKDIR", tmp_path)  # the reader's own (pylock_path, names)
     return tmp_path
 
 
 def test_every_install_profile_has_a_valid_pylock_for_every_python() -> None:
-    assert lock.install_profiles() == ["lf-kt", "serve", "sft"]
-    for name in lock.install_profiles():
+    assert locks.install_profiles() == ["lf-kt", "serve", "sft"]
+    for name in locks.install_profiles():
         assert lock.check_pylocks(name) == []
         for python in load().pythons:
-            assert lock.read_pylock(lock.pylock_path(name, python)).packages
+            assert locks.read_pylock(locks.pylock_path(name, python)).packages
 
 
 def test_a_missing_stale_or_broken_pylock_is_drift(lockdir: Path) -> None:

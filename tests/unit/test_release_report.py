@@ -1,4 +1,4 @@
-"""tools/release_report.py on a made-up candidate: every carrier's row and verdict, the payload
+"""release/report.py on a made-up candidate: every carrier's row and verdict, the payload
 line, the kernel size breakdown read from the wheel itself, and the exit status (1 unless the
 audit passed)."""
 
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tools import release_report
+from release import report as release_report
 
 KT = "kt_kernel-0.6.1-cp311-cp311-manylinux_2_34_x86_64.whl"
 TF = "transformers_kt-5.19.0.post1-py3-none-any.whl"
@@ -126,7 +126,7 @@ def test_the_stage_timing_table_of_this_release_run(tmp_path: Path, capsys: pyte
 
 
 def test_a_partial_development_release_is_labelled_and_a_full_one_lists_its_pythons() -> None:
-    from tools.release_report import pythons_line
+    from release.report import pythons_line
 
     full = {"pythons": ["3.11", "3.12", "3.13"], "install": [{}] * 18}
     assert pythons_line(full) == "Pythons: 3.11, 3.12, 3.13; 18 install files"

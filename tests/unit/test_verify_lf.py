@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from tools.verify_install import uv_installed
-from tools.verify_lf import control_problems, install_problems, ownership_problems, upgrade_problems
+from verify.lf import control_problems, install_problems, ownership_problems, upgrade_problems
+from verify.venv import uv_installed
 
 
 def _run(**kw: Any) -> dict[str, Any]:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import html
 import json
-import re
 import subprocess
 import sys
 import time
@@ -20,11 +19,10 @@ from pathlib import Path
 from typing import Any
 
 from audits.report import printable
+from base import progress
+from base.paths import ROOT
+from base.version import VersionFileError, release_date
 from carriers.consistency import torch_summary
-from tools import progress
-
-ROOT = Path(__file__).resolve().parent.parent
-VERSION_FILE = ROOT / "kernel" / "python" / "kt_kernel" / "_version.py"
 
 
 def _e(value: object) -> str:
@@ -84,12 +82,10 @@ def _git_commit() -> str:
 
 
 def _release_date() -> str:
-    m = (
-        re.search(r'^__release_date__ = "([^"]+)"', VERSION_FILE.read_text(), re.MULTILINE)
-        if VERSION_FILE.exists()
-        else None
-    )
-    return m.group(1) if m else "unknown"
+    try:
+        return release_date().isoformat()
+    except (OSError, ValueError, VersionFileError):
+        return "unknown"
 
 
 CSS = """

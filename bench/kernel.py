@@ -25,7 +25,8 @@ import time
 from pathlib import Path
 from typing import Any, Literal, cast
 
-ROOT = Path(__file__).resolve().parent.parent
+from base.paths import ROOT
+
 HIDDEN, INTER, EXPERTS, TOPK = 2048, 768, 64, 8
 DECODE_TOKENS = (1, 2, 4, 8)
 PREFILL_TOKENS = 256
@@ -250,7 +251,7 @@ def main(argv: list[str] | None = None) -> int:
         for fmt, group in (("int8", 0), ("rawint4", 64)):
             env = dict(os.environ, KT_KERNEL_CPU_VARIANT=name)
             out = subprocess.run(
-                [sys.executable, "-m", "tools.bench", "--worker", name, fmt, str(group or 64)],
+                [sys.executable, "-m", "bench.kernel", "--worker", name, fmt, str(group or 64)],
                 env=env,
                 check=True,
                 capture_output=True,

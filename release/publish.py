@@ -10,7 +10,6 @@
 from __future__ import annotations
 
 import argparse
-import graphlib
 import hashlib
 import html.parser
 import json
@@ -23,12 +22,11 @@ import urllib.parse
 import urllib.request
 from pathlib import Path
 
-from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name, parse_wheel_filename
 
+from base.paths import ROOT
 from carriers import wheelio
-
-ROOT = Path(__file__).resolve().parent.parent
+from carriers.graph import Graph
 
 
 class PublishError(Exception):
@@ -38,66 +36,14 @@ class PublishError(Exception):
 
 
 def upload_order(dist: Path, files: list[str]) -> list[str]:
-    """Wheel filenames, each after every carrier it requires (any extra). A distribution with one
-    wheel per Python (kt-kernel: cp311, cp312) uploads all of them at its place."""
+    """Wheel filenames, each after every carrier it requires (any extra; carriers.graph orders them,
+    cycles as one group). A distribution with one wheel per Python (kt-kernel: cp311, cp312) uploads
+    all of them at its place."""
     by_name: dict[str, list[str]] = {}
     for f in sorted(files):
-        by_name.setdefault(str(canonicalize_name(parse_wheel_filename(f)[0])), []).append(f)
-    graph: dict[str, set[str]] = {}
-    for name, fnames in by_name.items():
-        reqs = wheelio.read_metadata(dist / fnames[0])[1]
-        deps = {str(canonicalize_name(Requirement(r).name)) for r in reqs} & set(by_name)
-        graph[name] = deps - {name}
-    # A cycle (sglang-kt requires sglang-kernel-kt, which requires every payload part carrier,
-    # sglang-kt among them) is uploaded as one group, after everything the group requires.
-    group = _cycles(graph)
-    condensed: dict[str, set[str]] = {}
-    for name, deps in graph.items():
-        condensed.setdefault(group[name], set()).update(group[d] for d in deps if group[d] != group[name])
-    sorter = graphlib.TopologicalSorter(condensed)
-    order: list[str] = []
-    sorter.prepare()
-    while sorter.is_active():
-        ready = sorted(sorter.get_ready())  # deterministic among equals
-        for g in ready:
-            order += sorted(n for n in graph if group[n] == g)
-        sorter.done(*ready)
-    return [f for n in order for f in by_name[n]]
-
-
-def _cycles(graph: dict[str, set[str]]) -> dict[str, str]:
-    """name -> its strongly connected component (named by its smallest member); Tarjan's algorithm."""
-    index: dict[str, int] = {}
-    low: dict[str, int] = {}
-    stack: list[str] = []
-    on_stack: set[str] = set()
-    group: dict[str, str] = {}
-
-    def visit(v: str) -> None:
-        index[v] = low[v] = len(index)
-        stack.append(v)
-        on_stack.add(v)
-        for w in sorted(graph[v]):
-            if w not in index:
-                visit(w)
-                low[v] = min(low[v], low[w])
-            elif w in on_stack:
-                low[v] = min(low[v], index[w])
-        if low[v] == index[v]:
-            members = []
-            while True:
-                w = stack.pop()
-                on_stack.discard(w)
-                members.append(w)
-                if w == v:
-                    break
-            for w in members:
-                group[w] = min(members)
-
-    for v in sorted(graph):
-        if v not in index:
-            visit(v)
-    return group
+        by_name.setdefault(str(parse_wheel_filename(f)[0]), []).append(f)
+    graph = Graph({name: wheelio.read_metadata(dist / fnames[0])[1] for name, fnames in by_name.items()})
+    return [f for n in graph.upload_order() for f in by_name[n]]
 
 
 class _Links(html.parser.HTMLParser):

@@ -1,6 +1,6 @@
 """Run .github/workflows/release.yml on this machine (`nox -s ci_local`).
 
-    python -m tools.ci_local [--event push --ref refs/tags/v0.6.1 | --event workflow_dispatch
+    python -m maint.ci_local [--event push --ref refs/tags/v0.6.1 | --event workflow_dispatch
                               --input target=testpypi | --event pull_request] [--plan] [--work DIR]
 
 Reads the workflow, expands each job's matrix, and runs the jobs in dependency order, each in a
@@ -37,7 +37,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
+from base.paths import ROOT
+
 WORKFLOW = ROOT / ".github" / "workflows" / "release.yml"
 KNOWN_ACTIONS = ("actions/checkout", "actions/setup-python", "actions/upload-artifact", "actions/download-artifact")
 HOST_PYTHON = f"cp{sys.version_info.major}{sys.version_info.minor}"
@@ -321,7 +322,7 @@ def replace_run(script: str, env: Mapping[str, str], local: Local) -> tuple[str,
                 f"no CPython {python[2]}.{python[3:]} here: FIXTURE - the {HOST_PYTHON} wheel relabelled "
                 f"{python} (never install it; CI builds the real one)"
             )
-            cmd += f" && {sys.executable} -m tools.ci_local --relabel build/kt-kernel/out {python} build/wheelhouse"
+            cmd += f" && {sys.executable} -m maint.ci_local --relabel build/kt-kernel/out {python} build/wheelhouse"
         script = script.replace(m.group(0), cmd)
     m = re.search(r"nox -s publish -- .*", script)
     if m:
@@ -331,7 +332,7 @@ def replace_run(script: str, env: Mapping[str, str], local: Local) -> tuple[str,
             f"publishing to the local index {local.index_url} instead of {m.group(0).split()[5]}; "
             "attestations off (they need the CI's OIDC identity)"
         )
-        # tools.publish gives a 127.0.0.1 index throwaway credentials itself
+        # release.publish gives a 127.0.0.1 index throwaway credentials itself
         script = script.replace(
             m.group(0), f"nox -s publish -- --repository-url {local.index_url} --index-url {local.index_url}simple/"
         )

@@ -6,7 +6,7 @@ archive is hashed, extracted, every file hashed, renamed into the cache; and eve
 later call re-hashes every file. Both run here on the same files (the release's real
 sgl_kernel and kt-kernel CUDA binaries, read back out of dist/), in one run:
 
-    python -m tools.bench_payload --dist dist [--assembly] [--json build/bench-payload.json]
+    python -m bench.payload --dist dist [--assembly] [--json build/bench-payload.json]
 """
 
 from __future__ import annotations
@@ -28,7 +28,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
+from base.paths import ROOT
+
 RUNTIME = ROOT / "kernel" / "python" / "kt_kernel" / "payload.py"
 MANIFEST_MEMBER = "sgl_kernel/_kt_payload.json"
 _CHUNK = 1 << 20
@@ -229,7 +230,7 @@ def assembly_numbers(kernel: Path) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     """`nox -s bench -- --only payload`: payload size, materialization and audit numbers."""
-    p = argparse.ArgumentParser(prog="python -m tools.bench_payload", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m bench.payload", description=__doc__.splitlines()[0])
     p.add_argument("--dist", type=Path, default=ROOT / "dist")
     p.add_argument("--kernel", type=Path, default=ROOT / "build" / "kt-kernel" / "out")
     p.add_argument("--assembly", action="store_true", help="also time a cold and a warm assembly (minutes)")

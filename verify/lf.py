@@ -1,5 +1,5 @@
 """The LLaMA-Factory install profiles, installed for real and trained in: `nox -s verify_install --
---profile lf-standard|lf-kt|lf-upgrade` (python -m tools.verify_install runs them).
+--profile lf-standard|lf-kt|lf-upgrade` (python -m verify runs them).
 
 lf-standard  upstream LlamaFactory and upstream libraries (lockfiles/lf-standard.txt): a clean
              install; every import package owned by its upstream distribution and no KT one
@@ -29,24 +29,23 @@ from typing import Any
 
 from packaging.requirements import Requirement
 
-from tools import indexes
-from tools.lock import directive, parse_lock
-from tools.profiles import closure
-from tools.verify_install import (
-    DIST_NAMES,
-    ROOT,
-    UPSTREAM,
+from base.paths import ROOT
+from carriers.graph import closure
+from locks import indexes
+from locks.read import directive, parse_lock
+
+from .owners import check_collisions, dist_name_problems, dist_names, upstream
+from .venv import (
     VerifyError,
     carrier_lines,
-    check_collisions,
-    dist_name_problems,
     doctor,
     fresh_venv,
     load_by_path,
     pip,
+    pip_check,
+    run_probe,
     uv_install,
     uv_installed,
-    venv_json,
 )
 
 PROFILES = ("lf-standard", "lf-kt", "lf-upgrade")
@@ -54,20 +53,6 @@ PROFILES = ("lf-standard", "lf-kt", "lf-upgrade")
 # standard profile has from upstream.
 KT_PACKAGES = ("transformers", "accelerate", "peft", "trl", "llamafactory", "sglang", "sgl_kernel")
 STANDARD_PACKAGES = ("transformers", "accelerate", "peft", "trl", "llamafactory")
-CONTROL = ROOT / "tools" / "lf_control.py"
-# LlamaFactory's own view of the environment: its dependency check (patched to the fork's declared
-# bounds) and its version gates, which read version("transformers") through the release's alias.
-LF_PROBE = """
-import json
-from llamafactory.extras.misc import check_dependencies, check_version
-from llamafactory.extras.packages import is_transformers_version_greater_than
-import transformers
-check_dependencies()
-check_version("sglang>=0.4.5", mandatory=True)  # hparams/parser.py, infer_backend: sglang (sglang-kt)
-print(json.dumps({"check_dependencies": "ok", "check_version('sglang>=0.4.5')": "ok",
-                  "transformers": transformers.__version__,
-                  "is_transformers_version_greater_than('5.0.0')": is_transformers_version_greater_than("5.0.0")}))
-"""
 
 
 def _doctor_module() -> Any:
@@ -93,8 +78,8 @@ def kt_requirements(dist: Path, work: Path) -> tuple[Path, list[str]]:
 
 
 def control(venv: Path, work: Path, *flags: str) -> dict[str, Any]:
-    """tools/lf_control.py in the venv; its JSON result."""
-    result: dict[str, Any] = venv_json(venv, f"LlamaFactory control {' '.join(flags)}", str(CONTROL), str(work), *flags)
+    """verify/probes/lf_control.py in the venv; its JSON result."""
+    result: dict[str, Any] = run_probe(venv, f"LlamaFactory control {' '.join(flags)}", "lf_control", str(work), *flags)
     return result
 
 
@@ -131,7 +116,7 @@ def install_problems(got: dict[str, str], kt: bool, carriers: Sequence[str] = ()
     if not kt:
         return [f"the standard profile installs KT distribution {n} {got[n]}" for n in sorted(got) if _is_kt(n)]
     wrong = [
-        f"the lf-kt profile installs upstream {n} {got[n]} beside its fork" for n in sorted(set(got) & set(UPSTREAM))
+        f"the lf-kt profile installs upstream {n} {got[n]} beside its fork" for n in sorted(set(got) & set(upstream()))
     ]
     return wrong + [f"the lf-kt profile lacks carrier {n}" for n in sorted(set(carriers) - set(got))]
 
@@ -154,12 +139,6 @@ def upgrade_problems(conflicted: list[str], repairs: list[str]) -> list[str]:
     ]
 
 
-def _check(venv: Path) -> None:
-    proc = pip(venv, "check")
-    if proc.returncode != 0:
-        raise VerifyError(f"pip check failed in {venv}:\n{proc.stdout}{proc.stderr}")
-
-
 def _fail(what: str, wrong: list[str]) -> None:
     if wrong:
         raise VerifyError(f"{what}:\n  " + "\n  ".join(wrong))
@@ -178,7 +157,7 @@ def verify_standard(dist: Path, work: Path) -> dict[str, Any]:
     t0 = time.perf_counter()
     got = install_standard(venv, work)
     install_s = time.perf_counter() - t0
-    _check(venv)
+    pip_check(venv)
     _fail("lf-standard", install_problems(got, kt=False))
     owners = site_owners(venv, STANDARD_PACKAGES)
     _fail("import package owners in lf-standard", ownership_problems(owners, kt=False))
@@ -200,7 +179,7 @@ def kt_checks(venv: Path, work: Path, tag: str) -> dict[str, Any]:
     """What every KT environment must show: pip check, no path written twice, kt-doctor clean with
     every package owned by the KT distribution, lookups by upstream name, LlamaFactory's own checks,
     and the control with and without use_kt."""
-    _check(venv)
+    pip_check(venv)
     result: dict[str, Any] = {"shared_paths": check_collisions(venv)}
     report = doctor(venv)
     owners = {p["package"]: p["owners"] for p in report["packages"] if p["package"] in KT_PACKAGES}
@@ -208,10 +187,10 @@ def kt_checks(venv: Path, work: Path, tag: str) -> dict[str, Any]:
     wrong += [f"{p['package']}: {p['problem']}" for p in report["packages"] if p["state"] == "conflict"]
     _fail(f"kt-doctor in {tag}", wrong)
     result["owners"] = {k: [f"{o['name']} {o['version']}" for o in v] for k, v in owners.items()}
-    names = venv_json(venv, "lookups by distribution name", "-c", DIST_NAMES)
+    names = dist_names(venv)
     _fail(f"lookups by upstream distribution name in {tag}", dist_name_problems(names))
     result["dist_names"] = names["sites"]
-    result["llamafactory"] = venv_json(venv, "LlamaFactory's dependency check", "-c", LF_PROBE)
+    result["llamafactory"] = run_probe(venv, "LlamaFactory's dependency check", "lf_checks")
     result["control_kt"] = control(venv, work / f"{tag}-run", "--kt")
     _fail(f"LlamaFactory control with use_kt in {tag}", control_problems(result["control_kt"], kt=True))
     return result
@@ -269,14 +248,8 @@ def verify_upgrade(dist: Path, work: Path) -> dict[str, Any]:
 
 def installed_versions(venv: Path) -> dict[str, str]:
     """name -> version of every distribution in the venv."""
-    out = venv_json(venv, "installed distributions", "-c", INSTALLED)
-    return dict(out)
+    out: dict[str, str] = run_probe(venv, "installed distributions", "installed")
+    return out
 
-
-INSTALLED = """
-import json, re
-from importlib.metadata import distributions
-print(json.dumps({re.sub(r"[-_.]+", "-", d.metadata["Name"]).lower(): d.version for d in distributions()}))
-"""
 
 VERIFY = {"lf-standard": verify_standard, "lf-kt": verify_kt, "lf-upgrade": verify_upgrade}

@@ -18,7 +18,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
+from base.paths import ROOT
+
 MAKE_TOKENIZER = ROOT / "tests" / "integration" / "scripts" / "make_chat_tokenizer.py"
 WORDS = (
     "wheel",
@@ -86,7 +87,7 @@ def digest(out: Path) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """Serial vs parallel preparation and verification; prints a table and writes --json."""
-    p = argparse.ArgumentParser(prog="python -m tools.bench_data_prep")
+    p = argparse.ArgumentParser(prog="python -m bench.data_prep")
     p.add_argument("--examples", type=int, default=8000)
     p.add_argument("--json", type=Path, default=ROOT / "build" / "bench-data-prep.json")
     args = p.parse_args(argv)

@@ -2,7 +2,7 @@
 beside `auditwheel show` measured in the same run on the same files.
 
 Each measurement runs in a fresh child process so its peak RSS (getrusage of the child) is
-its own: python -m tools.bench_audit [--wheel PATH] [--json FILE]."""
+its own: python -m bench.audit [--wheel PATH] [--json FILE]."""
 
 from __future__ import annotations
 
@@ -17,9 +17,9 @@ import zipfile
 from pathlib import Path
 from typing import Any
 
-from tools import indexes
+from base.paths import ROOT
+from locks import indexes
 
-ROOT = Path(__file__).resolve().parents[1]
 TORCH = "torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl"
 
 
@@ -49,7 +49,7 @@ def zip_bomb(path: Path, gib: float = 2.0) -> Path:
 
 def main(argv: list[str] | None = None) -> int:
     """Audit time and peak RSS on the torch wheel and a zip bomb, beside auditwheel show."""
-    p = argparse.ArgumentParser(prog="python -m tools.bench_audit")
+    p = argparse.ArgumentParser(prog="python -m bench.audit")
     local = indexes.mirror()
     p.add_argument(
         "--wheel",

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Every GPU check in one run (< 5 minutes), for a machine with an NVIDIA GPU and no network:
-#   tools/gpu_check.sh [DIST]
+#   maint/gpu_check.sh [DIST]
 # Installs kt-kernel (DIST's release wheel, else build/kt-kernel/out's) and, when DIST holds a
 # release, the five payload carriers and sglang-kernel-kt, offline with --no-deps, into a venv that
 # sees the machine's CUDA torch; runs tests/gpu; then materializes the release's CUDA payload from

@@ -16,7 +16,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
+from base.paths import ROOT
+
 HIDDEN, INTER, EXPERTS, TOPK, RANK = 2048, 768, 64, 8, 8
 TOKENS = (256, 1024)
 
@@ -119,7 +120,7 @@ def line(variant: str, r: dict[str, Any], rows: list[dict[str, Any]]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """`nox -s bench -- --only sft`: every usable variant in its own process."""
-    p = argparse.ArgumentParser(prog="python -m tools.bench_sft")
+    p = argparse.ArgumentParser(prog="python -m bench.sft")
     p.add_argument("--json", type=Path, default=ROOT / "build" / "bench-sft.json")
     p.add_argument("--formats", nargs="+", default=["int8", "rawint4"])
     p.add_argument("--worker", nargs=3, metavar=("FMT", "TOKENS", "TP"), help=argparse.SUPPRESS)
@@ -144,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
                 for tp in (1, 2):
                     env = dict(os.environ, KT_KERNEL_CPU_VARIANT=name)
                     proc = subprocess.run(
-                        [sys.executable, "-m", "tools.bench_sft", "--worker", fmt, str(tokens), str(tp)],
+                        [sys.executable, "-m", "bench.sft", "--worker", fmt, str(tokens), str(tp)],
                         env=env,
                         capture_output=True,
                         text=True,

@@ -1,6 +1,6 @@
 """Mutation check for the audit rules: delete each rule in turn and show the suite notices.
 
-    python -m tools.mutants [--rule ID ...] [--json FILE]     (nox -s mutants)
+    python -m maint.mutants [--rule ID ...] [--json FILE]     (nox -s mutants)
 
 A mutant turns every finding of one rule id into an "info" finding of the id "mutant.deleted"
 (the rule still runs, its verdict is gone). For each rule the test files that name it are run
@@ -20,13 +20,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
+from base.paths import ROOT
+
 ENV = "KT_AUDIT_MUTANT"
 ANALYZERS = ("cuda_rules", "elf_rules", "isa_rules", "manifest_rules", "payload_rules", "size_rules", "wheel_rules")
 
 
 def pytest_configure(config: Any) -> None:
-    """pytest plugin (-p tools.mutants): delete the rule named by $KT_AUDIT_MUTANT."""
+    """pytest plugin (-p maint.mutants): delete the rule named by $KT_AUDIT_MUTANT."""
     rule = os.environ.get(ENV)
     if not rule:
         return
@@ -85,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
                     "-q",
                     "-x",
                     "-p",
-                    "tools.mutants",
+                    "maint.mutants",
                     "-p",
                     "no:cacheprovider",
                     *map(str, files),

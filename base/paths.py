@@ -1,0 +1,57 @@
+"""The build tree's one owner: every folder and report a release stage writes under ``build/``.
+
+``nox -s clean`` iterates ``LEFTOVERS`` (and ``EVERYTHING`` with ``--all``); a stage that writes
+somewhere new adds its path here, so nothing is left behind that ``clean`` does not know about.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+BUILD = ROOT / "build"
+DIST = ROOT / "dist"
+LOCKFILES = ROOT / "lockfiles"
+KERNEL = ROOT / "kernel"
+VERSION_FILE = KERNEL / "python" / "kt_kernel" / "_version.py"
+
+CACHE = BUILD / "cache"  # downloads (carrier inputs, debootstrap roots): kept by `clean`
+KERNEL_BUILD = BUILD / "kt-kernel"  # kernel/tools/build_wheel.py's tree (it names the same folder)
+KERNEL_OUT = KERNEL_BUILD / "out"  # the release's kernel input: only build_cpu/build_cuda write it
+KERNEL_SCRATCH = tuple(KERNEL_BUILD / n for n in ("raw", "repaired", "shards"))
+LOCKS_FOR_INSTALL = BUILD / "locks"  # locks adapted to this machine (locks.indexes.for_install)
+LOCK_WORK = BUILD / "lock"  # nox -s lock's scratch
+TIMINGS = BUILD / "timings"  # each release stage's wall time, for the report's table
+AUDIT_REPORTS = BUILD / "audit"  # `nox -s audit -- PATH...` (dist/ keeps the release's own)
+VERIFY_WORK = BUILD / "verify"  # verify_install's venvs
+VERIFY_JSON = BUILD / "verify.json"
+VERIFY_RESOLUTION_JSON = BUILD / "verify-resolution.json"
+VERIFY_INTERPRETERS_JSON = BUILD / "verify-interpreters.json"
+EMULATED = BUILD / "emulated"  # the tests' emulated-CPU builds
+CI_LOCAL = BUILD / "ci-local"  # nox -s ci_local's clones, artifacts and index
+WHEELHOUSE = BUILD / "wheelhouse"  # cibuildwheel's output (nox -s build_wheels)
+BENCH_SCRATCH = (BUILD / "bench-build", BUILD / "bench-data-prep")  # the benchmarks' work folders
+BENCH_JSON = {
+    "kernel": BUILD / "bench.json",
+    "sft": BUILD / "bench-sft.json",
+    "data_prep": BUILD / "bench-data-prep.json",
+    "payload": BUILD / "bench-payload.json",
+    "audit": BUILD / "bench-audit.json",
+}
+MUTANTS_JSON = BUILD / "mutants.json"
+
+# What `nox -s clean` removes (downloads in CACHE and dist/ stay), and with `--all`.
+LEFTOVERS = (
+    VERIFY_WORK,
+    CI_LOCAL,
+    EMULATED,
+    LOCKS_FOR_INSTALL,
+    LOCK_WORK,
+    AUDIT_REPORTS,
+    *BENCH_SCRATCH,
+    *KERNEL_SCRATCH,
+    KERNEL / "build",
+    BUILD / "lib",  # setuptools' (pip install . of the audit)
+    BUILD / "bdist.linux-x86_64",
+)
+EVERYTHING = (BUILD, DIST, ROOT / ".nox")

@@ -1,1 +1,0 @@
-"""Release tooling that belongs to no single part (locks, benchmarks)."""

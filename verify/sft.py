@@ -1,0 +1,69 @@
+"""The sft-cpu profile: installed for real (the core first, then the repacks on top, which must leave
+the core's files unchanged), pip check, the forks own their import packages, no path written twice,
+lookups by upstream name, kt-doctor clean, the training/resume control and kt_kernel.sft end to end."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+from base.paths import LOCKFILES
+from carriers.graph import closure
+from locks import indexes
+
+from . import owners
+from .probes import sft_e2e
+from .profiles import core, root
+from .venv import VerifyError, carrier_lines, doctor, fresh_venv, install, pip_check, probe, run_probe, venv_json
+
+
+def snapshot(venv: Path, names: tuple[str, ...]) -> dict[str, dict[str, str]]:
+    """Installed files and their hashes of the named distributions in a venv."""
+    data: dict[str, dict[str, str]] = run_probe(venv, f"snapshot of {names}", "snapshot", *names)
+    return data
+
+
+def verify_sft_cpu(dist: Path, work: Path) -> dict[str, Any]:
+    """Install the sft-cpu profile for real and exercise it (forks, imports, training/resume)."""
+    lock = LOCKFILES / "sft-cpu.txt"
+    venv = fresh_venv(work / "sft-cpu")
+    t0 = time.perf_counter()
+    base = core(dist)
+    core_req = indexes.for_install(lock, work / "sft-cpu-core.txt", "\n".join(carrier_lines(dist, base)))
+    install(venv, core_req)
+    before = snapshot(venv, tuple(base))
+    reached, _ = closure(dist, root("sft-cpu"))
+    full = indexes.for_install(
+        lock, work / "sft-cpu-full.txt", "\n".join(carrier_lines(dist, reached, {"ktransformers": "sft"}))
+    )
+    install(venv, full)
+    after = snapshot(venv, tuple(base))
+    t1 = time.perf_counter()
+    changed = sorted(n for n in base if before[n] != after[n])
+    if changed:
+        raise VerifyError(f"adding peft-kt/trl-kt changed the installed files of {changed}")
+    pip_check(venv)
+    result: dict[str, Any] = run_probe(venv, "import smoke test", "smoke")
+    result["forks"] = owners.fork_status(venv, ("transformers", "accelerate", "peft", "trl"))
+    bad = {k: v for k, v in result["forks"].items() if not v.endswith("-kt")}
+    if bad:
+        raise VerifyError(f"upstream distributions provide {sorted(bad)} instead of the forks: {bad}")
+    result["shared_paths"] = owners.check_collisions(venv)
+    result["dist_names"] = owners.dist_names(venv)
+    result["dist_names"]["closure"] = owners.closure_lookups(venv, set(owners.upstream()))
+    if wrong := owners.dist_name_problems(result["dist_names"]):
+        raise VerifyError("lookups by upstream distribution name in the sft-cpu profile:\n" + "\n".join(wrong))
+    result["doctor"] = doctor(venv)
+    if result["doctor"]["conflicts"]:
+        raise VerifyError(f"kt-doctor finds conflicts in the fresh sft-cpu profile: {result['doctor']}")
+    result["train_resume"] = run_probe(venv, "training/resume control", "train_control")
+    e2e = venv_json(venv, "kt_kernel.sft end-to-end", probe("sft_e2e"))
+    wrong = sft_e2e.problems(e2e)
+    if wrong:
+        what = "kt_kernel.sft end-to-end (verify/probes/sft_e2e.py) in the sft-cpu profile"
+        raise VerifyError(what + ":\n" + "\n".join(wrong))
+    result["kt_sft"] = {k: e2e[k] for k in ("losses", "torch_losses", "trajectory_rel_diff")}
+    result["install_s"] = round(t1 - t0, 1)
+    result["core_unchanged"] = base
+    return result

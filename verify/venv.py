@@ -1,0 +1,177 @@
+"""Fresh venvs and what runs in them: the release's carrier files by hash, pip and uv as a user on a
+clean machine runs them, the probes of verify/probes/ run by path. The one error root of the
+verify stages is `VerifyError` (exit 1)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from packaging.tags import sys_tags
+from packaging.utils import parse_wheel_filename
+
+from base import progress
+from locks import indexes
+
+PROBES = Path(__file__).resolve().parent / "probes"
+
+
+class VerifyError(Exception):
+    """An install verification failed; the message says what and where."""
+
+    exit_code = 1
+
+
+def probe(name: str) -> str:
+    """verify/probes/NAME.py, run by path inside a venv."""
+    return str(PROBES / f"{name}.py")
+
+
+_CHECKED: dict[tuple[object, ...], dict[str, str]] = {}
+
+
+def sums(dist: Path) -> dict[str, str]:
+    """dist/SHA256SUMS checked against the files; filename -> sha256. Each file is hashed once per
+    run: a later call with the same SHA256SUMS and unchanged files (size, mtime) reuses the check."""
+    path = dist / "SHA256SUMS"
+    if not path.exists():
+        raise VerifyError(f"{path} is missing; build the candidate first (nox -s build_all)")
+    entries = [line.split(maxsplit=1) for line in path.read_text().splitlines() if line.strip()]
+    try:
+        stats = tuple((name, (dist / name).stat().st_size, (dist / name).stat().st_mtime_ns) for _, name in entries)
+    except OSError as exc:
+        raise VerifyError(f"{dist}: SHA256SUMS names a file that cannot be read ({exc}); rebuild dist/") from None
+    key = (str(dist.resolve()), tuple(map(tuple, entries)), stats)
+    if key not in _CHECKED:
+        out = {}
+        for digest, name in entries:
+            with (dist / name).open("rb") as fh:
+                actual = hashlib.file_digest(fh, "sha256").hexdigest()
+            if actual != digest:
+                raise VerifyError(f"{dist / name}: sha256 {actual} differs from SHA256SUMS ({digest}); rebuild dist/")
+            out[name] = digest
+        _CHECKED[key] = out
+    return dict(_CHECKED[key])
+
+
+def carrier_lines(dist: Path, names: list[str], extras: dict[str, str] | None = None) -> list[str]:
+    """`name[extra] @ file://... --hash=sha256:...` for each carrier."""
+    extras = extras or {}
+    lines = []
+    supported = set(sys_tags())  # kt-kernel ships one wheel per Python: the one this interpreter takes
+    for fname, digest in sorted(sums(dist).items()):
+        if not fname.endswith(".whl"):
+            continue
+        name, _, _, tags = parse_wheel_filename(fname)
+        if name in names and supported & set(tags):
+            extra = f"[{extras[name]}]" if name in extras else ""
+            lines.append(f"{name}{extra} @ {(dist / fname).resolve().as_uri()} --hash=sha256:{digest}")
+    return lines
+
+
+def clean_env() -> dict[str, str]:
+    """This process's environment without pip/uv settings and colour forcing (a user's clean shell)."""
+    return {k: v for k, v in os.environ.items() if not k.startswith(("PIP_", "UV_", "FORCE_COLOR", "CLICOLOR"))}
+
+
+def pip(venv: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """pip as a user on a clean machine would run it: no config files, no PIP_* settings
+    (this machine's pip.conf adds local indexes and caps torch), only what we pass."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PIP_")}
+    env["PIP_CONFIG_FILE"] = os.devnull
+    base = [str(venv / "bin" / "python"), "-m", "pip", "--disable-pip-version-check"]
+    if os.environ.get("PIP_CERT"):
+        base += ["--cert", os.environ["PIP_CERT"]]
+    return progress.run_quiet([*base, *args], f"verify {venv.name}: pip {args[0]}", env=env)
+
+
+def install(venv: Path, req: Path) -> None:
+    """`req` is a lock (plus carrier lines) adapted to this machine by locks.indexes.for_install."""
+    proc = pip(venv, "install", *indexes.LOCKED_INSTALL, "-r", str(req))
+    if proc.returncode != 0:
+        raise VerifyError(f"pip install -r {req} failed:\n{proc.stderr[-3000:]}")
+
+
+def pip_check(venv: Path) -> None:
+    """`pip check` in the venv, or VerifyError with its output."""
+    proc = pip(venv, "check")
+    if proc.returncode != 0:
+        raise VerifyError(f"pip check failed in {venv}:\n{proc.stdout}{proc.stderr}")
+
+
+def uv_install(venv: Path, req: Path, what: str, *extra: str) -> str:
+    """uv pip install --require-hashes of `req` into `venv` (the GPU-sized profiles: uv links files from
+    its cache, where pip would copy several GB); uv's output, whose ` + name==version` lines say
+    what it installed."""
+    uv = shutil.which("uv")
+    if uv is None:
+        raise VerifyError("uv is not on PATH; install lockfiles/verify.txt (nox -s verify_install does)")
+    # --color never: the installed names are read from uv's output, and CI sets FORCE_COLOR (release.yml
+    # env), which colours every line (a local run of the workflow found the verify job failing on that)
+    cmd = [uv, "pip", "install", "--color", "never", "--python", str(venv / "bin" / "python")]
+    proc = progress.run_quiet(
+        [*cmd, *indexes.LOCKED_INSTALL, *extra, "-r", str(req)], f"verify {venv.name}: uv pip install", env=clean_env()
+    )
+    if proc.returncode != 0:
+        raise VerifyError(f"installing {what} into {venv} failed:\n{proc.stderr[-3000:]}")
+    return proc.stdout + proc.stderr
+
+
+def uv_installed(out: str) -> dict[str, str]:
+    """name -> version of each ` + name==version` line of uv's output (a file reference without a
+    version, ` + name @ file://...`, maps to "")."""
+    found = {}
+    for m in re.finditer(r"^ \+ ([A-Za-z0-9._-]+)(?:==(\S+))?", out, re.MULTILINE):
+        found[m.group(1).lower().replace("_", "-")] = m.group(2) or ""
+    return found
+
+
+def fresh_venv(venv: Path) -> Path:
+    """An empty venv (with pip, as `python -m venv` makes it) at `venv`, replacing what was there."""
+    shutil.rmtree(venv, ignore_errors=True)
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    return venv
+
+
+def venv_json(venv: Path, what: str, *args: str) -> Any:
+    """Run the venv's python with `args`; the JSON on its last output line, or VerifyError naming `what`."""
+    proc = subprocess.run([str(venv / "bin" / "python"), *args], capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        raise VerifyError(f"{what} failed in {venv}:\n{proc.stdout[-2000:]}{proc.stderr[-3000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def run_probe(venv: Path, what: str, name: str, *args: str) -> Any:
+    """verify/probes/NAME.py run by path with the venv's python; its JSON line."""
+    return venv_json(venv, what, probe(name), *args)
+
+
+def load_by_path(name: str, path: Path) -> Any:
+    """A stdlib-only module of this repository, by path: the verify session lacks what its package
+    needs around it (the audit's other readers need iced-x86; kt_kernel its compiled core)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot load {path}")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod  # dataclasses look their module up while the class is built
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def doctor(venv: Path, *options: str) -> dict[str, Any]:
+    """kt-doctor's JSON report of the venv (its console script, as a user runs it)."""
+    cmd = [str(venv / "bin" / "kt-doctor"), "--json", *options]
+    proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    if proc.returncode not in (0, 1):
+        raise VerifyError(f"kt-doctor failed in {venv} (exit {proc.returncode}):\n{proc.stderr[-2000:]}")
+    report: dict[str, Any] = json.loads(proc.stdout)
+    return report
