@@ -7,10 +7,11 @@ import datetime as _dt
 import re
 from pathlib import Path
 
+from .errors import StageError
 from .paths import VERSION_FILE
 
 
-class VersionFileError(Exception):
+class VersionFileError(StageError):
     """_version.py lacks a line this release needs; the message names the file and the line."""
 
 

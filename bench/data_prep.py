@@ -18,7 +18,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+from base import paths
+from base.errors import StageError, report
 from base.paths import ROOT
+
+from .errors import BenchError
 
 MAKE_TOKENIZER = ROOT / "tests" / "integration" / "scripts" / "make_chat_tokenizer.py"
 WORDS = (
@@ -73,7 +77,7 @@ def run(args: list[str]) -> tuple[float, str]:
     )
     seconds = time.perf_counter() - t0
     if proc.returncode != 0:
-        raise SystemExit(f"kt-prepare-data {' '.join(args)} failed:\n{proc.stderr[-3000:]}")
+        raise BenchError(f"kt-prepare-data {' '.join(args)} failed:\n{proc.stderr[-3000:]}")
     return seconds, proc.stdout.splitlines()[0]
 
 
@@ -85,13 +89,13 @@ def digest(out: Path) -> str:
     return h.hexdigest()
 
 
-def main(argv: list[str] | None = None) -> int:
+def _main(argv: list[str] | None) -> int:
     """Serial vs parallel preparation and verification; prints a table and writes --json."""
     p = argparse.ArgumentParser(prog="python -m bench.data_prep")
     p.add_argument("--examples", type=int, default=8000)
-    p.add_argument("--json", type=Path, default=ROOT / "build" / "bench-data-prep.json")
+    p.add_argument("--json", type=Path, default=paths.BENCH_JSON["data_prep"])
     args = p.parse_args(argv)
-    work = ROOT / "build" / "bench-data-prep"
+    work = paths.BENCH_SCRATCH[1]
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
     subprocess.run([sys.executable, str(MAKE_TOKENIZER), str(work / "tok")], check=True, capture_output=True)
@@ -129,6 +133,14 @@ def main(argv: list[str] | None = None) -> int:
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps({"examples": args.examples, "cores": cores, "rows": rows, "same": same}, indent=2))
     return 0 if same else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The CLI: errors a user can fix are one `error:` line and exit 1, never a traceback."""
+    try:
+        return _main(argv)
+    except StageError as exc:
+        return report(exc)
 
 
 if __name__ == "__main__":

@@ -28,11 +28,24 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from base import paths
+from base.errors import StageError, report
 from base.paths import ROOT
 
+from .errors import BenchError
+
 RUNTIME = ROOT / "kernel" / "python" / "kt_kernel" / "payload.py"
-MANIFEST_MEMBER = "sgl_kernel/_kt_payload.json"
 _CHUNK = 1 << 20
+
+
+def manifest_member() -> str:
+    """The payload manifest's member (`[payload] manifest_member` of the audit policy, its owner)."""
+    from audits.policy import load_policy
+
+    payload = load_policy().payload
+    if payload is None:
+        raise BenchError("the audit policy has no [payload] table; the release has no CUDA payload to measure")
+    return payload.manifest_member
 
 
 def _say(msg: str) -> None:
@@ -70,7 +83,7 @@ def installed_site(dist: Path, site: Path) -> tuple[Path, dict[str, Any]]:
     """A site directory as pip would leave it: each part carrier's part member and .dist-info."""
     (provider,) = dist.glob("sglang_kernel_kt-*.whl")
     with zipfile.ZipFile(provider) as zf:
-        manifest: dict[str, Any] = json.loads(zf.read(MANIFEST_MEMBER))
+        manifest: dict[str, Any] = json.loads(zf.read(manifest_member()))
     for part in manifest["parts"]:
         norm = part["distribution"].replace("-", "_")
         (wheel,) = dist.glob(f"{norm}-{part['version']}-*.whl")
@@ -85,7 +98,7 @@ def installed_site(dist: Path, site: Path) -> tuple[Path, dict[str, Any]]:
             f"Metadata-Version: 2.1\nName: {part['distribution']}\nVersion: {part['version']}\n"
         )
         (di / "RECORD").write_text(f"{part['member']},,\n")
-    path = site / MANIFEST_MEMBER
+    path = site / manifest_member()
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(manifest))
     return path, manifest
@@ -120,11 +133,8 @@ def ours(site: Path, manifest: Path, cache: Path) -> dict[str, Any]:
 
 
 def _sha_file(path: Path) -> str:
-    h = hashlib.sha256()
     with path.open("rb") as fh:
-        while chunk := fh.read(_CHUNK):
-            h.update(chunk)
-    return h.hexdigest()
+        return hashlib.file_digest(fh, "sha256").hexdigest()
 
 
 def reference_pack(files: Path, names: list[str], out: Path, parts: int) -> tuple[list[Path], str, dict[str, str]]:
@@ -160,13 +170,13 @@ def reference_materialize(parts: list[Path], digest: str, hashes: dict[str, str]
                 with p.open("rb") as src:
                     shutil.copyfileobj(src, out, _CHUNK)
         if _sha_file(tgz) != digest:
-            raise RuntimeError("reference archive hash mismatch")
+            raise BenchError("reference archive hash mismatch")
         dest = Path(tmp) / "x"
         with tarfile.open(tgz, "r:gz") as tar:
             tar.extractall(dest, filter="data")
         for n, h in hashes.items():
             if _sha_file(dest / n) != h:
-                raise RuntimeError(f"reference: {n} hash mismatch")
+                raise BenchError(f"reference: {n} hash mismatch")
         dest.rename(final)
 
 
@@ -174,7 +184,7 @@ def reference_warm(final: Path, hashes: dict[str, str]) -> None:
     """The gzip reference's warm path: every extracted file re-hashed against its manifest."""
     for n, h in hashes.items():
         if _sha_file(final / n) != h:
-            raise RuntimeError(f"reference: {n} hash mismatch")
+            raise BenchError(f"reference: {n} hash mismatch")
 
 
 def timed(fn: Callable[[], Any]) -> tuple[float, Any]:
@@ -200,7 +210,7 @@ def audit_numbers(dist: Path) -> dict[str, Any]:
 
 def assembly_numbers(kernel: Path) -> dict[str, Any]:
     """A cold and a warm assembly of the carriers around `kernel`, timed."""
-    cache = ROOT / "build" / "cache" / "payload"
+    cache = paths.CACHE / "payload"
     out: dict[str, Any] = {}
     with tempfile.TemporaryDirectory() as tmp:
         for label in ("cold", "warm"):
@@ -228,13 +238,13 @@ def assembly_numbers(kernel: Path) -> dict[str, Any]:
     return out
 
 
-def main(argv: list[str] | None = None) -> int:
+def _main(argv: list[str] | None) -> int:
     """`nox -s bench -- --only payload`: payload size, materialization and audit numbers."""
     p = argparse.ArgumentParser(prog="python -m bench.payload", description=__doc__.splitlines()[0])
-    p.add_argument("--dist", type=Path, default=ROOT / "dist")
-    p.add_argument("--kernel", type=Path, default=ROOT / "build" / "kt-kernel" / "out")
+    p.add_argument("--dist", type=Path, default=paths.DIST)
+    p.add_argument("--kernel", type=Path, default=paths.KERNEL_OUT)
     p.add_argument("--assembly", action="store_true", help="also time a cold and a warm assembly (minutes)")
-    p.add_argument("--json", type=Path, default=ROOT / "build" / "bench-payload.json")
+    p.add_argument("--json", type=Path, default=paths.BENCH_JSON["payload"])
     args = p.parse_args(argv)
     if not list(args.dist.glob("sglang_kernel_kt-*.whl")):
         print(f"error: {args.dist} holds no release with a CUDA payload; run nox -s build_all first", file=sys.stderr)
@@ -319,6 +329,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"assembly: cold {res['assembly']['cold_s']} s, warm {res['assembly']['warm_s']} s")
     print(f"wrote {args.json}")
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The CLI: errors a user can fix are one `error:` line and exit 1, never a traceback."""
+    try:
+        return _main(argv)
+    except (StageError, OSError) as exc:
+        return report(exc)
 
 
 if __name__ == "__main__":

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
-from .build import BundleError, build
+from base.errors import StageError, report
+
+from .build import build
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -20,9 +21,8 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     try:
         result = build(args.dist, args.profile, args.python, args.out, index_url=args.index_url)
-    except BundleError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
+    except StageError as exc:  # BundleError, and the carriers' root (a download that fails its hash)
+        return report(exc)
     print(f"bundle {args.out}: {result.files} files, {result.bytes / 2**20:.1f} MiB, every hash checked")
     print(f"install offline: {result.command}")
     return 0

@@ -20,13 +20,15 @@ from pathlib import Path
 
 from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
 
+from base.errors import StageError
 from carriers.inputs import MANYLINUX_2_34, download
 
 _PIN = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==(\S+)((?:\s*\\\n\s*--hash=sha256:[0-9a-f]{64})*)", re.MULTILINE)
 
 
-class BundleError(Exception):
-    """A bundle cannot be made; the message names the distribution, the Python and the fix."""
+class BundleError(StageError):
+    """A bundle cannot be made; the message names the distribution, the Python and the fix (the
+    bundle's error root)."""
 
 
 @dataclass(frozen=True)

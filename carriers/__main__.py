@@ -6,8 +6,10 @@ import argparse
 import sys
 from pathlib import Path
 
+from base.errors import StageError, report
+
 from . import assemble, consistency, model
-from .errors import CarrierError, InputError
+from .errors import InputError
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -34,9 +36,8 @@ def main(argv: list[str] | None = None) -> int:
             return 0 if args.dist is None else _check_dist(cs, args.dist)
         pythons = _partial(cs, args.partial)
         manifest = assemble.assemble(cs, assemble.kernel_from(args.kernel), args.dist, pythons=pythons)
-    except CarrierError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return exc.exit_code
+    except StageError as exc:  # carriers.CarrierError, and the locks' and base's roots below it
+        return report(exc)
     width = max(len(w["filename"]) for w in manifest["wheels"])
     for w in manifest["wheels"]:
         print(f"{w['filename']:<{width}}  {w['size'] / 2**20:8.2f} MiB  {w['sha256'][:16]}  {w['kind']}")

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
+from base.errors import StageError
 
-class CarrierError(Exception):
+
+class CarrierError(StageError):
     """Assembly cannot go on; the message names the file, the problem and the fix."""
-
-    exit_code = 1
 
 
 class DefinitionError(CarrierError):

@@ -37,15 +37,24 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from base import paths
 from base.paths import ROOT
+
+from .errors import MaintError
 
 WORKFLOW = ROOT / ".github" / "workflows" / "release.yml"
 KNOWN_ACTIONS = ("actions/checkout", "actions/setup-python", "actions/upload-artifact", "actions/download-artifact")
 HOST_PYTHON = f"cp{sys.version_info.major}{sys.version_info.minor}"
 
 
-class WorkflowError(Exception):
-    """The workflow uses something this runner cannot run or replace; nothing has run."""
+class WorkflowError(MaintError):
+    """The workflow uses something this runner cannot run or replace; nothing has run (exit 2)."""
+
+    exit_code = 2
+
+
+class JobFailed(MaintError):
+    """A job's step failed (the job is reported failed; the run goes on with what does not need it)."""
 
 
 # --- expressions: the ${{ }} subset the workflow uses, evaluated on a whitelisted Python AST --------------
@@ -270,13 +279,13 @@ def upload(job_dir: Path, spec: Mapping[str, Any], artifacts: Path) -> str:
     for m in matches:
         files += sorted(p for p in m.rglob("*") if p.is_file()) if m.is_dir() else ([m] if m.is_file() else [])
     if not files and spec.get("if-no-files-found", "warn") == "error":
-        raise RuntimeError(f"upload-artifact {name}: no files match {pattern}")
+        raise JobFailed(f"upload-artifact {name}: no files match {pattern}")
     # GitHub stores paths relative to the least common ancestor of the matched paths
     roots = [m if m.is_dir() else m.parent for m in matches if m.exists()]
     base = Path(os.path.commonpath([str(r) for r in roots])) if roots else job_dir
     dest = artifacts / name
     if dest.exists():
-        raise RuntimeError(f"upload-artifact: an artifact named {name} already exists (v4 artifacts are immutable)")
+        raise JobFailed(f"upload-artifact: an artifact named {name} already exists (v4 artifacts are immutable)")
     _copy_into(files, base, dest)
     return f"uploaded {len(files)} file(s) as {name}"
 
@@ -287,12 +296,12 @@ def download(job_dir: Path, spec: Mapping[str, Any], artifacts: Path) -> str:
     if spec.get("name"):
         chosen = [artifacts / str(spec["name"])]
         if not chosen[0].is_dir():
-            raise RuntimeError(f"download-artifact: no artifact named {spec['name']}")
+            raise JobFailed(f"download-artifact: no artifact named {spec['name']}")
     else:
         pattern = str(spec.get("pattern", "*"))
         chosen = sorted(p for p in artifacts.glob(pattern) if p.is_dir())
         if not chosen:
-            raise RuntimeError(f"download-artifact: no artifact matches {pattern}")
+            raise JobFailed(f"download-artifact: no artifact matches {pattern}")
     merge = bool(spec.get("name")) or bool(spec.get("merge-multiple"))
     for a in chosen:
         _copy_into(sorted(p for p in a.rglob("*") if p.is_file()), a, dest if merge else dest / a.name)
@@ -327,7 +336,7 @@ def replace_run(script: str, env: Mapping[str, str], local: Local) -> tuple[str,
     m = re.search(r"nox -s publish -- .*", script)
     if m:
         if not local.index_url:
-            raise RuntimeError("a publish job runs, but no local index was started")
+            raise JobFailed("a publish job runs, but no local index was started")
         notes.append(
             f"publishing to the local index {local.index_url} instead of {m.group(0).split()[5]}; "
             "attestations off (they need the CI's OIDC identity)"
@@ -392,7 +401,7 @@ def run_job(run: JobRun, context: Mapping[str, Any], work: Path, repo: Path, loc
             want = with_.get("python-version", "")
             have = f"{sys.version_info.major}.{sys.version_info.minor}"
             if want != have:
-                raise RuntimeError(f"setup-python {want}: this host runs Python {have} only")
+                raise JobFailed(f"setup-python {want}: this host runs Python {have} only")
             venv = work / "python" / job_dir.name
             shutil.rmtree(venv, ignore_errors=True)
             subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
@@ -410,7 +419,7 @@ def run_job(run: JobRun, context: Mapping[str, Any], work: Path, repo: Path, loc
                 run.notes.append(n)
             proc = subprocess.run(["bash", "-eo", "pipefail", "-c", script], cwd=cwd, env=step_env, check=False)
             if proc.returncode != 0:
-                raise RuntimeError(f"step {i} ({label}) exited {proc.returncode}")
+                raise JobFailed(f"step {i} ({label}) exited {proc.returncode}")
             what = "ok"
         _say(f"{run.key}: step {i} {label}: {what} ({time.perf_counter() - t0:.1f}s)")
 
@@ -497,7 +506,7 @@ def execute(
             try:
                 run_job(r, context, work, repo, local, commit)
                 r.status = "success"
-            except (RuntimeError, OSError, subprocess.CalledProcessError) as exc:
+            except (JobFailed, OSError, subprocess.CalledProcessError) as exc:
                 r.status, r.reason = "failure", str(exc)
                 _say(f"{r.key}: FAILED: {exc}")
             r.seconds = round(time.perf_counter() - t0, 1)
@@ -513,7 +522,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--event", default="push", choices=["push", "pull_request", "workflow_dispatch"])
     p.add_argument("--ref", default="refs/heads/main", help="github.ref, e.g. refs/tags/v0.6.1")
     p.add_argument("--input", action="append", default=[], metavar="KEY=VALUE", help="workflow_dispatch input")
-    p.add_argument("--work", type=Path, default=ROOT / "build" / "ci-local")
+    p.add_argument("--work", type=Path, default=paths.CI_LOCAL)
     p.add_argument("--plan", action="store_true", help="print which jobs would run, run nothing")
     p.add_argument(
         "--only",

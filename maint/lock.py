@@ -19,6 +19,7 @@ from pathlib import Path
 
 from packaging.utils import canonicalize_name
 
+from base.errors import StageError, report
 from base.paths import DIST, LOCK_WORK, ROOT
 from carriers.graph import closure
 from carriers.model import load as load_carriers
@@ -241,9 +242,8 @@ def main(argv: list[str] | None = None) -> int:
             return 1 if problems else 0
         for n in todo:
             generate(n)
-    except LockError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
+    except StageError as exc:  # LockError, and the carriers' root (no dist/ to take the closure from)
+        return report(exc)
     return 0
 
 

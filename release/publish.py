@@ -20,19 +20,21 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
+from dataclasses import dataclass
 from pathlib import Path
 
 from packaging.utils import canonicalize_name, parse_wheel_filename
 
-from base.paths import ROOT
+from base.errors import StageError, report
+from base.paths import DIST
 from carriers import wheelio
 from carriers.graph import Graph
 
+from .errors import ReleaseError
 
-class PublishError(Exception):
+
+class PublishError(ReleaseError):
     """Publishing stopped; the message names the file and why."""
-
-    pass
 
 
 def upload_order(dist: Path, files: list[str]) -> list[str]:
@@ -46,6 +48,19 @@ def upload_order(dist: Path, files: list[str]) -> list[str]:
     return [f for n in graph.upload_order() for f in by_name[n]]
 
 
+# PEP 691: ask for the JSON simple API (PyPI, TestPyPI serve it, with every file's hashes); an index
+# that serves only PEP 503 HTML (pypiserver) answers with HTML, whose links carry #sha256= fragments.
+ACCEPT = "application/vnd.pypi.simple.v1+json, text/html;q=0.01"
+
+
+@dataclass(frozen=True)
+class Served:
+    """One file an index serves: where, and the sha256 it states (None if it states none)."""
+
+    url: str
+    sha256: str | None
+
+
 class _Links(html.parser.HTMLParser):
     def __init__(self) -> None:
         super().__init__()
@@ -57,27 +72,50 @@ class _Links(html.parser.HTMLParser):
             self.links[urllib.parse.unquote(href.split("#")[0].rsplit("/", 1)[-1])] = href
 
 
-def index_files(index_url: str, project: str) -> dict[str, str]:
-    """filename -> absolute URL, from the PEP 503 simple page (empty if the project is absent)."""
-    url = f"{index_url.rstrip('/')}/{canonicalize_name(project)}/"
+def _from_html(url: str, page: str) -> dict[str, Served]:
+    parser = _Links()
+    parser.feed(page)
+    out = {}
+    for name, href in parser.links.items():
+        fragment = urllib.parse.urldefrag(href).fragment
+        algo, _, value = fragment.partition("=")
+        out[name] = Served(
+            urllib.parse.urljoin(url, urllib.parse.urldefrag(href).url), value if algo == "sha256" else None
+        )
+    return out
+
+
+def _from_json(url: str, page: str) -> dict[str, Served]:
     try:
-        with urllib.request.urlopen(url, timeout=30) as resp:  # noqa: S310 - the operator's index URL
+        files = json.loads(page)["files"]
+        return {
+            f["filename"]: Served(urllib.parse.urljoin(url, f["url"]), f.get("hashes", {}).get("sha256")) for f in files
+        }
+    except (ValueError, KeyError, TypeError) as exc:
+        raise PublishError(f"{url}: not a PEP 691 project page ({exc})") from None
+
+
+def index_files(index_url: str, project: str) -> dict[str, Served]:
+    """filename -> where the index serves it and the sha256 it states (empty if the project is absent)."""
+    url = f"{index_url.rstrip('/')}/{canonicalize_name(project)}/"
+    request = urllib.request.Request(url, headers={"Accept": ACCEPT})  # noqa: S310 - the operator's index URL
+    try:
+        with urllib.request.urlopen(request, timeout=30) as resp:  # noqa: S310
             page = resp.read().decode()
+            kind = resp.headers.get_content_type()
     except urllib.error.HTTPError as exc:
         if exc.code == 404:
             return {}
         raise PublishError(f"{url}: HTTP {exc.code}") from None
     except urllib.error.URLError as exc:
         raise PublishError(f"cannot reach the index {url}: {exc.reason}") from None
-    parser = _Links()
-    parser.feed(page)
-    return {name: urllib.parse.urljoin(url, href) for name, href in parser.links.items()}
+    return _from_json(url, page) if kind == "application/vnd.pypi.simple.v1+json" else _from_html(url, page)
 
 
 def remote_sha256(url: str) -> str:
-    """The sha256 the index serves for a file (from its simple page), or None."""
+    """The sha256 of the bytes the index serves at `url` (downloaded)."""
     with urllib.request.urlopen(url, timeout=120) as resp:  # noqa: S310
-        return hashlib.sha256(resp.read()).hexdigest()
+        return hashlib.file_digest(resp, "sha256").hexdigest()
 
 
 def publish(
@@ -87,7 +125,8 @@ def publish(
     manifest = json.loads((dist / "manifest.json").read_text())
     sums = {w["filename"]: w["sha256"] for w in manifest["wheels"]}
     for fname, digest in sums.items():
-        actual = hashlib.sha256((dist / fname).read_bytes()).hexdigest()
+        with (dist / fname).open("rb") as fh:
+            actual = hashlib.file_digest(fh, "sha256").hexdigest()
         if actual != digest:
             raise PublishError(f"{dist / fname}: sha256 {actual} is not the manifest's {digest}; rebuild dist/")
     done: list[tuple[str, str]] = []
@@ -95,7 +134,7 @@ def publish(
         project = parse_wheel_filename(fname)[0]
         listed = index_files(index_url, project)
         if fname in listed:
-            served = remote_sha256(listed[fname])
+            served = listed[fname].sha256 or remote_sha256(listed[fname].url)
             if served != sums[fname]:
                 raise PublishError(
                     f"{fname} is already on {index_url} with different content (sha256 {served}, ours "
@@ -138,8 +177,8 @@ def publish(
             if time.monotonic() > deadline:
                 raise PublishError(f"{fname} was uploaded but {index_url} does not serve it after {wait_s:.0f}s")
             time.sleep(1.0)
-        served = remote_sha256(listed[fname])
-        if served != sums[fname]:
+        served = remote_sha256(listed[fname].url)  # the bytes themselves, not only what the page states
+        if served != sums[fname] or listed[fname].sha256 not in (None, served):
             raise PublishError(f"{index_url} serves {fname} with sha256 {served}, not the uploaded {sums[fname]}")
         done.append((fname, "uploaded, verified"))
     return done
@@ -149,8 +188,8 @@ def main(argv: list[str] | None = None) -> int:
     """The publish CLI."""
     p = argparse.ArgumentParser(prog="nox -s publish --")
     p.add_argument("--repository-url", required=True, help="upload endpoint (twine --repository-url)")
-    p.add_argument("--index-url", help="PEP 503 simple index serving it (default: <repository-url>/simple/)")
-    p.add_argument("--dist", type=Path, default=ROOT / "dist")
+    p.add_argument("--index-url", help="its simple index, PEP 691 or 503 (default: <repository-url>/simple/)")
+    p.add_argument("--dist", type=Path, default=DIST)
     p.add_argument("--wait", type=float, default=120.0, help="seconds to wait for an upload to be served")
     p.add_argument("--attestations", action="store_true", help="upload PEP 740 attestations (twine --attestations)")
     args = p.parse_args(argv)
@@ -161,9 +200,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for fname, what in publish(args.dist, args.repository_url, index, args.wait, extra):
             print(f"{fname}: {what}")
-    except PublishError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
+    except StageError as exc:  # PublishError, and the carriers' root (unreadable wheel metadata)
+        return report(exc)
     return 0
 
 

@@ -18,11 +18,17 @@ import zipfile
 from pathlib import Path
 from typing import Any
 
+from packaging.utils import parse_wheel_filename
+
+from audits.errors import AuditError
+from audits.policy import load_policy
 from audits.report import printable
 from base import progress
-from base.paths import ROOT
+from base.errors import StageError, report
+from base.paths import DIST, ROOT, TIMINGS, VERIFY_JSON
 from base.version import VersionFileError, release_date
 from carriers.consistency import torch_summary
+from carriers.model import PART_DIR
 
 
 def _e(value: object) -> str:
@@ -47,7 +53,7 @@ def kernel_breakdown(dist: Path, manifest: dict[str, Any]) -> dict[str, int]:
                 "CPU variants"
                 if "/cpu/" in i.filename
                 else "CUDA payload"
-                if "cuda_archive" in i.filename or "/_kt_payload/" in i.filename
+                if "cuda_archive" in i.filename or f"/{PART_DIR}/" in i.filename
                 else "baseline core"
                 if "_core." in i.filename
                 else "other"
@@ -130,9 +136,9 @@ def render_html(
     errors: dict[str, int] = {w["filename"]: w["errors"] for w in audit.get("wheels", [])}
     passed = bool(audit.get("passed")) and all(not r.get("error") for r in verify.values())
     verdict = "PASSED" if passed else "FAILED" if audit else "NOT AUDITED"
-    budget = 100 << 20
+    budget = load_policy().wheel_budget_bytes  # the audit policy owns it ([size] wheel_budget_mib)
     parts = {p["distribution"]: p["size"] for p in (manifest.get("payload") or {}).get("parts", [])}
-    old = {w["filename"].split("-")[0]: w["size"] for w in (baseline or {}).get("wheels", [])}
+    old = {parse_wheel_filename(w["filename"])[0]: w["size"] for w in (baseline or {}).get("wheels", [])}
     out = [
         f"<!doctype html><html lang=en><meta charset=utf-8><title>KT release {e(manifest['kt_version'])}</title>",
         f"<style>{CSS}</style><body>",
@@ -155,7 +161,7 @@ def render_html(
     for w in manifest["wheels"]:
         v = "pass" if errors.get(w["filename"]) == 0 else "FAIL" if w["filename"] in errors else "not audited"
         share = w["size"] / budget
-        prev = old.get(w["filename"].split("-")[0])
+        prev = old.get(parse_wheel_filename(w["filename"])[0])
         change = f"{100 * (w['size'] - prev) / prev:+.1f}%" if prev else "new" if baseline else ""
         part = f"{parts[w['name']] / 2**20:.1f} MiB" if w["name"] in parts else ""
         over = " over" if share > 1 else ""
@@ -280,13 +286,13 @@ def release_timings(directory: Path) -> list[tuple[str, float]]:
     return rows
 
 
-def main(argv: list[str] | None = None) -> int:
+def _main(argv: list[str] | None) -> int:
     """Write dist/release-report.{html,md} and print the one-screen summary; 1 unless the audit passed."""
     p = argparse.ArgumentParser(prog="nox -s release_report --")
-    p.add_argument("--dist", type=Path, default=ROOT / "dist")
-    p.add_argument("--verify", type=Path, default=ROOT / "build" / "verify.json")
+    p.add_argument("--dist", type=Path, default=DIST)
+    p.add_argument("--verify", type=Path, default=VERIFY_JSON)
     p.add_argument("--baseline", type=Path, help="a previous release's manifest.json, for the size change per wheel")
-    p.add_argument("--timings", type=Path, default=ROOT / "build" / "timings", help=argparse.SUPPRESS)
+    p.add_argument("--timings", type=Path, default=TIMINGS, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     manifest = _load(args.dist / "manifest.json")
     if manifest is None:
@@ -356,6 +362,14 @@ def main(argv: list[str] | None = None) -> int:
         print("\n" + progress.table(timings, "this release's stages"))
     print(f"\nreport: {args.dist / 'release-report.html'}")
     return 0 if audit.get("passed") else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The CLI: errors a user can fix are one `error:` line and exit 1, never a traceback."""
+    try:
+        return _main(argv)
+    except (StageError, AuditError, OSError, ValueError) as exc:
+        return report(exc)
 
 
 if __name__ == "__main__":

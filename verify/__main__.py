@@ -8,19 +8,18 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from base.errors import StageError, report
 from base.paths import DIST, VERIFY_WORK
-from carriers.errors import CarrierError
 
 from . import lf
 from .serve import verify_serve
 from .sft import verify_sft_cpu
-from .venv import VerifyError, sums
+from .venv import sums
 
 RUN: dict[str, Callable[[Path, Path], dict[str, Any]]] = {
     "sft-cpu": verify_sft_cpu,
@@ -46,9 +45,8 @@ def main(argv: list[str] | None = None) -> int:
             results[prof] = RUN[prof](args.dist, args.work)
             results[prof]["elapsed_s"] = round(time.perf_counter() - t0, 1)
             print(f"{prof}: ok ({results[prof]['elapsed_s']}s) {json.dumps(results[prof])}")
-    except (VerifyError, CarrierError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
+    except StageError as exc:  # VerifyError, and the carriers', locks' and base's roots below it
+        return report(exc)
     if args.json:
         args.json.write_text(json.dumps(results, indent=2) + "\n")
     return 0

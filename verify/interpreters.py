@@ -14,14 +14,16 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
 from packaging.utils import canonicalize_name
 
-from base.paths import ROOT
+from base import paths
+from base.errors import StageError, report
+
+from .venv import VerifyError
 
 SUITES = {"3.13": "trixie"}  # CPython -> the Debian suite whose python3 it is
 MIRROR = "http://deb.debian.org/debian"
@@ -31,7 +33,7 @@ THIRD_PARTY = ("numpy", "zstandard")
 BOUND = 0.03  # the kernel quantizes activations to int8; against an fp64 reference of the same weights
 
 
-class InterpreterError(Exception):
+class InterpreterError(VerifyError):
     """The release is broken on that Python, or the check itself failed; the message says which and why."""
 
 
@@ -143,9 +145,9 @@ def run(dist: Path, python: str, cache: Path) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     """python -m verify.interpreters --dist dist [--python 3.13] [--json F]."""
     p = argparse.ArgumentParser(prog="python -m verify.interpreters")
-    p.add_argument("--dist", type=Path, default=ROOT / "dist")
+    p.add_argument("--dist", type=Path, default=paths.DIST)
     p.add_argument("--python", action="append", default=[], metavar="3.N", help=f"default: {sorted(SUITES)}")
-    p.add_argument("--cache", type=Path, default=ROOT / "build" / "cache")
+    p.add_argument("--cache", type=Path, default=paths.CACHE)
     p.add_argument("--json", type=Path)
     args = p.parse_args(argv)
     results: dict[str, Any] = {}
@@ -163,9 +165,8 @@ def main(argv: list[str] | None = None) -> int:
                 f"{r['moe_max_rel_error']:.2e} of numpy; sglang-kt {r['sglang_kt_tags'][0]}; {r['payload_verify']} "
                 f"({r['seconds']:.0f}s)"
             )
-    except (InterpreterError, OSError, ValueError, KeyError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
+    except (StageError, OSError, ValueError, KeyError) as exc:
+        return report(exc)
     if args.json:
         args.json.write_text(json.dumps(results, indent=2) + "\n")
     return 0

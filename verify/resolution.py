@@ -29,7 +29,10 @@ from packaging.utils import canonicalize_name
 from packaging.version import Version
 
 from base import progress
+from base.errors import StageError, report
 from carriers.inputs import MANYLINUX_2_34, target_args
+
+from .venv import VerifyError
 
 PUBLIC = "https://pypi.org/simple"
 UPSTREAMS = ("transformers", "accelerate", "sglang", "sglang-kernel", "peft", "trl", "llamafactory")
@@ -37,7 +40,7 @@ HERE = f"{sys.version_info.major}.{sys.version_info.minor}"  # the CPython pip r
 _PIN = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==(\S+)", re.MULTILINE)
 
 
-class ResolutionError(Exception):
+class ResolutionError(VerifyError):
     """The check could not run (no index, pip failed); the message says why."""
 
 
@@ -238,9 +241,8 @@ def main(argv: list[str] | None = None) -> int:
                         print(f"  error: {problem}", file=sys.stderr)
                     for note in r.drift:
                         print(f"  warning: {note} (newer since the lock; `nox -s lock` ships it)", file=sys.stderr)
-    except (ResolutionError, OSError, KeyError, ValueError) as exc:  # ValueError: a corrupt manifest.json
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
+    except (StageError, OSError, KeyError, ValueError) as exc:  # ValueError: a corrupt manifest.json
+        return report(exc)
     if args.json:
         args.json.write_text(json.dumps([r.as_dict() for r in results], indent=2) + "\n")
     return 1 if any(r.problems for r in results) else 0

@@ -18,15 +18,14 @@ from packaging.tags import sys_tags
 from packaging.utils import parse_wheel_filename
 
 from base import progress
+from base.errors import StageError
 from locks import indexes
 
 PROBES = Path(__file__).resolve().parent / "probes"
 
 
-class VerifyError(Exception):
-    """An install verification failed; the message says what and where."""
-
-    exit_code = 1
+class VerifyError(StageError):
+    """An install verification failed; the message says what and where (the verify stages' root)."""
 
 
 def probe(name: str) -> str:
