@@ -21,60 +21,6 @@ DEFAULT_POLICY = POLICY_DIR / "default.toml"
 # Built-in policies selected by name (--policy third-party): ours, and one for any wheel.
 BUILTIN = {"default": DEFAULT_POLICY, "third-party": POLICY_DIR / "third-party.toml"}
 
-_SCHEMA: dict[str, Any] = {
-    "schema_version": None,
-    "extends": None,
-    "limits": {
-        "member_max_mib": None,
-        "ratio_max": None,
-        "ratio_min_mib": None,
-        "archive_max_mib": None,
-        "memory_max_mib": None,
-    },
-    "severity": None,
-    "size": {"wheel_budget_mib": None, "growth_threshold_pct": None},
-    "wheel": {"top_level_forbidden": None},
-    "elf": {
-        "forbidden_needed": None,
-        "external": None,
-        "always_external": None,
-        "exports": {"allowed": None, "applies_to": None},
-    },
-    "isa": {
-        "ladder": None,
-        "variant_member": None,
-        "loader_members": None,
-        "baseline": None,
-        "loader_guarded": None,
-        "implies": None,
-    },
-    "cuda": {"libraries": None, "payload_member": None, "min_driver_ptx_isa": None, "kernels": None},
-    "payload": {
-        "manifest_member": None,
-        "include": None,
-        "min_mib": None,
-        "kt_cuda_root": None,
-        "headroom_mib": None,
-        "zstd_level": None,
-        "zstd_window_log": None,
-        "targets": None,
-        "coverage": None,
-    },
-    "waivers": None,
-    "installed_collision": None,  # read by verify/owners.py
-}
-
-
-def _check_keys(data: Mapping[str, Any], schema: Mapping[str, Any], where: str, source: Path) -> None:
-    for key, value in data.items():
-        if key not in schema:
-            close = difflib.get_close_matches(key, list(schema), n=1)
-            hint = f"; did you mean {close[0]!r}?" if close else f"; known keys: {', '.join(schema)}"
-            raise PolicyError(f"{source}: unknown key {where}{key!r}{hint}")
-        sub = schema[key]
-        if isinstance(sub, dict) and isinstance(value, dict):
-            _check_keys(value, sub, f"{where}{key}.", source)
-
 
 @dataclass(frozen=True)
 class ForbiddenNeeded:
@@ -264,6 +210,8 @@ class Policy:
     limits: Limits = field(default_factory=Limits)
     severities: tuple[SeverityRule, ...] = ()
     name: str = "default"  # the policy file's stem (default, third-party, or the user's file)
+    # path -> the distributions accepted to install it both (verify_install's path owners)
+    installed_collisions: Mapping[str, frozenset[str]] = field(default_factory=dict)
 
 
 def _closure(features: frozenset[str], implies: Mapping[str, list[str]]) -> frozenset[str]:
@@ -296,12 +244,39 @@ def _waiver(entry: dict[str, Any], source: Path) -> Waiver:
 SCHEMA_FILE = Path(__file__).resolve().parent / "policy" / "schema.json"
 
 
+def _validator() -> Any:
+    import jsonschema
+
+    return jsonschema.Draft202012Validator(json.loads(SCHEMA_FILE.read_text()))
+
+
+def unknown_keys(validator: Any, data: Mapping[str, Any]) -> list[str]:
+    """One line per key the schema does not allow (its additionalProperties: false), each with the
+    closest key it does allow: the schema is the one owner of the policy's keys."""
+    out = []
+    for e in sorted(validator.iter_errors(data), key=lambda e: [str(x) for x in e.absolute_path]):
+        if e.validator != "additionalProperties" or e.validator_value is not False or not isinstance(e.instance, dict):
+            continue
+        known = sorted(e.schema.get("properties", {}))
+        where = "".join(f"{x}." for x in e.absolute_path)
+        for key in sorted(set(e.instance) - set(known)):
+            close = difflib.get_close_matches(key, known, n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else f"; known keys: {', '.join(known)}"
+            out.append(f"unknown key {where}{key!r}{hint}")
+    return out
+
+
+def _check_keys(data: Mapping[str, Any], source: Path) -> None:
+    """Every key of one policy file (before `extends` merges it) is one the schema names."""
+    problems = unknown_keys(_validator(), data)
+    if problems:
+        raise PolicyError(f"{source}: " + f"\n{source}: ".join(problems))
+
+
 def _check_types(data: Mapping[str, Any], source: Path) -> None:
     """Every value has the type audits/policy/schema.json gives it: a string where a list belongs
     would otherwise be read as a set of characters and silently disable a rule."""
-    import jsonschema
-
-    validator = jsonschema.Draft202012Validator(json.loads(SCHEMA_FILE.read_text()))
+    validator = _validator()
     errors = sorted(validator.iter_errors(data), key=lambda e: [str(x) for x in e.absolute_path])
     if errors:
         lines = [f"{'.'.join(str(x) for x in e.absolute_path) or '(top)'}: {e.message}" for e in errors[:5]]
@@ -324,7 +299,7 @@ def _read_toml(path: Path, chain: tuple[Path, ...] = ()) -> dict[str, Any]:
         data = tomllib.loads(path.read_text())
     except (OSError, tomllib.TOMLDecodeError) as exc:
         raise PolicyError(f"{path}: cannot read policy: {exc}") from exc
-    _check_keys(data, _SCHEMA, "", path)
+    _check_keys(data, path)
     base = data.pop("extends", None)
     if base is None:
         return data
@@ -413,6 +388,7 @@ def load_policy(path: Path | str | None = None) -> Policy:
             ),
             always_external=frozenset(_str_list(elf.get("always_external", []), "elf.always_external", path)),
             top_level_forbidden=frozenset(data.get("wheel", {}).get("top_level_forbidden", [])),
+            installed_collisions={c["path"]: frozenset(c["between"]) for c in data.get("installed_collision", [])},
             exports_allowed=tuple(elf["exports"]["allowed"]),
             exports_applies_to=frozenset(elf["exports"]["applies_to"]),
             variants=tuple(variants),

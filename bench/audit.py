@@ -17,6 +17,7 @@ import zipfile
 from pathlib import Path
 from typing import Any
 
+from base import paths
 from base.paths import ROOT
 from locks import indexes
 
@@ -54,10 +55,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--wheel",
         type=Path,
-        default=(local or ROOT / "build" / "cache" / "corpus") / TORCH,
+        default=(local or paths.CACHE / "corpus") / TORCH,
         help="the wheel to measure (default: the torch CPU wheel from the local mirror or the corpus cache)",
     )
-    p.add_argument("--json", type=Path, default=ROOT / "build" / "bench-audit.json")
+    p.add_argument("--json", type=Path, default=paths.BENCH_JSON["audit"])
     args = p.parse_args(argv)
     if not args.wheel.is_file():
         print(f"error: {args.wheel} not found; pass --wheel with a large wheel to measure", file=sys.stderr)

@@ -25,7 +25,10 @@ import time
 from pathlib import Path
 from typing import Any, Literal, cast
 
+from base import paths
 from base.paths import ROOT
+
+from .timing import median_seconds
 
 HIDDEN, INTER, EXPERTS, TOPK = 2048, 768, 64, 8
 DECODE_TOKENS = (1, 2, 4, 8)
@@ -34,15 +37,7 @@ ROUTINGS = 16
 
 
 def _timeit(fn: Any, min_time: float = 0.6, min_reps: int = 5) -> float:
-    """Median seconds per call after one warm-up."""
-    fn()
-    times: list[float] = []
-    start = time.perf_counter()
-    while len(times) < min_reps or time.perf_counter() - start < min_time:
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+    return median_seconds(fn, min_reps=min_reps, min_time=min_time)
 
 
 class ReadProbe:
@@ -197,7 +192,7 @@ def core_call_cost() -> dict[str, float]:
 def build_times() -> dict[str, Any]:
     """Cold build (no ccache, empty build dir) and rebuild after touching one variant source."""
     env = dict(os.environ, CCACHE_DISABLE="1")
-    work = ROOT / "build" / "bench-build"
+    work = paths.BENCH_SCRATCH[0]
     build_dir = ROOT / "kernel" / "build"
     cold_dir = list(build_dir.glob("*-all")) if build_dir.exists() else []
     for d in cold_dir:
@@ -227,7 +222,7 @@ def build_times() -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     """`nox -s bench` (kernel part): every usable variant in its own process, then build times."""
     p = argparse.ArgumentParser(prog="nox -s bench --")
-    p.add_argument("--json", type=Path, default=ROOT / "build" / "bench.json")
+    p.add_argument("--json", type=Path, default=paths.BENCH_JSON["kernel"])
     p.add_argument("--no-build-times", action="store_true")
     p.add_argument("--worker", nargs=3, metavar=("VARIANT", "FMT", "GROUP"), help=argparse.SUPPRESS)
     args = p.parse_args(argv)

@@ -9,28 +9,23 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
+from base import paths
 from base.paths import ROOT
+
+from .timing import median_seconds
 
 HIDDEN, INTER, EXPERTS, TOPK, RANK = 2048, 768, 64, 8, 8
 TOKENS = (256, 1024)
 
 
 def _timeit(fn: Any, reps: int = 3) -> float:
-    """Median seconds per call after one warm-up."""
-    fn()
-    times = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+    return median_seconds(fn, min_reps=reps)
 
 
 def worker(fmt: str, tokens: int, tp: int) -> dict[str, Any]:
@@ -121,7 +116,7 @@ def line(variant: str, r: dict[str, Any], rows: list[dict[str, Any]]) -> str:
 def main(argv: list[str] | None = None) -> int:
     """`nox -s bench -- --only sft`: every usable variant in its own process."""
     p = argparse.ArgumentParser(prog="python -m bench.sft")
-    p.add_argument("--json", type=Path, default=ROOT / "build" / "bench-sft.json")
+    p.add_argument("--json", type=Path, default=paths.BENCH_JSON["sft"])
     p.add_argument("--formats", nargs="+", default=["int8", "rawint4"])
     p.add_argument("--worker", nargs=3, metavar=("FMT", "TOKENS", "TP"), help=argparse.SUPPRESS)
     args = p.parse_args(argv)

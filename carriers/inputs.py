@@ -16,15 +16,14 @@ from pathlib import Path
 from packaging.utils import canonicalize_name, parse_wheel_filename
 from packaging.version import Version
 
-from base import progress
-from base.paths import ROOT
+from base import paths, progress
 from locks.read import parse_lock
 
 from . import proc
 from .errors import InputError
 from .model import Source
 
-LOCK = ROOT / "lockfiles" / "carrier-inputs.txt"
+LOCK = paths.LOCKFILES / "carrier-inputs.txt"
 CACHE_ENV = "KT_RELEASE_CACHE"
 # Platforms an input wheel may carry (pip matches --platform exactly, so list them).
 PLATFORMS = ("manylinux_2_34_x86_64", "manylinux_2_28_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64")
@@ -41,17 +40,14 @@ class Input:
 
 
 def sha256(path: Path) -> str:
-    """The hex sha256 of a file, read in chunks."""
-    h = hashlib.sha256()
+    """The hex sha256 of a file (hashlib reads it in chunks)."""
     with path.open("rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
+        return hashlib.file_digest(fh, "sha256").hexdigest()
 
 
 def default_cache() -> Path:
     """Where downloaded inputs are kept (KT_RELEASE_CACHE, else build/cache/inputs)."""
-    return Path(os.environ.get(CACHE_ENV) or ROOT / "build" / "cache" / "inputs")
+    return Path(os.environ.get(CACHE_ENV) or paths.CACHE / "inputs")
 
 
 def locked_pins(lock: Path = LOCK) -> dict[str, tuple[str, tuple[str, ...]]]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import difflib
+import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,28 +20,16 @@ from .errors import DefinitionError
 
 DEFINITIONS = Path(__file__).resolve().parent / "carriers.toml"
 Kind = Literal["native", "umbrella", "fork", "repack"]
-_KEYS = {
-    "native": {"kind", "version", "payload_part"},
-    "umbrella": {"kind", "version", "summary", "requires", "requires_python", "extras", "payload_part"},
-    "fork": {
-        "kind",
-        "upstream",
-        "version",
-        "post",
-        "source",
-        "payload_part",
-        "payload",
-        "dist_alias",
-        "requires",
-        "pin_forks",
-        "requires_edit",
-        "requires_extra",
-    },
-    "repack": {"kind", "upstream", "version"},
-}
+# Every key of carriers.toml and its value's type: the schema is their one owner.
+SCHEMA_FILE = Path(__file__).resolve().parent / "schemas" / "carriers.schema.json"
+SCHEMA: dict[str, Any] = json.loads(SCHEMA_FILE.read_text())
+KINDS: tuple[str, ...] = tuple(SCHEMA["$defs"]["carrier"]["properties"]["kind"]["enum"])
 # `payload = "manifest"`: this fork provides the package the lazy CUDA archive serves and holds
 # its manifest; `payload_part = N`: this carrier's wheel holds part N of the archive.
 PAYLOAD_ROLES = {"manifest"}
+# The folder of a part carrier's import package that holds its payload part (the packer writes it,
+# the release report reads it; the audit's own copy is pinned by tests/unit/test_one_owner.py).
+PART_DIR = "_kt_payload"
 # `dist_alias = true`: this fork ships carriers/alias/ (a .pth and its module), by which every renamed
 # distribution answers importlib.metadata lookups by its upstream name. One fork hosts it: the one
 # every environment holding a renamed distribution has (transformers-kt).
@@ -86,7 +75,7 @@ class Carrier:
 
 
 # The release's keys above the carrier tables (carriers.toml's top level).
-RELEASE_KEYS = {"pythons"}
+RELEASE_KEYS = set(SCHEMA["properties"])  # the release-wide keys beside the carrier tables
 
 
 @dataclass(frozen=True)
@@ -132,6 +121,21 @@ def _hint(word: str, choices: set[str]) -> str:
     return f"; did you mean {close[0]!r}?" if close else f"; known keys: {', '.join(sorted(choices))}"
 
 
+def _unknown_keys(errors: list[Any], path: Path, name: str, kind: str) -> None:
+    """The first key of carrier `name` (or of a table in it) that the schema does not name, with the
+    closest one it does."""
+    for e in errors:
+        if e.validator != "additionalProperties" or e.validator_value is not False:
+            continue
+        where = list(e.absolute_path)
+        if not where or where[0] != name or not isinstance(e.instance, dict):
+            continue
+        known = set(e.schema.get("properties", {}))
+        for key in sorted(set(e.instance) - known):
+            inner = "".join(f"{x}." for x in where[1:])
+            raise DefinitionError(f"{path}: [{name}] unknown key {inner}{key!r} for a {kind}{_hint(key, known)}")
+
+
 def load(path: Path = DEFINITIONS, patches_dir: Path | None = None, version: str | None = None) -> CarrierSet:
     """Read and validate carriers.toml; DefinitionError naming the key and the fix."""
     patches_dir = patches_dir or path.parent / "patches"
@@ -139,6 +143,9 @@ def load(path: Path = DEFINITIONS, patches_dir: Path | None = None, version: str
         data: dict[str, Any] = tomllib.loads(path.read_text())
     except (OSError, tomllib.TOMLDecodeError) as exc:
         raise DefinitionError(f"{path}: cannot read carrier definitions: {exc}") from exc
+    import jsonschema
+
+    schema_errors = list(jsonschema.Draft202012Validator(SCHEMA).iter_errors(data))
     pythons = _pythons(data, path)
     data = {k: v for k, v in data.items() if k not in RELEASE_KEYS}
     carriers = []
@@ -153,11 +160,9 @@ def load(path: Path = DEFINITIONS, patches_dir: Path | None = None, version: str
                 f"{path}: [{name}] is not a normalized distribution name; use [{canonicalize_name(name)}]"
             )
         kind = spec.get("kind")
-        if kind not in _KEYS:
-            raise DefinitionError(f"{path}: [{name}] kind {kind!r} must be one of {sorted(_KEYS)}")
-        for key in spec:
-            if key not in _KEYS[kind]:
-                raise DefinitionError(f"{path}: [{name}] unknown key {key!r} for a {kind}{_hint(key, _KEYS[kind])}")
+        if kind not in KINDS:
+            raise DefinitionError(f"{path}: [{name}] kind {kind!r} must be one of {sorted(KINDS)}")
+        _unknown_keys(schema_errors, path, name, kind)
         rule = spec.get("version", "")
         if rule not in _VERSION_RULES[kind]:
             raise DefinitionError(f"{path}: [{name}] version = {rule!r}; a {kind} takes {sorted(_VERSION_RULES[kind])}")
@@ -205,6 +210,10 @@ def load(path: Path = DEFINITIONS, patches_dir: Path | None = None, version: str
                 requires_extra=_moved(spec, path, name),
             )
         )
+    rest = [e for e in schema_errors if e.validator != "additionalProperties"]
+    if rest:
+        shown = "\n  ".join(f"{'.'.join(map(str, e.absolute_path)) or '(top)'}: {e.message}" for e in rest[:5])
+        raise DefinitionError(f"{path}: does not match {SCHEMA_FILE.name}:\n  {shown}")
     cs = CarrierSet(tuple(carriers), version or kt_version(), pythons)
     _check_payload(cs, path)
     hosts = [c.name for c in cs.carriers if c.dist_alias]

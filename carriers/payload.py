@@ -26,13 +26,12 @@ from typing import Any
 
 from packaging.utils import parse_wheel_filename
 
-from audits.analyzers.manifest_rules import MANIFEST as BUILD_MANIFEST  # one owner of the member path
 from audits.manylinux import glibc_of
-from audits.readers._cuda import find_cuobjdump, list_archs
+from audits.readers import find_cuobjdump, list_archs
 
 from . import wheelio
 from .errors import ConsistencyError, InputError
-from .model import Carrier, CarrierSet
+from .model import PART_DIR, Carrier, CarrierSet
 
 SCHEMA_VERSION = 1
 # Bump when the archive's layout changes: it is part of the cache key.
@@ -42,6 +41,9 @@ COMPRESSION = "zstd"
 RUNTIME_REQUIRES = ("zstandard>=0.22",)
 # Zip local header + central directory entry + RECORD line for one part, generously.
 PART_OVERHEAD = 4096
+# kt-kernel's build manifest, written by its CMake build (kernel/cmake); the packer rewrites its cuda
+# section. The audit reads the same member (audits.analyzers.manifest_rules.MANIFEST: pinned equal).
+BUILD_MANIFEST = "kt_kernel/_build.json"
 
 
 def policy() -> Any:
@@ -122,7 +124,7 @@ def take_kernel_cuda(members: dict[str, bytes], pol: Any) -> dict[str, bytes]:
         "archive": "release",
         "root": root,
         "compression": COMPRESSION,
-        "layout": cuda.get("layout", 2),
+        "layout": cuda["layout"],  # the kernel build writes it (the schema requires it)
         "files": cuda["files"],
     }
     members[BUILD_MANIFEST] = (json.dumps(build, indent=2, sort_keys=True) + "\n").encode()
@@ -250,10 +252,8 @@ def build_archive(entries: Mapping[str, bytes], level: int, window: int, cache: 
                     shutil.copyfileobj(src, out, 1 << 20)
             out.write(end)
         tmp.replace(target)
-    sha = hashlib.sha256()
     with target.open("rb") as fh:
-        while chunk := fh.read(1 << 20):
-            sha.update(chunk)
+        sha = hashlib.file_digest(fh, "sha256")
     files = {n: f for _, described in frames for n, f in described.items()}
     return Archive(target, sha.hexdigest(), target.stat().st_size, window, dict(sorted(files.items())))
 
@@ -334,7 +334,7 @@ def compressed_tag(tags: list[str]) -> str:
 
 def part_member(c: Carrier, index: int, count: int) -> str:
     """Where part i of n lives inside carrier c's import package."""
-    return f"{c.import_package}/_kt_payload/cuda.tar.zst.{index:02d}-of-{count:02d}"
+    return f"{c.import_package}/{PART_DIR}/cuda.tar.zst.{index:02d}-of-{count:02d}"
 
 
 def _slices(path: Path, sizes: list[int]) -> list[bytes]:
@@ -481,11 +481,10 @@ def _finish_provider(
     dest = path.with_name(wheelio.wheel_name(c.name, versions[c.name], compressed_tag(tags)))
     members[member] = (json.dumps(manifest, indent=1, sort_keys=True) + "\n").encode()
     meta_name = f"{wheelio.dist_info(members)}/METADATA"
-    meta = members[meta_name].decode("utf-8")
-    head, sep, body = meta.partition("\n\n")
     lines = [f"Requires-Dist: {p.name}=={versions[p.name]}" for p in cs.part_carriers]
     lines += [f"Requires-Dist: {r}" for r in RUNTIME_REQUIRES]
-    members[meta_name] = (head + "\n" + "\n".join(lines) + sep + body).encode("utf-8")
+    meta = wheelio.edit_metadata(members[meta_name].decode("utf-8"), append=lines)
+    members[meta_name] = meta.encode("utf-8")
     wheelio.write(dest, members, _executable(members))
     if dest != path:
         path.unlink()

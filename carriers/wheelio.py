@@ -8,11 +8,10 @@ import csv
 import hashlib
 import io
 import os
-import re
 import zipfile
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 from packaging.utils import canonicalize_name
 
@@ -132,9 +131,11 @@ def edit_metadata(
     version: str | None = None,
     requirement: Callable[[str], str] | None = None,
     add: Sequence[str] = (),
+    append: Sequence[str] = (),
 ) -> str:
-    """Rewrite Name, Version and Requires-Dist header lines, and append the header lines `add`
-    (after the last Requires-Dist, or at the end of the header); every other byte stays."""
+    """Rewrite Name, Version and Requires-Dist header lines, insert the header lines `add` (after the
+    last Requires-Dist, or at the end of the header) and `append` (at the end of the header); every
+    other byte stays."""
     head, sep, body = text.partition("\n\n")
     lines = head.split("\n")
     last = len(lines)
@@ -148,10 +149,15 @@ def edit_metadata(
             if requirement is not None:
                 lines[i] = "Requires-Dist: " + requirement(line[len("Requires-Dist: ") :])
     lines[last:last] = list(add)
+    lines += list(append)
     return "\n".join(lines) + sep + body
 
 
 def metadata_field(text: str, key: str) -> list[str]:
-    """Every value of one METADATA header."""
-    head = text.partition("\n\n")[0]
-    return [m.group(1) for m in re.finditer(rf"^{re.escape(key)}: (.*)$", head, re.MULTILINE)]
+    """Every value of one METADATA header (`Requires-Dist`), as packaging.metadata parses it."""
+    from packaging.metadata import parse_email
+
+    raw, unparsed = parse_email(text)
+    fields: dict[str, Any] = dict(raw)
+    value = fields.get(key.lower().replace("-", "_"), unparsed.get(key.lower(), []))
+    return [value] if isinstance(value, str) else [str(v) for v in value]

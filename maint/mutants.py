@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from base import paths
 from base.paths import ROOT
 
 ENV = "KT_AUDIT_MUTANT"
@@ -54,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
     """Delete each rule in turn and run the tests that name it; 1 if any rule survives."""
     p = argparse.ArgumentParser(prog="nox -s mutants --", description=__doc__.splitlines()[0])
     p.add_argument("--rule", action="append", default=[], help="only these rule ids")
-    p.add_argument("--json", type=Path, default=ROOT / "build" / "mutants.json")
+    p.add_argument("--json", type=Path, default=paths.MUTANTS_JSON)
     args = p.parse_args(argv)
     from audits.model import RULES
 

@@ -29,6 +29,7 @@ from typing import Any
 
 from packaging.requirements import Requirement
 
+from base import paths
 from base.paths import ROOT
 from carriers.graph import closure
 from locks import indexes
@@ -70,11 +71,11 @@ def site_owners(venv: Path, packages: tuple[str, ...]) -> dict[str, list[dict[st
 
 def kt_requirements(dist: Path, work: Path) -> tuple[Path, list[str]]:
     """The lf-kt lock plus the carriers its `#:carriers` roots reach (from dist/, by hash)."""
-    roots = directive(ROOT / "lockfiles" / "lf-kt.in", "carriers")
+    roots = directive(paths.LOCKFILES / "lf-kt.in", "carriers")
     reached = sorted({name for root in roots for name in closure(dist, root)[0]})
     extras = {str(Requirement(r).name): ",".join(sorted(Requirement(r).extras)) for r in roots if "[" in r}
     lines = "\n".join(carrier_lines(dist, reached, extras))
-    return indexes.for_install(ROOT / "lockfiles" / "lf-kt.txt", work / "lf-kt.txt", lines), reached
+    return indexes.for_install(paths.LOCKFILES / "lf-kt.txt", work / "lf-kt.txt", lines), reached
 
 
 def control(venv: Path, work: Path, *flags: str) -> dict[str, Any]:
@@ -146,7 +147,7 @@ def _fail(what: str, wrong: list[str]) -> None:
 
 def install_standard(venv: Path, work: Path) -> dict[str, str]:
     """lf-standard by hash into `venv`; what uv installed."""
-    req = indexes.for_install(ROOT / "lockfiles" / "lf-standard.txt", work / "lf-standard.txt")
+    req = indexes.for_install(paths.LOCKFILES / "lf-standard.txt", work / "lf-standard.txt")
     print(f"lf-standard: installing {len(parse_lock(ROOT / 'lockfiles' / 'lf-standard.txt'))} pins into {venv} ...")
     return uv_installed(uv_install(venv, req, "the lf-standard profile"))
 

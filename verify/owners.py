@@ -10,10 +10,9 @@ from typing import Any
 
 from packaging.utils import canonicalize_name
 
-from base.paths import ROOT
 from carriers import load as load_carriers
 
-from .venv import VerifyError, load_by_path, run_probe
+from .venv import VerifyError, run_probe
 
 
 @functools.cache
@@ -23,11 +22,11 @@ def upstream() -> tuple[str, ...]:
 
 
 def accepted_collisions() -> dict[str, frozenset[str]]:
-    """path -> the distributions the audit policy accepts writing it (audits/policy/default.toml)."""
-    import tomllib
+    """path -> the distributions the audit policy accepts writing it (`[[installed_collision]]` of
+    audits/policy/default.toml, read by the policy's own loader)."""
+    from audits.policy import load_policy
 
-    data = tomllib.loads((ROOT / "audits" / "policy" / "default.toml").read_text())
-    return {c["path"]: frozenset(_norm(b) for b in c["between"]) for c in data.get("installed_collision", [])}
+    return {p: frozenset(_norm(b) for b in between) for p, between in load_policy().installed_collisions.items()}
 
 
 def _norm(name: str) -> str:
@@ -79,15 +78,11 @@ def dist_names(venv: Path) -> dict[str, Any]:
     return found
 
 
-def _lookup_reader() -> Any:
-    """audits/readers/_python.py, the audit's own reader of lookups by name."""
-    return load_by_path("kt_lookup_reader", ROOT / "audits" / "readers" / "_python.py")
-
-
 def closure_lookups(venv: Path, renamed: set[str]) -> list[str]:
     """file:line of every lookup of a renamed upstream by the installed closure's own code (the
     release's wheels are scanned by the audit; these are the third-party ones a profile pulls in)."""
-    find_lookups = _lookup_reader().find_lookups
+    from audits.readers import find_lookups  # the audit's own reader of lookups by name (ast only)
+
     site = next(venv.glob("lib/python*/site-packages"))
     ours = {f"{c.import_package}/" for c in load_carriers().carriers}
     out = []

@@ -1,8 +1,50 @@
 """Readers: small pure functions from bytes to frozen facts. They never print
-and never decide; analyzers turn facts into findings."""
+and never decide; analyzers turn facts into findings.
 
-from ._elf import ElfFacts, read_elf
-from ._isa import FeatureUse, feature_uses
-from ._wheel import Member, WheelFacts, read_wheel
+Public names are imported when first used (PEP 562): the packer asks for `list_archs` without
+loading the disassembler."""
 
-__all__ = ["ElfFacts", "FeatureUse", "Member", "WheelFacts", "feature_uses", "read_elf", "read_wheel"]
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ._cuda import find_cuobjdump, list_archs
+    from ._elf import ElfFacts, read_elf
+    from ._isa import FeatureUse, feature_uses
+    from ._python import Lookup, find_lookups
+    from ._wheel import Member, WheelFacts, read_wheel
+
+_WHERE = {
+    "ElfFacts": "_elf",
+    "read_elf": "_elf",
+    "FeatureUse": "_isa",
+    "feature_uses": "_isa",
+    "Member": "_wheel",
+    "WheelFacts": "_wheel",
+    "read_wheel": "_wheel",
+    "find_cuobjdump": "_cuda",
+    "list_archs": "_cuda",
+    "Lookup": "_python",
+    "find_lookups": "_python",
+}
+__all__ = [
+    "ElfFacts",
+    "FeatureUse",
+    "Lookup",
+    "Member",
+    "WheelFacts",
+    "feature_uses",
+    "find_cuobjdump",
+    "find_lookups",
+    "list_archs",
+    "read_elf",
+    "read_wheel",
+]
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _WHERE:
+        raise AttributeError(f"module 'audits.readers' has no attribute {name!r}")
+    return getattr(importlib.import_module(f".{_WHERE[name]}", __name__), name)

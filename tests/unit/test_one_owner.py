@@ -1,0 +1,176 @@
+"""One owner per release fact. Where a copy must stay (the audit never imports what it checks; the
+kt_kernel runtime and the kernel's own build stand alone), the copy is pinned to its owner here."""
+
+from __future__ import annotations
+
+import datetime as dt
+import importlib.util
+import json
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+from audits.analyzers import manifest_rules, payload_rules
+from audits.policy import load_policy
+from audits.readers import _payload as payload_reader
+from base import paths, version
+from carriers import model, payload
+from carriers.errors import DefinitionError
+from carriers.graph import Graph
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _by_path(name: str, path: Path) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None
+    assert spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod  # dataclasses look their module up while the class is built
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.fixture(scope="module")
+def build_wheel() -> ModuleType:
+    return _by_path("kt_build_wheel_owner", ROOT / "kernel" / "tools" / "build_wheel.py")
+
+
+@pytest.fixture(scope="module")
+def runtime() -> ModuleType:
+    return _by_path("kt_payload_owner", ROOT / "kernel" / "python" / "kt_kernel" / "payload.py")
+
+
+def test_the_part_folder_is_the_packers_and_the_audit_reads_the_same() -> None:
+    assert f"/{model.PART_DIR}/" == payload_reader.PART_DIR
+    carrier = model.load()["sglang-kt"]
+    assert payload.part_member(carrier, 2, 5) == f"sglang/{model.PART_DIR}/cuda.tar.zst.02-of-05"
+
+
+def test_the_build_manifest_member_is_one_path_for_the_packer_the_audit_and_the_runtime() -> None:
+    assert manifest_rules.MANIFEST == payload.BUILD_MANIFEST == "kt_kernel/_build.json"
+    cmake = (ROOT / "kernel" / "CMakeLists.txt").read_text()
+    assert "set(KT_MANIFEST ${CMAKE_BINARY_DIR}/_build.json)" in cmake  # the kernel build writes it
+    assert 'with_name("_build.json")' in (ROOT / "kernel/python/kt_kernel/payload.py").read_text()
+
+
+def test_the_payload_manifest_member_is_the_policys(runtime: ModuleType) -> None:
+    pol = load_policy()
+    assert pol.payload is not None
+    assert pol.payload.manifest_member == f"{runtime.MANIFEST_PACKAGE}/{runtime.MANIFEST_NAME}"
+    assert pol.payload.zstd_window_log == runtime.MAX_WINDOW_LOG
+
+
+def test_the_kt_version_and_release_date_are_read_alike_by_the_release_and_the_kernel_build(
+    build_wheel: ModuleType, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("SOURCE_DATE_EPOCH", raising=False)
+    epoch = int(dt.datetime.combine(version.release_date(), dt.time(), tzinfo=dt.timezone.utc).timestamp())
+    assert build_wheel.source_date_epoch() == str(epoch)
+    assert model.kt_version() == version.kt_version()
+    namespace: dict[str, str] = {}
+    exec(paths.VERSION_FILE.read_text(), namespace)  # noqa: S102 - the repository's own _version.py
+    assert version.kt_version() == namespace["__version__"]
+
+
+def test_the_build_tree_is_one_tree(build_wheel: ModuleType) -> None:
+    assert build_wheel.RELEASE_OUT == paths.KERNEL_OUT
+    assert build_wheel.SHARDS in paths.KERNEL_SCRATCH
+    assert all(p.is_relative_to(paths.BUILD) or p.is_relative_to(paths.KERNEL) for p in paths.LEFTOVERS)
+    assert paths.CACHE not in paths.LEFTOVERS  # downloads stay
+    assert paths.DIST not in paths.LEFTOVERS  # and the release
+
+
+def test_the_wheel_budget_is_the_policys() -> None:
+    report = (ROOT / "release" / "report.py").read_text()
+    assert "100 << 20" not in report
+    assert "load_policy().wheel_budget_bytes" in report
+
+
+@pytest.mark.parametrize(
+    "requires",
+    [
+        {"a": ["b", "x>=1", 'c; extra == "more"'], "b": ["d"], "c": ["a"], "d": []},
+        {"a": ["b; python_version >= '3.12'"], "b": ['a[x]; extra == "y"']},
+        {"kt": ["k", "s"], "s": ["p1", "p2"], "p1": [], "p2": ["s"], "k": []},
+    ],
+)
+def test_the_audits_walk_reaches_what_carriers_graph_reaches(requires: dict[str, list[str]]) -> None:
+    wheels = {
+        n: payload_reader.WheelSummary(Path(n), n, n, "1", (), tuple(r), (), None, "", ()) for n, r in requires.items()
+    }
+    graph = Graph(requires)
+    for root in requires:
+        assert payload_rules._reach(wheels, root) == graph.reach(root)
+
+
+def test_every_policy_and_carrier_key_is_the_schemas() -> None:
+    schema = json.loads((ROOT / "audits" / "policy" / "schema.json").read_text())
+    assert schema["additionalProperties"] is False
+    tables = [v for v in schema["properties"].values() if v.get("type") == "object" and "properties" in v]
+    assert tables
+    assert all(t.get("additionalProperties") is False for t in tables)
+    assert not hasattr(__import__("audits.policy").policy, "_SCHEMA")
+    assert not hasattr(model, "_KEYS")
+    assert set(model.KINDS) == {"native", "umbrella", "fork", "repack"}
+
+
+def test_nothing_in_the_stages_defines_its_own_root() -> None:
+    stages = ("base", "locks", "carriers", "verify", "release", "bundle", "bench", "maint")
+    own = [
+        f"{p.relative_to(ROOT)}"
+        for s in stages
+        for p in (ROOT / s).rglob("*.py")
+        if "probes" not in p.parts and "ROOT = Path(__file__)" in p.read_text() and p != ROOT / "base" / "paths.py"
+    ]
+    assert own == [], f"these compute the repository root themselves; import base.paths.ROOT: {own}"
+    assert paths.ROOT.samefile(ROOT)
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "message"),
+    [
+        (
+            'upstream = "transformers"\n',
+            'upstream = "transformers"\nsource = { gti = "https://example.invalid/peft.git", commit = "'
+            + "a" * 40
+            + '" }\n',
+            r"unknown key source\.'gti' for a fork; did you mean 'git'\?",
+        ),
+        (
+            'summary = "',
+            'summary = 3\nnote = "',
+            r"unknown key 'note' for a umbrella; known keys: extras, kind, payload_part",
+        ),
+    ],
+)
+def test_carriers_toml_keys_come_from_its_schema(tmp_path: Path, old: str, new: str, message: str) -> None:
+    text = model.DEFINITIONS.read_text()
+    assert old in text
+    bad = tmp_path / "carriers.toml"
+    bad.write_text(text.replace(old, new, 1))
+    with pytest.raises(DefinitionError, match=message):
+        model.load(bad, patches_dir=model.DEFINITIONS.parent / "patches", version="0.6.1")
+
+
+def test_a_value_of_the_wrong_type_is_named_by_its_path(tmp_path: Path) -> None:
+    text = model.DEFINITIONS.read_text()
+    line = 'summary = "KTransformers: CPU/GPU hybrid MoE inference and fine-tuning (umbrella package)"'
+    assert line in text
+    bad = tmp_path / "carriers.toml"
+    bad.write_text(text.replace(line, 'summary = ["not", "a", "string"]', 1))
+    with pytest.raises(DefinitionError, match=r"ktransformers\.summary: .* is not of type 'string'"):
+        model.load(bad, patches_dir=model.DEFINITIONS.parent / "patches", version="0.6.1")
+
+
+def test_a_nested_policy_key_gets_its_closest_known_one(tmp_path: Path) -> None:
+    from audits.errors import PolicyError
+
+    text = (ROOT / "audits" / "policy" / "default.toml").read_text()
+    assert "\nallowed = " in text
+    bad = tmp_path / "default.toml"
+    bad.write_text(text.replace("\nallowed = ", "\nalowed = ", 1))
+    with pytest.raises(PolicyError, match=r"unknown key elf\.exports\.'alowed'; did you mean 'allowed'\?"):
+        load_policy(bad)
