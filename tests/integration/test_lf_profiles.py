@@ -40,6 +40,7 @@ def test_kt_profile_owns_every_package_and_dispatches_only_when_configured(lf_di
     assert r["control_kt"]["resume_diffs"] == []
     assert r["control_kt"]["expert_adapter_saved"]
     assert r["llamafactory"]["check_dependencies"] == "ok"
+    assert r["llamafactory"]["xgrammar"] == "xgrammar"  # its library found through the renamed xgrammar-kt
     assert r["llamafactory"]["is_transformers_version_greater_than('5.0.0')"] is True
     assert "packing: false" in r["refused"]["packing_with_kt"]
     assert "on meta. Set `use_cpu: true`" in r["refused"]["model_off_cpu"]
