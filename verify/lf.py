@@ -174,6 +174,7 @@ def verify_standard(dist: Path, work: Path) -> dict[str, Any]:
         "owners": owners,
         "control": run,
         "refused": refused,
+        "doctor_run": "not run: kt-doctor ships in kt-kernel, which the upstream profile does not install",
     }
 
 
