@@ -231,6 +231,9 @@ def check_strict_thinking(tok: Any, backend: Any, vocab: int) -> str:
 
 
 def main() -> None:
+    import os
+
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # a local model directory: nothing here needs a network
     work = Path(sys.argv[1])
     t0 = time.perf_counter()
     model, ref = make_tokenizer_dir(work)
