@@ -106,6 +106,31 @@ table.findings td:nth-child(3){max-width:330px;word-break:break-all} table.findi
 """
 
 
+def doctor_line(result: dict[str, Any]) -> str | None:
+    """`kt-doctor --run` in one verified profile: each check's state, the time."""
+    run = result.get("doctor_run") or result.get("doctor") or {}
+    if "checks" not in run:
+        return None
+    states = ", ".join(f"{name} {state}" for name, state in run["checks"].items())
+    deep = f", --deep {run['deep_seconds']} s" if "deep_seconds" in run else ""
+    return f"kt-doctor --run: {states} ({run['seconds']} s{deep})"
+
+
+def serving_line(verify: dict[str, Any]) -> str | None:
+    """What the serve profile ran on CPU through SGLang: the Kimi-style tokenizer and JSON-schema grammars."""
+    serve = verify.get("serve") or {}
+    tok, grammar = serve.get("tokenizer"), serve.get("json_schema")
+    if not tok or not grammar:
+        return None
+    same = "equals tiktoken" if tok["native_equal"] else "DIFFERS from tiktoken"
+    return (
+        f"serving on CPU: a Kimi-style tokenizer through SGLang's get_tokenizer {same} ({tok['ids_compared']} ids, "
+        f"{tok['corpus_texts']} texts, {tok['special_tokens']} special tokens); JSON-schema grammar: "
+        f"{grammar['accepted']} valid accepted, {grammar['rejected']} invalid rejected, strict thinking "
+        f"{grammar['strict_thinking']}"
+    )
+
+
 def pythons_line(manifest: dict[str, Any]) -> str:
     """The Pythons the release serves, and a partial development release said plainly."""
     pythons = manifest.get("pythons", [])
@@ -150,6 +175,8 @@ def render_html(
         f"{sum(f.get('severity') == 'error' for f in audit.get('findings', []))} errors; install verification: "
         f"{', '.join(verify) or 'not run'}</p>",
         f"<p id=pythons>{e(pythons_line(manifest))}</p>",
+        *(f"<p id=serving>{e(line)}</p>" for line in [serving_line(verify)] if line),
+        *(f"<p class=doctor>{e(p)}: {e(line)}</p>" for p, r in verify.items() if (line := doctor_line(r))),
         f"<p>torch: the carriers allow <code>{e(torch_summary(str(manifest.get('torch', ''))))}</code>"
         + "".join(f"; {e(p)} installed <code>{e(str(r.get('torch', '?')))}</code>" for p, r in verify.items())
         + "</p>",
@@ -349,6 +376,12 @@ def _main(argv: list[str] | None) -> int:
             detail += "; " + ", ".join(f"{m}: {d}" for m, d in forks.items())
         lines.append(f"verify_install {prof}: ok ({detail})")
         md.append(f"\n- verify_install **{prof}**: ok ({detail})")
+        if doctor := doctor_line(res):
+            lines.append(f"  {doctor}")
+            md.append(f"  - {doctor}")
+    if serving := serving_line(verify):
+        lines.append(serving)
+        md.append(f"\n{serving}")
     if not verify:
         lines.append("verify_install: not run")
     sizes = [(w["name"], int(w["size"])) for w in manifest["wheels"]]

@@ -40,6 +40,7 @@ from .venv import (
     VerifyError,
     carrier_lines,
     doctor,
+    doctor_run,
     fresh_venv,
     load_by_path,
     pip,
@@ -173,6 +174,7 @@ def verify_standard(dist: Path, work: Path) -> dict[str, Any]:
         "owners": owners,
         "control": run,
         "refused": refused,
+        "doctor_run": "not run: kt-doctor ships in kt-kernel, which the upstream profile does not install",
     }
 
 
@@ -187,6 +189,7 @@ def kt_checks(venv: Path, work: Path, tag: str) -> dict[str, Any]:
     wrong = ownership_problems(owners, kt=True)
     wrong += [f"{p['package']}: {p['problem']}" for p in report["packages"] if p["state"] == "conflict"]
     _fail(f"kt-doctor in {tag}", wrong)
+    result["doctor"] = doctor_run(venv)
     result["owners"] = {k: [f"{o['name']} {o['version']}" for o in v] for k, v in owners.items()}
     names = dist_names(venv)
     _fail(f"lookups by upstream distribution name in {tag}", dist_name_problems(names))

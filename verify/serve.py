@@ -16,7 +16,17 @@ from carriers.graph import closure
 
 from . import owners
 from .profiles import root
-from .venv import VerifyError, carrier_lines, clean_env, fresh_venv, pip_check, run_probe, uv_install, uv_installed
+from .venv import (
+    VerifyError,
+    carrier_lines,
+    clean_env,
+    doctor_run,
+    fresh_venv,
+    pip_check,
+    run_probe,
+    uv_install,
+    uv_installed,
+)
 
 
 def _env_libraries(venv: Path) -> dict[str, Path]:
@@ -67,6 +77,46 @@ def unresolved_needed(root: Path, venv: Path, always_external: set[str]) -> dict
     return missing
 
 
+def serving_problems(found: dict[str, Any]) -> list[str]:
+    """What verify/probes/serving.py found wrong: the first differing text and ids, a special token
+    that does not map, the chat template, a grammar case decided wrongly, CPU masking that fails."""
+    tok, grammar = found["tokenizer"], found["json_schema"]
+    wrong = [
+        f"SGLang's tokenizer differs from tiktoken on {m['text']!r} (split_special_tokens="
+        f"{m.get('split_special_tokens')}) at id {m.get('at')}: got {m.get('got')}, want {m.get('want')}"
+        for m in tok["mismatches"]
+    ]
+    wrong += [f"special token {t!r} does not map to its id and back" for t in tok["special_wrong"]]
+    if not tok["chat_template_equal"]:
+        wrong.append(
+            f"the chat template renders other ids than the manual construction: {tok.get('chat_template_difference')}"
+        )
+    if not grammar["valid"]["accepted"]:
+        wrong.append(f"the JSON-schema grammar rejects a valid document: {grammar['valid']}")
+    wrong += [
+        f"the JSON-schema grammar accepts the {k} document" for k, r in grammar["invalid"].items() if r["accepted"]
+    ]
+    if grammar["strict_thinking"] != "ok":
+        wrong.append(f"strict thinking on CPU logits: {grammar['strict_thinking']}")
+    return wrong
+
+
+def serving_checks(venv: Path, work: Path) -> dict[str, Any]:
+    """verify/probes/serving.py in the venv: a Kimi-style tokenizer through SGLang's factory and
+    JSON-schema grammars on CPU logits; VerifyError naming the first difference."""
+    found: dict[str, Any] = run_probe(
+        venv, "SGLang tokenizer and JSON-schema grammar on CPU", "serving", str(work / "serving")
+    )
+    if wrong := serving_problems(found):
+        raise VerifyError("serving on CPU through SGLang:\n  " + "\n  ".join(wrong))
+    tok, grammar = found["tokenizer"], found["json_schema"]
+    return {
+        "tokenizer": {k: tok[k] for k in ("native_equal", "corpus_texts", "ids_compared", "special_tokens", "class")},
+        "json_schema": {k: grammar[k] for k in ("accepted", "rejected", "strict_thinking")},
+        "seconds": found["seconds"],
+    }
+
+
 def verify_serve(dist: Path, work: Path) -> dict[str, Any]:
     """The serve profile, installed for real and proven (the module's docstring)."""
     lock = LOCKFILES / "serve.txt"
@@ -108,9 +158,13 @@ def verify_serve(dist: Path, work: Path) -> dict[str, Any]:
     unresolved = unresolved_needed(payload, venv, {"libcuda.so.1"})
     if unresolved:
         raise VerifyError(f"extracted libraries need what the serve environment does not provide: {unresolved}")
+    serving = serving_checks(venv, work)
+    doctor = doctor_run(venv, env=run_env)
+    deep = doctor_run(venv, "--deep", env=run_env)
     imports: dict[str, str] = run_probe(venv, "sglang import probe", "sglang_imports")
-    if imports.get("sglang") != "ok":
-        raise VerifyError(f"import sglang fails in the serve environment: {imports['sglang']}")
+    for mod in ("sglang", "xgrammar", "sglang.srt.constrained.xgrammar_backend"):  # CPU-only: sgl_kernel may not
+        if imports.get(mod) != "ok":
+            raise VerifyError(f"import {mod} fails in the serve environment: {imports.get(mod)}")
     return {
         "resolved": len(names),
         "carriers": sorted(set(reached)),
@@ -122,4 +176,7 @@ def verify_serve(dist: Path, work: Path) -> dict[str, Any]:
         "imports": imports,
         "shared_paths": shared,
         "torch": torch,
+        "tokenizer": serving["tokenizer"],
+        "json_schema": serving["json_schema"],
+        "doctor": {**doctor, "deep_seconds": deep["seconds"]},
     }

@@ -15,7 +15,18 @@ from locks import indexes
 from . import owners
 from .probes import sft_e2e
 from .profiles import core, root
-from .venv import VerifyError, carrier_lines, doctor, fresh_venv, install, pip_check, probe, run_probe, venv_json
+from .venv import (
+    VerifyError,
+    carrier_lines,
+    doctor,
+    doctor_run,
+    fresh_venv,
+    install,
+    pip_check,
+    probe,
+    run_probe,
+    venv_json,
+)
 
 
 def snapshot(venv: Path, names: tuple[str, ...]) -> dict[str, dict[str, str]]:
@@ -57,6 +68,7 @@ def verify_sft_cpu(dist: Path, work: Path) -> dict[str, Any]:
     result["doctor"] = doctor(venv)
     if result["doctor"]["conflicts"]:
         raise VerifyError(f"kt-doctor finds conflicts in the fresh sft-cpu profile: {result['doctor']}")
+    result["doctor_run"] = doctor_run(venv)  # the CPU kernels run; no CUDA payload in this profile
     result["train_resume"] = run_probe(venv, "training/resume control", "train_control")
     e2e = venv_json(venv, "kt_kernel.sft end-to-end", probe("sft_e2e"))
     wrong = sft_e2e.problems(e2e)

@@ -11,6 +11,7 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -166,11 +167,26 @@ def load_by_path(name: str, path: Path) -> Any:
     return mod
 
 
-def doctor(venv: Path, *options: str) -> dict[str, Any]:
-    """kt-doctor's JSON report of the venv (its console script, as a user runs it)."""
+def doctor(venv: Path, *options: str, env: dict[str, str] | None = None) -> dict[str, Any]:
+    """kt-doctor's JSON report of the venv (its console script, as a user runs it), with the wall time
+    it took (`seconds`)."""
     cmd = [str(venv / "bin" / "kt-doctor"), "--json", *options]
-    proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    t0 = time.perf_counter()
+    proc = subprocess.run(cmd, capture_output=True, text=True, check=False, env=env)
     if proc.returncode not in (0, 1):
         raise VerifyError(f"kt-doctor failed in {venv} (exit {proc.returncode}):\n{proc.stderr[-2000:]}")
     report: dict[str, Any] = json.loads(proc.stdout)
+    report["seconds"] = round(time.perf_counter() - t0, 1)
     return report
+
+
+def doctor_run(venv: Path, *options: str, env: dict[str, str] | None = None) -> dict[str, Any]:
+    """`kt-doctor --run` in the venv; VerifyError naming every problem it finds. The summary: each
+    check's state (a skip with its reason) and the time taken."""
+    report = doctor(venv, "--run", *options, env=env)
+    problems = [f"{c['name']}: {c['detail']} (fix: {c['fix']})" for c in report["checks"] if c["state"] == "problem"]
+    conflicts = [f"{p['package']}: {p['problem']}" for p in report["packages"] if p["state"] == "conflict"]
+    if problems or conflicts:
+        raise VerifyError(f"kt-doctor --run finds problems in {venv}:\n  " + "\n  ".join(conflicts + problems))
+    checks = {c["name"]: c["state"] if c["state"] != "skipped" else f"skipped: {c['detail']}" for c in report["checks"]}
+    return {"checks": checks, "seconds": report["seconds"]}

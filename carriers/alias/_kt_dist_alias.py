@@ -31,14 +31,17 @@ def _norm(name: str) -> str:
 
 
 def _renamed(dist: md.Distribution, name: str, version: str) -> md.Distribution:
-    """`dist` (the fork's) with METADATA's Name and Version replaced by the upstream's."""
+    """`dist` (the fork's) with METADATA's Name and Version replaced by the upstream's. It is a
+    PathDistribution on the fork's own dist-info directory, as every installed distribution is:
+    code that reaches past the public API (tvm_ffi, which loads xgrammar's library, joins
+    `distribution("xgrammar")._path.parent` with a RECORD line) finds the fork's files."""
     import importlib.metadata
     import re
 
-    class Renamed(importlib.metadata.Distribution):
-        def read_text(self, filename: str) -> str | None:
-            text = dist.read_text(filename)
-            if text and filename in ("METADATA", "PKG-INFO"):
+    class Renamed(importlib.metadata.PathDistribution):
+        def read_text(self, filename: str | os.PathLike[str]) -> str | None:
+            text = dist.read_text(str(filename))
+            if text and str(filename) in ("METADATA", "PKG-INFO"):
                 text = re.sub(r"(?m)^Name:.*$", lambda _: f"Name: {name}", text, count=1)
                 text = re.sub(r"(?m)^Version:.*$", lambda _: f"Version: {version}", text, count=1)
             return text
@@ -46,7 +49,11 @@ def _renamed(dist: md.Distribution, name: str, version: str) -> md.Distribution:
         def locate_file(self, path: str | os.PathLike[str]) -> Any:
             return dist.locate_file(path)
 
-    return Renamed()
+        @property
+        def _normalized_name(self) -> str:  # the name it answers to, not its directory's
+            return re.sub(r"[-_.]+", "_", name).lower()
+
+    return Renamed(getattr(dist, "_path", None) or dist.locate_file(""))
 
 
 class KTDistAlias:

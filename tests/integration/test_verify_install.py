@@ -119,6 +119,11 @@ def _doctor_finds_and_repairs_a_clobbered_peft(venv: Path, dist: Path, tmp: Path
     doctor = subprocess.run([str(venv / "bin" / "kt-doctor")], capture_output=True, text=True, check=False)
     assert doctor.returncode == 1, doctor.stdout
     assert "peft-kt 0.21.2 and peft 0.21.2 all write peft/" in doctor.stdout, doctor.stdout
+    run = subprocess.run(
+        [str(venv / "bin" / "kt-doctor"), "--run", "--json"], capture_output=True, text=True, check=False
+    )
+    assert run.returncode == 1, run.stdout  # --run keeps the ownership report: the fork and its upstream both here
+    assert json.loads(run.stdout)["conflicts"] == 1
     repairs = [ln.strip() for ln in doctor.stdout.splitlines() if ln.startswith("    pip ")]
     assert repairs == ["pip uninstall -y peft", "pip install --force-reinstall --no-deps peft-kt==0.21.2"]
     for cmd in repairs:

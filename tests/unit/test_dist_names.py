@@ -169,6 +169,11 @@ out["peft"] = get(lambda: md.version("peft"))
 out["norecord"] = get(lambda: md.version("norecord"))
 out["nothing"] = get(lambda: md.version("nothing"))
 out["requires"] = get(lambda: md.requires("transformers"))
+# what code past the public API reads (tvm_ffi finds xgrammar's library by distribution("xgrammar")._path)
+d = md.distribution("transformers")
+out["as installed"] = [
+    isinstance(d, md.PathDistribution), d._path.name, str(d.locate_file("x")).endswith("site-packages/x")
+]
 out["listing"] = sorted(d.metadata["Name"] for d in md.distributions(path=[sys.argv[1]]))
 if len(sys.argv) > 2:
     sys.path.insert(0, sys.argv[2])  # an upstream installed ahead of the fork
@@ -213,6 +218,7 @@ def test_the_alias_answers_by_the_upstream_name_and_changes_no_listing(tmp_path:
         "norecord": "not found",  # a -kt distribution without its record is not an alias
         "nothing": "not found",
         "requires": ["torch>=2"],
+        "as installed": [True, "transformers_kt-5.19.0.post1.dist-info", True],
         "listing": ["norecord-kt", "peft-kt", "transformers-kt"],  # what is installed, under its own names
         "upstream first": "5.0.0",
     }

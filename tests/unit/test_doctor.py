@@ -119,3 +119,45 @@ def test_the_repair_names_where_the_release_wheels_are(
 def test_find_links_must_be_a_directory(healthy: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert _doctor().main(["--site", str(healthy), "--find-links", str(tmp_path / "nope")]) == 2
     assert "--find-links" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [(["--deep"], "--deep goes with --run"), (["--run", "--site", "."], "it cannot run another's (--site)")],
+)
+def test_run_options_that_cannot_work_are_usage_errors(
+    args: list[str], says: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert _doctor().main(args) == 2
+    assert says in capsys.readouterr().err
+
+
+def _run_module() -> types.ModuleType:
+    return load_source_module("kt_doctor_run", KT_SRC / "_doctor_run.py")
+
+
+def test_the_loader_names_what_a_library_needs_and_cannot_find(tmp_path: Path) -> None:
+    """`ldd`'s own answer, with the environment's library folders on its path: a library needing a
+    libcudart.so.12 the environment lacks is named; the driver's libcuda.so.1 never is."""
+    import subprocess
+
+    run = _run_module()
+    gcc = ["gcc", "-shared", "-fPIC"]
+    (tmp_path / "stub.c").write_text("int stub(void) { return 0; }\n")
+    (tmp_path / "user.c").write_text("int stub(void);\nint f(void) { return stub(); }\n")
+    for soname in ("libcudart.so.12", "libcuda.so.1"):
+        subprocess.run(
+            [*gcc, f"-Wl,-soname,{soname}", "-o", str(tmp_path / soname), str(tmp_path / "stub.c")], check=True
+        )
+    lib = tmp_path / "lib" / "libuser.so"
+    lib.parent.mkdir()
+    link = [f"-L{tmp_path}", "-l:libcudart.so.12", "-l:libcuda.so.1"]
+    subprocess.run([*gcc, "-Wl,--no-as-needed", "-o", str(lib), str(tmp_path / "user.c"), *link], check=True)
+    env_dir = tmp_path / "env"
+    env_dir.mkdir()
+    assert run.unresolved([lib], {}) == {str(lib): ["libcudart.so.12"]}  # libcuda.so.1: the driver's
+    (tmp_path / "libcudart.so.12").rename(env_dir / "libcudart.so.12")
+    assert run.unresolved([lib], {"libcudart.so.12": env_dir / "libcudart.so.12"}) == {}  # found in the environment
+    assert run._major("libcudart.so.12") == ("libcudart.so", "12")
+    assert run._major("libnvrtc.so.13.0.48") == ("libnvrtc.so", "13")
+    assert run._major("libkt_cuda.so") is None

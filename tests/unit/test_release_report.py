@@ -132,3 +132,31 @@ def test_a_partial_development_release_is_labelled_and_a_full_one_lists_its_pyth
     assert pythons_line(full) == "Pythons: 3.11, 3.12, 3.13; 18 install files"
     partial = dict(full, pythons=["3.11"], partial={"pythons": ["3.11"], "missing": ["3.12", "3.13"]})
     assert "PARTIAL DEVELOPMENT RELEASE: no wheels for 3.12, 3.13; not a release" in pythons_line(partial)
+
+
+def test_the_serving_checks_and_kt_doctor_run_are_shown(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    dist = _candidate(tmp_path, audit_passed=True)
+    verify = tmp_path / "verify.json"
+    doctor = {
+        "checks": {"cpu": "ok", "payload": "ok", "needed": "ok", "gpu": "skipped: no CUDA device"},
+        "seconds": 8.1,
+    }
+    serve = {
+        "install_s": 60.0,
+        "tokenizer": {"native_equal": True, "corpus_texts": 15, "ids_compared": 892, "special_tokens": 256},
+        "json_schema": {"accepted": 1, "rejected": 3, "strict_thinking": "ok"},
+        "doctor": {**doctor, "deep_seconds": 9.0},
+    }
+    verify.write_text(json.dumps({"sft-cpu": {"doctor_run": doctor}, "serve": serve}))
+    assert release_report.main(["--dist", str(dist), "--verify", str(verify)]) == 0
+    out = capsys.readouterr().out
+    line = "kt-doctor --run: cpu ok, payload ok, needed ok, gpu skipped: no CUDA device (8.1 s"
+    assert f"{line})" in out  # sft-cpu
+    assert f"{line}, --deep 9.0 s)" in out  # serve
+    assert (
+        "serving on CPU: a Kimi-style tokenizer through SGLang's get_tokenizer equals tiktoken (892 ids, 15 texts, "
+        "256 special tokens); JSON-schema grammar: 1 valid accepted, 3 invalid rejected, strict thinking ok"
+    ) in out
+    page = (dist / "release-report.html").read_text()
+    assert "<p id=serving>" in page
+    assert page.count("<p class=doctor>") == 2

@@ -5,6 +5,7 @@ One JSON line."""
 import json
 
 import transformers
+import xgrammar  # SGLang's JSON-schema grammars: its library is found through importlib.metadata
 from llamafactory.extras.misc import check_dependencies, check_version
 from llamafactory.extras.packages import is_transformers_version_greater_than
 
@@ -16,6 +17,7 @@ print(
             "check_dependencies": "ok",
             "check_version('sglang>=0.4.5')": "ok",
             "transformers": transformers.__version__,
+            "xgrammar": xgrammar.__name__,
             "is_transformers_version_greater_than('5.0.0')": is_transformers_version_greater_than("5.0.0"),
         }
     )

@@ -1,11 +1,11 @@
-"""How far `import sglang`, `sglang.srt.server_args` and `sgl_kernel` get on this host: "ok" or the
-first cause of the failure. One JSON line."""
+"""How far `import sglang`, `sglang.srt.server_args`, `sgl_kernel`, xgrammar and SGLang's xgrammar
+grammar backend get on this host: "ok" or the first cause of the failure. One JSON line."""
 
 import json
 
 MARK = "Error details from previous import attempts:"  # sgl_kernel lists each load attempt after it
 out = {}
-for mod in ("sglang", "sglang.srt.server_args", "sgl_kernel"):
+for mod in ("sglang", "sglang.srt.server_args", "sgl_kernel", "xgrammar", "sglang.srt.constrained.xgrammar_backend"):
     try:
         __import__(mod)
         out[mod] = "ok"

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -52,7 +53,21 @@ def _read_manifest() -> dict[str, Any]:
 _LADDER = Ladder.load()
 _MANIFEST = _read_manifest()
 _STATE = _probe()
-_DECISION: Decision = choose(_LADDER, _STATE, os.environ.get(VARIANT_ENV) or None, _MANIFEST["variants"])
+
+
+def _decide() -> tuple[Decision, CpuVariantError | None]:
+    """The variant for this process. A KT_KERNEL_CPU_VARIANT this CPU cannot run fails the import,
+    except under kt-doctor, which must start to report it (and runs the automatic choice)."""
+    override = os.environ.get(VARIANT_ENV) or None
+    try:
+        return choose(_LADDER, _STATE, override, _MANIFEST["variants"]), None
+    except CpuVariantError as exc:
+        if override is None or Path(sys.argv[0]).name not in ("kt-doctor", "doctor.py"):
+            raise
+        return choose(_LADDER, _STATE, None, _MANIFEST["variants"]), exc
+
+
+_DECISION, _OVERRIDE_ERROR = _decide()
 _VARIANT = _core.Variant(str(_HERE.parent / _MANIFEST["variants"][_DECISION.chosen]["file"]))
 
 #: The CPU variant this process runs (e.g. "avx2", "avx512_vnni").

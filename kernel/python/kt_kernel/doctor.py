@@ -5,6 +5,10 @@
     kt-doctor --site DIR   another environment's site-packages
     kt-doctor --find-links DIR | --index-url URL
                            where the repair commands take the release's wheels from
+    kt-doctor --run [--deep]
+                           also run things: the CPU kernels against a reference, the CUDA
+                           payload against its manifest (--deep: hashes), every extracted
+                           library's DT_NEEDED, a GPU's compute capability and one op per library
 
 A KT environment must get ``transformers``, ``accelerate``, ``peft``, ``trl``, ``sglang``,
 ``sgl_kernel``, ... from exactly one distribution each, the KT one where the release forks or
@@ -13,7 +17,8 @@ repacks the upstream (``transformers-kt``, ``peft-kt``, ...). pip cannot see the
 "installed". The owners come from each distribution's RECORD (``importlib.metadata``'s listing, so
 the release's name alias plays no part). A conflict is two distributions writing one package, or an
 upstream distribution where an installed KT distribution requires the fork; each gets the pip
-commands that repair it. Exit status: 0 healthy, 1 a conflict.
+commands that repair it. Exit status: 0 healthy, 1 a conflict or (--run) a problem found, 2 an
+unusable invocation.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from importlib import metadata
 from pathlib import Path
+from typing import Any
 
 PACKAGES = ("kt_kernel", "transformers", "accelerate", "peft", "trl", "llamafactory", "sglang", "sgl_kernel")
 UPSTREAM_FILE = "kt_upstream.json"  # what the release's carriers write into each fork's dist-info
@@ -149,7 +155,15 @@ def main(argv: list[str] | None = None) -> int:
     src = p.add_mutually_exclusive_group()
     src.add_argument("--find-links", metavar="DIR", help="repairs install the release's wheels from DIR only")
     src.add_argument("--index-url", metavar="URL", help="repairs install the release's wheels from this index")
+    p.add_argument("--run", action="store_true", help="also run the checks of kt_kernel._doctor_run (see --help)")
+    p.add_argument("--deep", action="store_true", help="with --run: hash every extracted payload file")
     args = p.parse_args(argv)
+    if args.deep and not args.run:
+        print("kt-doctor: --deep goes with --run", file=sys.stderr)
+        return 2
+    if args.run and args.site is not None:
+        print("kt-doctor: --run checks this environment; it cannot run another's (--site)", file=sys.stderr)
+        return 2
     if args.site is not None and not args.site.is_dir():
         print(f"kt-doctor: {args.site}: no such directory", file=sys.stderr)
         return 2
@@ -163,12 +177,31 @@ def main(argv: list[str] | None = None) -> int:
         source = f"--index-url {shlex.quote(args.index_url)}"
     report = diagnose(args.packages, args.site, source)
     conflicts = [r for r in report if r.state == "conflict"]
+    checks = []
+    if args.run:
+        from . import _doctor_run
+
+        checks = _doctor_run.run(deep=args.deep)
+    problems = [c for c in checks if c.state == "problem"]
     if args.json:
-        print(json.dumps({"packages": [asdict(r) for r in report], "conflicts": len(conflicts)}, indent=2))
+        out: dict[str, Any] = {"packages": [asdict(r) for r in report], "conflicts": len(conflicts)}
+        if args.run:
+            out["checks"] = [asdict(c) for c in checks]
+            out["problems"] = len(problems)
+        print(json.dumps(out, indent=2))
     else:
         print(render(report))
         print(f"\n{len(conflicts)} conflict(s)" if conflicts else "\nno conflicts")
-    return 1 if conflicts else 0
+        if args.run:
+            from . import _doctor_run
+
+            print(_doctor_run.render(checks))
+            print(
+                f"\n{len(problems)} problem(s) found"
+                if problems
+                else "\nevery check ran clean or was skipped (see why)"
+            )
+    return 1 if conflicts or problems else 0
 
 
 if __name__ == "__main__":
