@@ -377,8 +377,10 @@ def bench(session: nox.Session) -> None:
         )
     if args.only == "payload":
         return
-    session.run("python", "kernel/tools/build_wheel.py", "--dist", str(KERNEL_OUT))
-    (wheel,) = KERNEL_OUT.glob("kt_kernel-*.whl")
+    # A CPU-only kt-kernel of its own: build/kt-kernel/out holds the release's input (CUDA included),
+    # which a bench run must not replace (a later assemble would refuse it as a partial build).
+    session.run("python", "kernel/tools/build_wheel.py", "--dist", str(paths.BENCH_KERNEL), "--if-stale")
+    (wheel,) = paths.BENCH_KERNEL.glob("kt_kernel-*.whl")
     session.install("--no-deps", "--force-reinstall", str(wheel))
     if args.only in (None, "kernel"):
         session.run(

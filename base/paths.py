@@ -31,6 +31,7 @@ EMULATED = BUILD / "emulated"  # the tests' emulated-CPU builds
 CI_LOCAL = BUILD / "ci-local"  # nox -s ci_local's clones, artifacts and index
 WHEELHOUSE = BUILD / "wheelhouse"  # cibuildwheel's output (nox -s build_wheels)
 BENCH_SCRATCH = (BUILD / "bench-build", BUILD / "bench-data-prep")  # the benchmarks' work folders
+BENCH_KERNEL = BUILD / "bench-kernel"  # nox -s bench's CPU-only kt-kernel: never the release's KERNEL_OUT
 BENCH_JSON = {
     "kernel": BUILD / "bench.json",
     "sft": BUILD / "bench-sft.json",
@@ -49,6 +50,7 @@ LEFTOVERS = (
     LOCK_WORK,
     AUDIT_REPORTS,
     *BENCH_SCRATCH,
+    BENCH_KERNEL,
     *KERNEL_SCRATCH,
     KERNEL / "build",
     BUILD / "lib",  # setuptools' (pip install . of the audit)

@@ -106,6 +106,20 @@ table.findings td:nth-child(3){max-width:330px;word-break:break-all} table.findi
 """
 
 
+def installed_torch(verify: dict[str, Any]) -> list[tuple[str, str]]:
+    """(profile, the torch it installed) for each verified profile that says: a version, or for an
+    upgrade "before -> after" (one version when it did not change); profiles that do not say are left out."""
+    out = []
+    for prof, result in verify.items():
+        torch = result.get("torch") if isinstance(result, dict) else None
+        if isinstance(torch, dict):
+            before, after = torch.get("before"), torch.get("after")
+            torch = after if before == after else f"{before} -> {after}"
+        if torch and torch != "?":
+            out.append((prof, str(torch)))
+    return out
+
+
 def doctor_line(result: dict[str, Any]) -> str | None:
     """`kt-doctor --run` in one verified profile: each check's state, the time."""
     run = result.get("doctor_run") or result.get("doctor") or {}
@@ -178,7 +192,7 @@ def render_html(
         *(f"<p id=serving>{e(line)}</p>" for line in [serving_line(verify)] if line),
         *(f"<p class=doctor>{e(p)}: {e(line)}</p>" for p, r in verify.items() if (line := doctor_line(r))),
         f"<p>torch: the carriers allow <code>{e(torch_summary(str(manifest.get('torch', ''))))}</code>"
-        + "".join(f"; {e(p)} installed <code>{e(str(r.get('torch', '?')))}</code>" for p, r in verify.items())
+        + "".join(f"; {e(p)} installed <code>{e(t)}</code>" for p, t in installed_torch(verify))
         + "</p>",
     ]
     out.append(
@@ -339,7 +353,7 @@ def _main(argv: list[str] | None) -> int:
         "",
         pythons_line(manifest),
         "",
-        f"torch: `{torch}`" + "".join(f"; {p} installed `{r.get('torch', '?')}`" for p, r in verify.items()),
+        f"torch: `{torch}`" + "".join(f"; {p} installed `{t}`" for p, t in installed_torch(verify)),
         "",
         "| carrier | version | kind | size (MiB) | sha256 | audit |",
         "| --- | --- | --- | ---: | --- | --- |",

@@ -174,3 +174,21 @@ def test_a_nested_policy_key_gets_its_closest_known_one(tmp_path: Path) -> None:
     bad.write_text(text.replace("\nallowed = ", "\nalowed = ", 1))
     with pytest.raises(PolicyError, match=r"unknown key elf\.exports\.'alowed'; did you mean 'allowed'\?"):
         load_policy(bad)
+
+
+def test_only_the_build_sessions_write_the_release_kernel_input() -> None:
+    """build/kt-kernel/out feeds the release; nox -s bench builds its CPU-only kt-kernel elsewhere."""
+    import ast
+
+    tree = ast.parse((ROOT / "noxfile.py").read_text())
+    writers = set()
+    for fn in (n for n in tree.body if isinstance(n, ast.FunctionDef)):
+        for call in (c for c in ast.walk(fn) if isinstance(c, ast.Call)):
+            words = [a.value for a in call.args if isinstance(a, ast.Constant)]
+            if "kernel/tools/build_wheel.py" in words and any(
+                isinstance(n, ast.Name) and n.id == "KERNEL_OUT" for a in call.args for n in ast.walk(a)
+            ):
+                writers.add(fn.name)
+    assert writers == {"build_all", "tests"}, writers  # (build_cpu and build_cuda pass it through `out`)
+    bench = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "bench")
+    assert "paths.BENCH_KERNEL" in (ast.get_source_segment((ROOT / "noxfile.py").read_text(), bench) or "")

@@ -160,3 +160,17 @@ def test_the_serving_checks_and_kt_doctor_run_are_shown(tmp_path: Path, capsys: 
     page = (dist / "release-report.html").read_text()
     assert "<p id=serving>" in page
     assert page.count("<p class=doctor>") == 2
+
+
+def test_the_installed_torch_reads_as_text() -> None:
+    verify = {
+        "serve": {"torch": "2.14.1"},
+        "lf-standard": {"install_s": 3.0},  # says nothing about torch: left out, not "?"
+        "lf-upgrade": {"torch": {"before": "2.14.1", "after": "2.14.1"}},
+        "other": {"torch": {"before": "2.9.1", "after": "2.14.1"}},
+    }
+    assert release_report.installed_torch(verify) == [
+        ("serve", "2.14.1"),
+        ("lf-upgrade", "2.14.1"),
+        ("other", "2.9.1 -> 2.14.1"),
+    ]
