@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import hashlib
 import json
 import os
 import shutil
@@ -31,6 +30,7 @@ from typing import Any
 from base import paths
 from base.errors import StageError, report
 from base.paths import ROOT
+from carriers.inputs import sha256
 
 from .errors import BenchError
 
@@ -132,11 +132,6 @@ def ours(site: Path, manifest: Path, cache: Path) -> dict[str, Any]:
     return result
 
 
-def _sha_file(path: Path) -> str:
-    with path.open("rb") as fh:
-        return hashlib.file_digest(fh, "sha256").hexdigest()
-
-
 def reference_pack(files: Path, names: list[str], out: Path, parts: int) -> tuple[list[Path], str, dict[str, str]]:
     """The reference archive: gzip tar (level 6), cut into `parts` equal slices."""
     tgz = out / "payload.tar.gz"
@@ -151,9 +146,9 @@ def reference_pack(files: Path, names: list[str], out: Path, parts: int) -> tupl
             p = out / f"payload.part{i}"
             p.write_bytes(fh.read(step))
             paths.append(p)
-    digest = _sha_file(tgz)
+    digest = sha256(tgz)
     tgz.unlink()
-    return paths, digest, {n: _sha_file(files / n) for n in names}
+    return paths, digest, {n: sha256(files / n) for n in names}
 
 
 def reference_materialize(parts: list[Path], digest: str, hashes: dict[str, str], cache: Path) -> None:
@@ -169,13 +164,13 @@ def reference_materialize(parts: list[Path], digest: str, hashes: dict[str, str]
             for p in parts:
                 with p.open("rb") as src:
                     shutil.copyfileobj(src, out, _CHUNK)
-        if _sha_file(tgz) != digest:
+        if sha256(tgz) != digest:
             raise BenchError("reference archive hash mismatch")
         dest = Path(tmp) / "x"
         with tarfile.open(tgz, "r:gz") as tar:
             tar.extractall(dest, filter="data")
         for n, h in hashes.items():
-            if _sha_file(dest / n) != h:
+            if sha256(dest / n) != h:
                 raise BenchError(f"reference: {n} hash mismatch")
         dest.rename(final)
 
@@ -183,7 +178,7 @@ def reference_materialize(parts: list[Path], digest: str, hashes: dict[str, str]
 def reference_warm(final: Path, hashes: dict[str, str]) -> None:
     """The gzip reference's warm path: every extracted file re-hashed against its manifest."""
     for n, h in hashes.items():
-        if _sha_file(final / n) != h:
+        if sha256(final / n) != h:
             raise BenchError(f"reference: {n} hash mismatch")
 
 

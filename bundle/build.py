@@ -10,7 +10,6 @@ error. The bundle is written beside its target and renamed into place: complete,
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
@@ -21,7 +20,7 @@ from pathlib import Path
 from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
 
 from base.errors import StageError
-from carriers.inputs import MANYLINUX_2_34, download
+from carriers.inputs import MANYLINUX_2_34, download, sha256
 
 _PIN = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==(\S+)((?:\s*\\\n\s*--hash=sha256:[0-9a-f]{64})*)", re.MULTILINE)
 
@@ -46,11 +45,6 @@ def pins(text: str) -> dict[str, tuple[str, frozenset[str]]]:
         canonicalize_name(m.group(1)): (m.group(2), frozenset(re.findall(r"sha256:([0-9a-f]{64})", m.group(3))))
         for m in _PIN.finditer(text)
     }
-
-
-def _sha256(path: Path) -> str:
-    with path.open("rb") as fh:
-        return hashlib.file_digest(fh, "sha256").hexdigest()
 
 
 def _readme(profile: str, python: str, install: str, count: int, size: int) -> str:
@@ -89,7 +83,7 @@ def build(dist: Path, profile: str, python: str, out: Path, *, index_url: str = 
         except InvalidWheelFilename:
             raise BundleError(f"{wheel}: not a wheel filename; {dist} is not a release nox -s build_all made") from None
         release.add(name)
-        if name in wanted and _sha256(wheel) in wanted[name][1]:
+        if name in wanted and sha256(wheel) in wanted[name][1]:
             local[name] = wheel
     manifest = dist / "manifest.json"  # the release's distributions, also those whose wheel went missing
     if manifest.is_file():
@@ -154,7 +148,7 @@ def check(directory: Path, wanted: dict[str, tuple[str, frozenset[str]]]) -> lis
         key = canonicalize_name(name)
         if key not in wanted:
             problems.append(f"{wheel.name} is not in the install file")
-        elif str(version) != wanted[key][0] or _sha256(wheel) not in wanted[key][1]:
+        elif str(version) != wanted[key][0] or sha256(wheel) not in wanted[key][1]:
             problems.append(f"{wheel.name}: not the pinned {key}=={wanted[key][0]} (version or sha256 differ)")
         else:
             found.setdefault(key, []).append(wheel.name)

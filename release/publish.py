@@ -29,6 +29,7 @@ from base.errors import StageError, report
 from base.paths import DIST
 from carriers import wheelio
 from carriers.graph import Graph
+from carriers.inputs import sha256
 
 from .errors import ReleaseError
 
@@ -125,8 +126,7 @@ def publish(
     manifest = json.loads((dist / "manifest.json").read_text())
     sums = {w["filename"]: w["sha256"] for w in manifest["wheels"]}
     for fname, digest in sums.items():
-        with (dist / fname).open("rb") as fh:
-            actual = hashlib.file_digest(fh, "sha256").hexdigest()
+        actual = sha256(dist / fname)
         if actual != digest:
             raise PublishError(f"{dist / fname}: sha256 {actual} is not the manifest's {digest}; rebuild dist/")
     done: list[tuple[str, str]] = []

@@ -4,7 +4,6 @@ verify stages is `VerifyError` (exit 1)."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
@@ -20,6 +19,7 @@ from packaging.utils import parse_wheel_filename
 
 from base import progress
 from base.errors import StageError
+from carriers.inputs import sha256
 from locks import indexes
 
 PROBES = Path(__file__).resolve().parent / "probes"
@@ -45,15 +45,14 @@ def sums(dist: Path) -> dict[str, str]:
         raise VerifyError(f"{path} is missing; build the candidate first (nox -s build_all)")
     entries = [line.split(maxsplit=1) for line in path.read_text().splitlines() if line.strip()]
     try:
-        stats = tuple((name, (dist / name).stat().st_size, (dist / name).stat().st_mtime_ns) for _, name in entries)
+        stats = tuple((name, st.st_size, st.st_mtime_ns) for _, name in entries for st in [(dist / name).stat()])
     except OSError as exc:
         raise VerifyError(f"{dist}: SHA256SUMS names a file that cannot be read ({exc}); rebuild dist/") from None
     key = (str(dist.resolve()), tuple(map(tuple, entries)), stats)
     if key not in _CHECKED:
         out = {}
         for digest, name in entries:
-            with (dist / name).open("rb") as fh:
-                actual = hashlib.file_digest(fh, "sha256").hexdigest()
+            actual = sha256(dist / name)
             if actual != digest:
                 raise VerifyError(f"{dist / name}: sha256 {actual} differs from SHA256SUMS ({digest}); rebuild dist/")
             out[name] = digest
@@ -183,7 +182,11 @@ def doctor(venv: Path, *options: str, env: dict[str, str] | None = None) -> dict
 def doctor_run(venv: Path, *options: str, env: dict[str, str] | None = None) -> dict[str, Any]:
     """`kt-doctor --run` in the venv; VerifyError naming every problem it finds. The summary: each
     check's state (a skip with its reason) and the time taken."""
-    report = doctor(venv, "--run", *options, env=env)
+    return run_summary(venv, doctor(venv, "--run", *options, env=env))
+
+
+def run_summary(venv: Path, report: dict[str, Any]) -> dict[str, Any]:
+    """The summary of a `kt-doctor --run --json` report, or VerifyError naming every conflict and problem."""
     problems = [f"{c['name']}: {c['detail']} (fix: {c['fix']})" for c in report["checks"] if c["state"] == "problem"]
     conflicts = [f"{p['package']}: {p['problem']}" for p in report["packages"] if p["state"] == "conflict"]
     if problems or conflicts:
