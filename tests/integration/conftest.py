@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from base import paths
 from locks import indexes
 from maint import ci_local
 from tests.conftest import ROOT
@@ -63,7 +64,7 @@ class Venv:
 
 @pytest.fixture(scope="session")
 def kt_wheel() -> Path:
-    dist = Path(os.environ.get("KT_DIST", ROOT / "build" / "kt-kernel" / "out"))
+    dist = Path(os.environ.get("KT_DIST", paths.KERNEL_OUT))
     wheels = sorted(dist.glob("kt_kernel-*manylinux*.whl"))
     if not wheels:
         if os.environ.get("KT_DIST"):  # the tests session built one and said where: its absence is a failure

@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from base import paths
 from tests.conftest import ROOT
 from tests.integration.conftest import SCRIPTS, Venv
 from tests.integration.test_kernel_wheel import VARIANTS, missing_on_host, out_of_bounds
@@ -94,7 +95,7 @@ def build_emulated(src: Path, out: Path, simde: Path, targets: tuple[str, ...] =
 @pytest.fixture(scope="session")
 def emulated(simde: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     t0 = time.perf_counter()
-    libs = build_emulated(ROOT / "kernel", ROOT / "build" / "emulated", simde)
+    libs = build_emulated(ROOT / "kernel", paths.EMULATED, simde)
     print(f"emulated variants built in {time.perf_counter() - t0:.1f}s: {sorted(p.name for p in libs.glob('*.so'))}")
     return libs
 
