@@ -253,17 +253,13 @@ def _validator() -> Any:
 def unknown_keys(validator: Any, data: Mapping[str, Any]) -> list[str]:
     """One line per key the schema does not allow (its additionalProperties: false), each with the
     closest key it does allow: the schema is the one owner of the policy's keys."""
-    out = []
-    for e in sorted(validator.iter_errors(data), key=lambda e: [str(x) for x in e.absolute_path]):
-        if e.validator != "additionalProperties" or e.validator_value is not False or not isinstance(e.instance, dict):
-            continue
-        known = sorted(e.schema.get("properties", {}))
-        where = "".join(f"{x}." for x in e.absolute_path)
-        for key in sorted(set(e.instance) - set(known)):
-            close = difflib.get_close_matches(key, known, n=1)
-            hint = f"; did you mean {close[0]!r}?" if close else f"; known keys: {', '.join(known)}"
-            out.append(f"unknown key {where}{key!r}{hint}")
-    return out
+    from .readers._json import hint
+    from .readers._json import unknown_keys as refused
+
+    return [
+        f"unknown key {''.join(f'{x}.' for x in where)}{key!r}{hint(key, known)}"
+        for where, key, known in refused(validator.iter_errors(data))
+    ]
 
 
 def _check_keys(data: Mapping[str, Any], source: Path) -> None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import difflib
 import json
 import re
 from dataclasses import dataclass, field
@@ -13,6 +12,7 @@ import tomllib
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.utils import canonicalize_name
 
+from audits.readers import hint, unknown_keys
 from base import version as _version
 from base.paths import VERSION_FILE
 
@@ -116,24 +116,13 @@ def kt_version(path: Path = VERSION_FILE) -> str:
         raise DefinitionError(str(exc)) from None
 
 
-def _hint(word: str, choices: set[str]) -> str:
-    close = difflib.get_close_matches(word, sorted(choices), n=1)
-    return f"; did you mean {close[0]!r}?" if close else f"; known keys: {', '.join(sorted(choices))}"
-
-
 def _unknown_keys(errors: list[Any], path: Path, name: str, kind: str) -> None:
     """The first key of carrier `name` (or of a table in it) that the schema does not name, with the
     closest one it does."""
-    for e in errors:
-        if e.validator != "additionalProperties" or e.validator_value is not False:
-            continue
-        where = list(e.absolute_path)
-        if not where or where[0] != name or not isinstance(e.instance, dict):
-            continue
-        known = set(e.schema.get("properties", {}))
-        for key in sorted(set(e.instance) - known):
+    for where, key, known in unknown_keys(errors):
+        if where and where[0] == name:
             inner = "".join(f"{x}." for x in where[1:])
-            raise DefinitionError(f"{path}: [{name}] unknown key {inner}{key!r} for a {kind}{_hint(key, known)}")
+            raise DefinitionError(f"{path}: [{name}] unknown key {inner}{key!r} for a {kind}{hint(key, known)}")
 
 
 def load(path: Path = DEFINITIONS, patches_dir: Path | None = None, version: str | None = None) -> CarrierSet:
@@ -153,7 +142,7 @@ def load(path: Path = DEFINITIONS, patches_dir: Path | None = None, version: str
     for name, spec in data.items():
         if not isinstance(spec, dict):
             raise DefinitionError(
-                f"{path}: {name} = {spec!r} is neither a carrier table nor a release key{_hint(name, RELEASE_KEYS)}"
+                f"{path}: {name} = {spec!r} is neither a carrier table nor a release key{hint(name, RELEASE_KEYS)}"
             )
         if canonicalize_name(name) != name:
             raise DefinitionError(
@@ -172,7 +161,7 @@ def load(path: Path = DEFINITIONS, patches_dir: Path | None = None, version: str
             if not isinstance(dep, str):
                 raise DefinitionError(f"{path}: [{name}] requires/extras take carrier names, not {dep!r}")
             if dep not in names:
-                raise DefinitionError(f"{path}: [{name}] pins {dep!r}, which is not a carrier{_hint(dep, names)}")
+                raise DefinitionError(f"{path}: [{name}] pins {dep!r}, which is not a carrier{hint(dep, names)}")
         source = None
         if "source" in spec:
             src = spec["source"]

@@ -13,6 +13,7 @@ if TYPE_CHECKING:
     from ._cuda import find_cuobjdump, list_archs
     from ._elf import ElfFacts, read_elf
     from ._isa import FeatureUse, feature_uses
+    from ._json import hint, unknown_keys
     from ._python import Lookup, find_lookups
     from ._wheel import Member, WheelFacts, read_wheel
 
@@ -28,6 +29,8 @@ _WHERE = {
     "list_archs": "_cuda",
     "Lookup": "_python",
     "find_lookups": "_python",
+    "hint": "_json",
+    "unknown_keys": "_json",
 }
 __all__ = [
     "ElfFacts",
@@ -38,9 +41,11 @@ __all__ = [
     "feature_uses",
     "find_cuobjdump",
     "find_lookups",
+    "hint",
     "list_archs",
     "read_elf",
     "read_wheel",
+    "unknown_keys",
 ]
 
 

@@ -4,8 +4,10 @@
 
 from __future__ import annotations
 
+import difflib
 import importlib.resources
 import json
+from collections.abc import Iterable
 from functools import cache
 from typing import Any
 
@@ -46,3 +48,22 @@ def load(data: bytes | str, schema: str) -> tuple[Any, str]:
         return None, f"not JSON: {exc}"
     problem = shape_error(doc, schema)
     return (None, f"not a {schema} document {problem}") if problem else (doc, "")
+
+
+def unknown_keys(errors: Iterable[Any]) -> list[tuple[tuple[Any, ...], str, list[str]]]:
+    """(where, key, the keys allowed there) for every key a schema's `additionalProperties: false`
+    refuses, in path order: the schema is the one owner of a document's keys."""
+    out = []
+    for e in sorted(errors, key=lambda e: [str(x) for x in e.absolute_path]):
+        if e.validator != "additionalProperties" or e.validator_value is not False or not isinstance(e.instance, dict):
+            continue
+        known = sorted(e.schema.get("properties", {}))
+        out += [(tuple(e.absolute_path), key, known) for key in sorted(set(e.instance) - set(known))]
+    return out
+
+
+def hint(word: str, choices: Iterable[str]) -> str:
+    """ "; did you mean 'x'?" for the closest of `choices`, else the list of them."""
+    known = sorted(choices)
+    close = difflib.get_close_matches(word, known, n=1)
+    return f"; did you mean {close[0]!r}?" if close else f"; known keys: {', '.join(known)}"
