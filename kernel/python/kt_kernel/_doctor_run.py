@@ -24,7 +24,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -143,10 +143,9 @@ def _payload() -> tuple[Any, Any] | Check:
         return Check("payload", "problem", str(exc), "pip install --force-reinstall --no-deps sglang-kernel-kt")
 
 
-def check_payload(deep: bool) -> Check:
-    found = _payload()
+def check_payload(found: tuple[Any, Any] | Check, deep: bool) -> Check:
     if isinstance(found, Check):
-        return found
+        return replace(found, name="payload")
     payload, m = found
     final = payload.target_dir(m)
     data: dict[str, Any] = {"files": len(m.files), "bytes": m.extracted_size, "root": str(final), "deep": deep}
@@ -227,11 +226,9 @@ def unresolved(files: list[Path], env: dict[str, Path]) -> dict[str, list[str]]:
     return out
 
 
-def check_needed() -> Check:
-    found = _payload()
+def check_needed(found: tuple[Any, Any] | Check) -> Check:
     if isinstance(found, Check):
-        found.name = "needed"
-        return found
+        return replace(found, name="needed")
     payload, m = found
     final = payload.target_dir(m)
     if not (final / payload.COMPLETE).is_file():
@@ -278,17 +275,15 @@ def _is_elf(path: Path) -> bool:
         return fh.read(4) == b"\x7fELF"
 
 
-def check_gpu() -> Check:
+def check_gpu(found: tuple[Any, Any] | Check) -> Check:
     try:
         import torch
     except ImportError:
         return Check("gpu", "skipped", "torch is not installed here")
     if not torch.cuda.is_available():
         return Check("gpu", "skipped", "no CUDA device: torch.cuda.is_available() is False on this machine")
-    found = _payload()
     if isinstance(found, Check):
-        found.name = "gpu"
-        return found
+        return replace(found, name="gpu")
     _, m = found
     wrong, devices = [], []
     for i in range(torch.cuda.device_count()):
@@ -344,13 +339,17 @@ def check_gpu() -> Check:
 
 
 def run(deep: bool = False) -> list[Check]:
-    """Every check, in order."""
-    return [
-        _timed("cpu", check_cpu),
-        _timed("payload", lambda: check_payload(deep)),
-        _timed("needed", check_needed),
-        _timed("gpu", check_gpu),
-    ]
+    """Every check, in order; the payload's manifest is read once for the three that need it."""
+    checks = [_timed("cpu", check_cpu)]
+    found: tuple[Any, Any] | Check
+    try:
+        found = _payload()
+    except Exception as exc:  # as _timed does: a finding, never a crashed doctor
+        found = Check("payload", "problem", f"{type(exc).__name__}: {exc}", "report it with `kt-doctor --run --json`")
+    checks.append(_timed("payload", lambda: check_payload(found, deep)))
+    checks.append(_timed("needed", lambda: check_needed(found)))
+    checks.append(_timed("gpu", lambda: check_gpu(found)))
+    return checks
 
 
 def render(checks: list[Check]) -> str:
