@@ -40,12 +40,12 @@ from .venv import (
     VerifyError,
     carrier_lines,
     doctor,
-    doctor_run,
     fresh_venv,
     load_by_path,
     pip,
     pip_check,
     run_probe,
+    run_summary,
     uv_install,
     uv_installed,
 )
@@ -184,12 +184,12 @@ def kt_checks(venv: Path, work: Path, tag: str) -> dict[str, Any]:
     and the control with and without use_kt."""
     pip_check(venv)
     result: dict[str, Any] = {"shared_paths": check_collisions(venv)}
-    report = doctor(venv)
+    report = doctor(venv, "--run")  # the ownership report and the checks, in one run
     owners = {p["package"]: p["owners"] for p in report["packages"] if p["package"] in KT_PACKAGES}
     wrong = ownership_problems(owners, kt=True)
     wrong += [f"{p['package']}: {p['problem']}" for p in report["packages"] if p["state"] == "conflict"]
     _fail(f"kt-doctor in {tag}", wrong)
-    result["doctor"] = doctor_run(venv)
+    result["doctor"] = run_summary(venv, report)
     result["owners"] = {k: [f"{o['name']} {o['version']}" for o in v] for k, v in owners.items()}
     names = dist_names(venv)
     _fail(f"lookups by upstream distribution name in {tag}", dist_name_problems(names))

@@ -19,12 +19,12 @@ from .venv import (
     VerifyError,
     carrier_lines,
     doctor,
-    doctor_run,
     fresh_venv,
     install,
     pip_check,
     probe,
     run_probe,
+    run_summary,
     venv_json,
 )
 
@@ -65,10 +65,10 @@ def verify_sft_cpu(dist: Path, work: Path) -> dict[str, Any]:
     result["dist_names"]["closure"] = owners.closure_lookups(venv, set(owners.upstream()))
     if wrong := owners.dist_name_problems(result["dist_names"]):
         raise VerifyError("lookups by upstream distribution name in the sft-cpu profile:\n" + "\n".join(wrong))
-    result["doctor"] = doctor(venv)
+    result["doctor"] = doctor(venv, "--run")  # the ownership report and the checks, in one run
     if result["doctor"]["conflicts"]:
         raise VerifyError(f"kt-doctor finds conflicts in the fresh sft-cpu profile: {result['doctor']}")
-    result["doctor_run"] = doctor_run(venv)  # the CPU kernels run; no CUDA payload in this profile
+    result["doctor_run"] = run_summary(venv, result["doctor"])  # the CPU kernels run; no CUDA payload here
     result["train_resume"] = run_probe(venv, "training/resume control", "train_control")
     e2e = venv_json(venv, "kt_kernel.sft end-to-end", probe("sft_e2e"))
     wrong = sft_e2e.problems(e2e)
