@@ -22,6 +22,7 @@ KERNEL_SCRATCH = tuple(KERNEL_BUILD / n for n in ("raw", "repaired", "shards"))
 LOCKS_FOR_INSTALL = BUILD / "locks"  # locks adapted to this machine (locks.indexes.for_install)
 LOCK_WORK = BUILD / "lock"  # nox -s lock's scratch
 TIMINGS = BUILD / "timings"  # each release stage's wall time, for the report's table
+STAGE_CACHE = BUILD / "stage-cache"  # each stage's content key and last result (base.stagecache)
 AUDIT_REPORTS = BUILD / "audit"  # `nox -s audit -- PATH...` (dist/ keeps the release's own)
 VERIFY_WORK = BUILD / "verify"  # verify_install's venvs
 VERIFY_JSON = BUILD / "verify.json"

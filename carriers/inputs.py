@@ -3,7 +3,6 @@ git commit built with `python -m build`. Everything is cached by content."""
 
 from __future__ import annotations
 
-import hashlib
 import os
 import shutil
 import subprocess
@@ -16,7 +15,7 @@ from pathlib import Path
 from packaging.utils import canonicalize_name, parse_wheel_filename
 from packaging.version import Version
 
-from base import paths, progress
+from base import paths, progress, stagecache
 from locks.read import parse_lock
 
 from . import proc
@@ -39,10 +38,7 @@ class Input:
     sha256: str
 
 
-def sha256(path: Path) -> str:
-    """The hex sha256 of a file (hashlib reads it in chunks)."""
-    with path.open("rb") as fh:
-        return hashlib.file_digest(fh, "sha256").hexdigest()
+sha256 = stagecache.file_sha256  # the hex sha256 of a file (its one owner is base, below every stage)
 
 
 def default_cache() -> Path:

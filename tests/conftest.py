@@ -7,6 +7,8 @@ import sys
 from pathlib import Path
 from types import ModuleType
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 KT_SRC = ROOT / "kernel" / "python" / "kt_kernel"
 
@@ -20,3 +22,12 @@ def load_source_module(name: str, path: Path) -> ModuleType:
     sys.modules[name] = module
     spec.loader.exec_module(module)
     return module
+
+
+@pytest.fixture(autouse=True)
+def _own_stage_records(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Stage records (base.stagecache) a test writes or reads live in its own folder, never build/'s:
+    a test never reuses, or leaves behind, a developer's release stage."""
+    from base import stagecache
+
+    monkeypatch.setattr(stagecache, "CACHE", tmp_path_factory.mktemp("stage-cache"))
