@@ -120,11 +120,18 @@ def build_wheels(session: nox.Session) -> None:
 
 def _partial_args(session: nox.Session, name: str) -> list[str]:
     """`-- --partial 3.11 [--partial 3.12]`: a partial development release for only those Pythons of the
-    matrix (carriers.toml's `pythons`), labelled so in manifest.json and the report."""
+    matrix (carriers.toml's `pythons`), labelled so in manifest.json and the report. `--fresh`: run even
+    what the stage cache would reuse (base/stagecache.py; KT_FRESH=1 does the same)."""
     p = _parser(name)
     p.add_argument("--partial", action="append", default=[], metavar="3.N", help="only this Python (development)")
+    p.add_argument("--fresh", action="store_true", help="rebuild even what was built from exactly these inputs")
     args = p.parse_args(session.posargs)
-    return [f"--partial={v}" for v in args.partial]
+    return [f"--partial={v}" for v in args.partial] + (["--fresh"] if _fresh(args.fresh) else [])
+
+
+def _fresh(flag: bool) -> bool:
+    """--fresh, or KT_FRESH=1 (CI and ci_local set it: they never reuse a stage)."""
+    return flag or os.environ.get("KT_FRESH", "") not in ("", "0")
 
 
 @nox.session(python=PYTHON, tags=["build"])
@@ -142,11 +149,12 @@ def build_all(session: nox.Session) -> None:
     """Build the release into dist/: kt-kernel (CPU variants + CUDA archive), then every carrier for every
     Python of the matrix, atomically (`-- --partial 3.11`: a labelled development release)."""
     partial = _partial_args(session, "build_all")
+    reuse = [] if "--fresh" in partial else ["--if-stale"]  # the kernel's own key: its stamp
     with _timed("build_all"):
         _install_lock(session, "toolchain")
         _install_lock(session, "cuda")
         _install_lock(session, "audit")  # the payload packer reads the policy and runs cuobjdump
-        session.run("python", "kernel/tools/build_wheel.py", "--dist", str(KERNEL_OUT), "--cuda")
+        session.run("python", "kernel/tools/build_wheel.py", "--dist", str(KERNEL_OUT), "--cuda", *reuse)
         session.run("python", "-m", "carriers", "assemble", "--kernel", str(KERNEL_OUT), "--dist", str(DIST), *partial)
 
 
@@ -190,35 +198,31 @@ def mutants(session: nox.Session) -> None:
 
 @nox.session(python=PYTHON, tags=["audit"])
 def audit(session: nox.Session) -> None:
-    """Run every audit over dist/: dist/audit-report.json and .md; fails on any error finding.
+    """Run every audit over dist/: dist/audit-report.json and .md; fails on any error finding. The audit of
+    exactly these wheels with this policy and code is reused (`--fresh` audits anyway).
 
     `-- PATH...` audits those wheels or directories instead; their reports go to build/audit/, since
     dist/ holds only the release build_all made."""
     p = _parser("audit")
     p.add_argument("--baseline", help="a previous audit-report.json, for size growth")
+    p.add_argument("--fresh", action="store_true", help="audit even if these wheels passed this audit before")
     p.add_argument("paths", nargs="*")
     args = p.parse_args(session.posargs)
-    reports = paths.AUDIT_REPORTS if args.paths else DIST
     if not args.paths and not DIST.is_dir():
         session.error(f"{DIST} does not exist: run `nox -s build_all` first, or name wheels: `nox -s audit -- PATH...`")
-    reports.mkdir(parents=True, exist_ok=True)
     _install_lock(session, "audit")
     extra = ["--baseline", args.baseline] if args.baseline else []
     summary = os.environ.get("GITHUB_STEP_SUMMARY")  # CI: the Markdown report goes into the job summary
-    summary_args = ["--summary", summary] if summary else []
+    extra += ["--summary", summary] if summary else []
+    if args.paths:  # anyone's wheels: audited as they are, no stage cache
+        paths.AUDIT_REPORTS.mkdir(parents=True, exist_ok=True)
+        reports = [f"--json={paths.AUDIT_REPORTS / 'audit-report.json'}"]
+        reports += [f"--markdown={paths.AUDIT_REPORTS / 'audit-report.md'}"]
+        session.run("python", "-m", "audits", *args.paths, *reports, *extra)
+        return
     with _timed("audit"):
-        session.run(
-            "python",
-            "-m",
-            "audits",
-            *(args.paths or [str(DIST)]),
-            "--json",
-            str(reports / "audit-report.json"),
-            "--markdown",
-            str(reports / "audit-report.md"),
-            *summary_args,
-            *extra,
-        )
+        fresh = ["--fresh"] if _fresh(args.fresh) else []
+        session.run("python", "-m", "release.audit", "--dist", str(DIST), *extra, *fresh)
 
 
 @nox.session(python=PYTHON, tags=["verify"])
@@ -232,15 +236,17 @@ def verify_install(session: nox.Session) -> None:
         help="sft-cpu, serve, lf-standard, lf-kt, lf-upgrade, resolve, cp313",
     )
     p.add_argument("--python", action="append", default=[], metavar="3.N", help="resolve: only these Pythons")
+    p.add_argument("--fresh", action="store_true", help="run even the profiles proven on exactly these inputs")
     args = p.parse_args(session.posargs)
     report = str(paths.VERIFY_JSON)
     venvs = [x for x in args.profile if x not in ("resolve", "cp313")]
-    pythons = [f"--python={v}" for v in args.python]
+    fresh = ["--fresh"] if _fresh(args.fresh) else []
+    pythons = [f"--python={v}" for v in args.python] + fresh
     with _timed("verify_install"):
         _install_lock(session, "verify")
         if venvs or not args.profile:
             profiles = (f"--profile={x}" for x in venvs)
-            session.run("python", "-m", "verify", "--dist", str(DIST), "--json", report, *profiles)
+            session.run("python", "-m", "verify", "--dist", str(DIST), "--json", report, *profiles, *fresh)
         if "resolve" in args.profile or not args.profile:
             # Normal resolution from an index serving dist/ (PyPI behind it), every install profile and Python.
             resolved = str(paths.VERIFY_RESOLUTION_JSON)
@@ -248,7 +254,7 @@ def verify_install(session: nox.Session) -> None:
         if "cp313" in args.profile or not args.profile:
             # The release on Debian trixie's CPython 3.13 (a debootstrap'ed root; no 3.12 interpreter exists here).
             exercised = str(paths.VERIFY_INTERPRETERS_JSON)
-            session.run("python", "-m", "verify.interpreters", "--dist", str(DIST), "--json", exercised)
+            session.run("python", "-m", "verify.interpreters", "--dist", str(DIST), "--json", exercised, *fresh)
 
 
 @nox.session(venv_backend="none", default=False)
@@ -279,11 +285,15 @@ def ci_local(session: nox.Session) -> None:
 
 @nox.session(venv_backend="none", tags=["release"])
 def release(session: nox.Session) -> None:
-    """The whole candidate: build_all, audit, verify_install, then a one-screen summary and report."""
+    """The whole candidate: build_all, audit, verify_install, then a one-screen summary and report. A stage
+    whose inputs are exactly those of its last success is reused, saying so (`-- --fresh` runs them all)."""
+    p = _parser("release")
+    p.add_argument("--fresh", action="store_true", help="run every stage, even those built from exactly these inputs")
+    args = p.parse_args(session.posargs)
     TIMINGS.mkdir(parents=True, exist_ok=True)
     (TIMINGS / ".release-start").write_text(f"{time.time()}\n")  # release_report prints this run's stages
     for name in ("build_all", "audit", "verify_install"):
-        session.notify(name)
+        session.notify(name, ["--fresh"] if args.fresh else [])
     session.notify("release_report")
 
 

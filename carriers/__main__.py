@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 
+from base import stages
 from base.errors import StageError, report
 
 from . import assemble, consistency, model
@@ -26,6 +28,7 @@ def main(argv: list[str] | None = None) -> int:
         metavar="3.N",
         help="a partial development release for only these Pythons of the matrix (labelled so in manifest.json)",
     )
+    a.add_argument("--fresh", action="store_true", help="assemble even if dist/ was built from exactly these inputs")
     c = sub.add_parser("check", help="validate carriers.toml; with --dist, the built set's metadata too")
     c.add_argument("--dist", type=Path, help="a built release: pins, bounds, torch and the payload closure")
     args = p.parse_args(argv)
@@ -35,7 +38,15 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{len(cs.carriers)} carriers, KT version {cs.kt_version}: ok")
             return 0 if args.dist is None else _check_dist(cs, args.dist)
         pythons = _partial(cs, args.partial)
-        manifest = assemble.assemble(cs, assemble.kernel_from(args.kernel), args.dist, pythons=pythons)
+        kernels = assemble.kernel_from(args.kernel)
+        stage = stages.assemble(args.kernel, args.dist, pythons, fresh=args.fresh)
+        reused = stage.reuse() is not None  # dist/ holds exactly what these inputs assemble into
+        if reused:
+            manifest = json.loads((args.dist / "manifest.json").read_text())
+        else:
+            manifest = assemble.assemble(cs, kernels, args.dist, pythons=pythons)
+            stage.outputs = stages.assembled_outputs(args.dist)
+            stage.done()
     except StageError as exc:  # carriers.CarrierError, and the locks' and base's roots below it
         return report(exc)
     width = max(len(w["filename"]) for w in manifest["wheels"])
@@ -45,7 +56,10 @@ def main(argv: list[str] | None = None) -> int:
         f"torch: {consistency.torch_summary(manifest['torch'])} (every carrier's requirement; released: "
         f"{', '.join(manifest['torch_candidates'])})"
     )
-    print(f"assembled {len(manifest['wheels'])} wheels into {args.dist} in {manifest['elapsed_s']:.1f}s")
+    if reused:
+        print(f"reused the {len(manifest['wheels'])} wheels in {args.dist}: assembled before from these inputs")
+    else:
+        print(f"assembled {len(manifest['wheels'])} wheels into {args.dist} in {manifest['elapsed_s']:.1f}s")
     per = {v: sum(v in w["pythons"] for w in manifest["wheels"]) for v in manifest["pythons"]}
     print("Pythons: " + ", ".join(f"{v} ({n} wheels)" for v, n in per.items()))
     if "partial" in manifest:

@@ -7,6 +7,7 @@ verify.interpreters)."""
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import time
 from collections.abc import Callable
@@ -16,7 +17,7 @@ from typing import Any
 from base.errors import StageError, report
 from base.paths import DIST, VERIFY_WORK
 
-from . import lf
+from . import cached, lf
 from .serve import verify_serve
 from .sft import verify_sft_cpu
 from .venv import sums
@@ -34,22 +35,49 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dist", type=Path, default=DIST)
     p.add_argument("--work", type=Path, default=VERIFY_WORK)
     p.add_argument("--profile", action="append", choices=list(RUN), help="default: all")
-    p.add_argument("--json", type=Path, help="write the results here")
+    p.add_argument("--json", type=Path, help="write the results here (merged with the other profiles' there)")
+    p.add_argument("--fresh", action="store_true", help="run every profile, even one proven on exactly these inputs")
     args = p.parse_args(argv)
     args.work.mkdir(parents=True, exist_ok=True)
-    results: dict[str, Any] = {}
+    results: dict[str, Any] = _previous(args.json)
     try:
         sums(args.dist)  # a dist/ that is not a complete build fails here, before any venv
+        key = cached.dist_key(args.dist)
         for prof in args.profile or list(RUN):
-            t0 = time.perf_counter()
-            results[prof] = RUN[prof](args.dist, args.work)
-            results[prof]["elapsed_s"] = round(time.perf_counter() - t0, 1)
-            print(f"{prof}: ok ({results[prof]['elapsed_s']}s) {json.dumps(results[prof])}")
+            results.pop(prof, None)  # a failure below leaves no earlier success of it behind
+            work = functools.partial(_timed, prof, args)
+            result, stamp = cached.run(prof, args.dist, key, work, fresh=args.fresh)
+            results[prof] = {**result, **stamp}
+            print(f"{prof}: ok ({stamp['outcome']}, {result['elapsed_s']}s when produced) {json.dumps(result)}")
     except StageError as exc:  # VerifyError, and the carriers', locks' and base's roots below it
+        _write(args.json, results)
         return report(exc)
-    if args.json:
-        args.json.write_text(json.dumps(results, indent=2) + "\n")
+    _write(args.json, results)
     return 0
+
+
+def _timed(prof: str, args: argparse.Namespace) -> dict[str, Any]:
+    t0 = time.perf_counter()
+    result = RUN[prof](args.dist, args.work)
+    result["elapsed_s"] = round(time.perf_counter() - t0, 1)
+    return result
+
+
+def _previous(path: Path | None) -> dict[str, Any]:
+    """The other profiles' results in --json (each carries the dist/ key it was obtained on)."""
+    if path is None or not path.is_file():
+        return {}
+    try:
+        data = json.loads(path.read_text())
+    except ValueError:
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _write(path: Path | None, results: dict[str, Any]) -> None:
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(results, indent=2, sort_keys=True) + "\n")
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ the installed carriers. CUDA torch (4 GB) stays with the GPU-sized profiles."""
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import shutil
@@ -23,6 +24,7 @@ from packaging.utils import canonicalize_name
 from base import paths
 from base.errors import StageError, report
 
+from . import cached
 from .venv import VerifyError
 
 SUITES = {"3.13": "trixie"}  # CPython -> the Debian suite whose python3 it is
@@ -152,21 +154,37 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--python", action="append", default=[], metavar="3.N", help=f"default: {sorted(SUITES)}")
     p.add_argument("--cache", type=Path, default=paths.CACHE)
     p.add_argument("--json", type=Path)
+    p.add_argument("--fresh", action="store_true", help="run even if these wheels were proven here before")
     args = p.parse_args(argv)
     results: dict[str, Any] = {}
+
+    def work(python: str) -> dict[str, Any]:
+        try:
+            return run(args.dist, python, args.cache)
+        except Unavailable as exc:
+            return {"not_verified": str(exc)}
+
     try:
+        key = cached.dist_key(args.dist)
         for python in args.python or sorted(SUITES):
-            try:
-                r = run(args.dist, python, args.cache)
-            except Unavailable as exc:
-                results[python] = {"not_verified": str(exc)}
-                print(f"[cp{python.replace('.', '')}] CPython {python}: NOT VERIFIED: {exc}", flush=True)
+            name = f"cp{python.replace('.', '')}"
+            r, stamp = cached.run(
+                name,
+                args.dist,
+                key,
+                functools.partial(work, python),
+                proved=lambda r: "not_verified" not in r,
+                extra={"python": python},
+                fresh=args.fresh,
+            )
+            results[python] = {**r, **stamp}
+            if "not_verified" in r:
+                print(f"[{name}] CPython {python}: NOT VERIFIED: {r['not_verified']}", flush=True)
                 continue
-            results[python] = r
             print(
-                f"[cp{python.replace('.', '')}] CPython {r['python']} ({r['variant']}): MoE within "
+                f"[{name}] CPython {r['python']} ({r['variant']}): MoE within "
                 f"{r['moe_max_rel_error']:.2e} of numpy; sglang-kt {r['sglang_kt_tags'][0]}; {r['payload_verify']} "
-                f"({r['seconds']:.0f}s)"
+                f"({r['seconds']:.0f}s, {stamp['outcome']})"
             )
     except (StageError, OSError, ValueError, KeyError) as exc:
         return report(exc)

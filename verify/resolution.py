@@ -32,6 +32,7 @@ from base import progress
 from base.errors import StageError, report
 from carriers.inputs import MANYLINUX_2_34, target_args
 
+from . import cached
 from .venv import VerifyError
 
 PUBLIC = "https://pypi.org/simple"
@@ -207,6 +208,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--python", action="append", default=[], metavar="3.N", help="default: the release's matrix")
     p.add_argument("--fallback", default=PUBLIC, help="the public index behind the release's")
     p.add_argument("--json", type=Path)
+    p.add_argument("--fresh", action="store_true", help="resolve even if these wheels resolved before")
     args = p.parse_args(argv)
     args.profile = args.profile or install_profiles()
     args.python = args.python or list(load_carriers().pythons)
@@ -214,8 +216,9 @@ def main(argv: list[str] | None = None) -> int:
     if not (args.dist / "manifest.json").is_file() or not (args.dist / "install").is_dir():
         print(f"error: {args.dist} is not an assembled release (no manifest.json or install/); run nox -s build_all")
         return 1
-    results = []
-    try:
+
+    def work() -> list[dict[str, Any]]:
+        results = []
         with index(args.dist, args.fallback) as url:
             for profile in args.profile:
                 roots = directive(root / "lockfiles" / f"{profile}.in", "carriers")
@@ -225,27 +228,46 @@ def main(argv: list[str] | None = None) -> int:
                         flush=True,
                     )
                     r = check(args.dist, profile, python, roots, url)
-                    results.append(r)
-                    verdict = (
-                        f"NOT VERIFIED: {r.not_verified}"
-                        if r.not_verified
-                        else "ok"
-                        if not r.problems
-                        else f"{len(r.problems)} problems"
-                    )
-                    print(
-                        f"[resolve] {profile} cp{python.replace('.', '')}: {len(r.installed)} packages, "
-                        f"{verdict} ({r.seconds:.0f}s)"
-                    )
-                    for problem in r.problems:
-                        print(f"  error: {problem}", file=sys.stderr)
-                    for note in r.drift:
-                        print(f"  warning: {note} (newer since the lock; `nox -s lock` ships it)", file=sys.stderr)
+                    results.append(r.as_dict())
+                    _say(r.as_dict())
+        return results
+
+    try:
+        key = cached.dist_key(args.dist)
+        extra = {"profiles": args.profile, "pythons": args.python, "fallback": args.fallback}
+        results, stamp = cached.run("resolve", args.dist, key, work, proved=_proved, extra=extra, fresh=args.fresh)
     except (StageError, OSError, KeyError, ValueError) as exc:  # ValueError: a corrupt manifest.json
         return report(exc)
+    if stamp["outcome"] == "reused":
+        for r in results:
+            _say(r)
     if args.json:
-        args.json.write_text(json.dumps([r.as_dict() for r in results], indent=2) + "\n")
-    return 1 if any(r.problems for r in results) else 0
+        args.json.write_text(json.dumps({**stamp, "results": results}, indent=2) + "\n")
+    return 1 if any(r["problems"] for r in results) else 0
+
+
+def _proved(results: list[dict[str, Any]]) -> bool:
+    """Every profile resolved on every Python with no problem (a NOT VERIFIED one is run again)."""
+    return all(not r["problems"] and not r["not_verified"] for r in results)
+
+
+def _say(r: dict[str, Any]) -> None:
+    """One resolution's verdict line, its problems and its drift."""
+    verdict = (
+        f"NOT VERIFIED: {r['not_verified']}"
+        if r["not_verified"]
+        else "ok"
+        if not r["problems"]
+        else f"{len(r['problems'])} problems"
+    )
+    print(
+        f"[resolve] {r['profile']} cp{r['python'].replace('.', '')}: {r['packages']} packages, "
+        f"{verdict} ({r['seconds']:.0f}s)"
+    )
+    for problem in r["problems"]:
+        print(f"  error: {problem}", file=sys.stderr)
+    for note in r["drift"]:
+        print(f"  warning: {note} (newer since the lock; `nox -s lock` ships it)", file=sys.stderr)
 
 
 if __name__ == "__main__":

@@ -200,13 +200,32 @@ def inputs_digest(variants: list[str], cuda_archs: list[str] | None) -> str:
 STAMP = ".kt-kernel-inputs.sha256"
 
 
+def _wheel_sha256(wheel: Path) -> str:
+    import hashlib
+
+    with wheel.open("rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+def stamp_text(digest: str, wheel: Path) -> str:
+    """The stamp beside a built wheel: the inputs' digest, the wheel's name and its own sha256."""
+    return f"{digest} {wheel.name} {_wheel_sha256(wheel)}\n"
+
+
 def up_to_date(dist: Path, digest: str) -> Path | None:
-    """The wheel in `dist` built from exactly these inputs, if there is one."""
+    """The wheel in `dist` built from exactly these inputs and still the bytes that build wrote, if
+    there is one (a wheel changed or truncated since is rebuilt, never trusted)."""
     stamp = dist / STAMP
     wheels = sorted(dist.glob("kt_kernel-*.whl"))
-    if len(wheels) == 1 and stamp.is_file() and stamp.read_text().split() == [digest, wheels[0].name]:
-        return wheels[0]
-    return None
+    if len(wheels) != 1 or not stamp.is_file():
+        return None
+    fields = stamp.read_text().split()
+    if fields[:2] != [digest, wheels[0].name] or len(fields) != 3:
+        return None
+    if _wheel_sha256(wheels[0]) != fields[2]:
+        print(f"kt-kernel: {wheels[0]} differs from the wheel its build wrote (sha256); rebuilding it")
+        return None
+    return wheels[0]
 
 
 def output_dir(given: Path | None, variants: list[str], cuda_archs: list[str] | None) -> Path:
@@ -251,11 +270,15 @@ def main(argv: list[str] | None = None) -> int:
         digest = inputs_digest(args.variant, cuda)
         fresh = up_to_date(dist, digest) if args.if_stale else None
         if fresh is not None:
-            print(f"kt-kernel: {fresh} was built from these inputs (sha256 {digest[:16]}): reused, not rebuilt")
+            when = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime((dist / STAMP).stat().st_mtime))
+            print(
+                f"kt-kernel: {fresh} was built from these inputs (key {digest[:16]}, produced {when}): "
+                "reused, not rebuilt (--fresh rebuilds it)"
+            )
             return 0
         (dist / STAMP).unlink(missing_ok=True)
         wheel = build(dist, args.work.resolve(), args.variant, cuda)
-        (dist / STAMP).write_text(f"{digest} {wheel.name}\n")
+        (dist / STAMP).write_text(stamp_text(digest, wheel))
     except BuildError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1

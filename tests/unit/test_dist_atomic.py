@@ -158,7 +158,13 @@ def test_a_wheel_is_reused_only_for_identical_inputs(tmp_path: Path) -> None:
     wheel.write_bytes(b"w")
     assert bw.up_to_date(tmp_path, digest) is None  # no stamp
     (tmp_path / bw.STAMP).write_text(f"{digest} {wheel.name}\n")
+    assert bw.up_to_date(tmp_path, digest) is None  # a stamp without the wheel's own sha256
+    (tmp_path / bw.STAMP).write_text(bw.stamp_text(digest, wheel))
     assert bw.up_to_date(tmp_path, digest) == wheel
     assert bw.up_to_date(tmp_path, "0" * 64) is None
+    wheel.write_bytes(b"x")  # the same size, other bytes: a corrupted wheel is rebuilt, never reused
+    assert bw.up_to_date(tmp_path, digest) is None
+    wheel.write_bytes(b"w")
+    assert bw.up_to_date(tmp_path, digest) == wheel
     (tmp_path / "kt_kernel-0.6.0-cp311-cp311-manylinux_2_34_x86_64.whl").write_bytes(b"old")
     assert bw.up_to_date(tmp_path, digest) is None  # two wheels: not a build of ours

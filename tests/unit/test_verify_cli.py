@@ -18,11 +18,13 @@ def test_no_debootstrap_is_not_verified_with_the_fix(
     monkeypatch.setattr("shutil.which", lambda name: None)
     monkeypatch.setattr("os.geteuid", lambda: 0)
     out = tmp_path / "r.json"
+    (tmp_path / "SHA256SUMS").write_text("")  # a dist/ of nothing: the verdict is about the machine
     assert interpreters.main(["--dist", str(tmp_path), "--cache", str(tmp_path / "cache"), "--json", str(out)]) == 0
     assert "NOT VERIFIED: debootstrap is not installed: apt-get install debootstrap" in capsys.readouterr().out
     recorded = json.loads(out.read_text())
     assert list(recorded) == ["3.13"]
-    assert list(recorded["3.13"]) == ["not_verified"]  # no result, no pass: only why
+    # no result, no pass: only why, and the key of the dist/ it was asked about
+    assert sorted(recorded["3.13"]) == ["dist_sha256", "not_verified", "outcome", "produced"]
     assert "apt-get install debootstrap" in recorded["3.13"]["not_verified"]
 
 

@@ -1,0 +1,50 @@
+"""A verification profile's result, reused when nothing it depends on changed (base/stages.py: the
+wheels dist/ lists, the verification code, the locks, the Python, this host's CPU).
+
+Every result carries the key of the exact dist/ it was obtained on (`dist_sha256`), whether this run
+produced it or reused it, and when it was produced: the release report shows a result obtained on other
+wheels as "not verified for this build". Only a result that proved everything is recorded; one that
+failed or could not verify (NOT VERIFIED) always runs again.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any, TypeVar
+
+from base import stagecache, stages
+
+from .venv import VerifyError
+
+T = TypeVar("T")
+
+
+def dist_key(dist: Path) -> str:
+    """dist_sha256 of dist/ (every listed file re-hashed), or VerifyError saying what is wrong."""
+    try:
+        return stagecache.dist_sha256(dist)
+    except stagecache.DistError as exc:
+        raise VerifyError(str(exc)) from None
+
+
+def run(
+    profile: str,
+    dist: Path,
+    key: str,
+    work: Callable[[], T],
+    *,
+    proved: Callable[[T], bool] = lambda _: True,
+    extra: Mapping[str, object] | None = None,
+    fresh: bool = False,
+) -> tuple[T, dict[str, Any]]:
+    """(the result, its stamp: dist_sha256, outcome "ran" or "reused", produced)."""
+    stage = stages.verify(profile, dist, key, extra=extra, fresh=fresh)
+    hit = stage.reuse()
+    if hit is not None:
+        return hit.result, {"dist_sha256": key, "outcome": "reused", "produced": hit.produced}
+    result = work()
+    if proved(result):
+        stage.done(result)
+    produced = stagecache.Stage.now()
+    return result, {"dist_sha256": key, "outcome": "ran", "produced": produced}
