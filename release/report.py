@@ -23,9 +23,18 @@ from packaging.utils import parse_wheel_filename
 from audits.errors import AuditError
 from audits.policy import load_policy
 from audits.report import printable
-from base import progress
+from base import progress, stagecache
 from base.errors import StageError, report
-from base.paths import DIST, ROOT, TIMINGS, VERIFY_JSON
+from base.paths import (
+    DIST,
+    KERNEL_OUT,
+    ROOT,
+    STAGE_CACHE,
+    TIMINGS,
+    VERIFY_INTERPRETERS_JSON,
+    VERIFY_JSON,
+    VERIFY_RESOLUTION_JSON,
+)
 from base.version import VersionFileError, release_date
 from carriers.consistency import torch_summary
 from carriers.model import PART_DIR
@@ -168,7 +177,14 @@ def _cls(verdict: str) -> str:
 
 
 def render_html(
-    manifest: dict[str, Any], audit: dict[str, Any], verify: dict[str, Any], baseline: dict[str, Any] | None, dist: Path
+    manifest: dict[str, Any],
+    audit: dict[str, Any],
+    verify: dict[str, Any],
+    baseline: dict[str, Any] | None,
+    dist: Path,
+    *,
+    notes: list[str] | None = None,
+    stages: list[str] | None = None,
 ) -> str:
     """The release candidate as one self-contained page (no network, no script)."""
     e = _e
@@ -189,6 +205,7 @@ def render_html(
         f"{sum(f.get('severity') == 'error' for f in audit.get('findings', []))} errors; install verification: "
         f"{', '.join(verify) or 'not run'}</p>",
         f"<p id=pythons>{e(pythons_line(manifest))}</p>",
+        *(f"<p class=note>{e(n)}</p>" for n in notes or []),
         *(f"<p id=serving>{e(line)}</p>" for line in [serving_line(verify)] if line),
         *(f"<p class=doctor>{e(p)}: {e(line)}</p>" for p, r in verify.items() if (line := doctor_line(r))),
         f"<p>torch: the carriers allow <code>{e(torch_summary(str(manifest.get('torch', ''))))}</code>"
@@ -234,6 +251,8 @@ def render_html(
         + svg_bars(sorted(sizes, key=lambda x: -x[1]), "Wheel sizes")
         + svg_bars(breakdown, "kt-kernel, compressed")
     )
+    if stages:
+        out.append("<h2 id=stages>Stages</h2><ul>" + "".join(f"<li>{e(r)}</li>" for r in stages) + "</ul>")
     links = ["SHA256SUMS", "manifest.json", "audit-report.json", "audit-report.md", "release-report.md"]
     out.append(
         "<h2 id=artifacts>Artifacts</h2><ul>"
@@ -313,12 +332,91 @@ def _cuda_matrix(audit: dict[str, Any]) -> str:
     return "".join(out) + "</table>"
 
 
+NOT_THIS_BUILD = "not verified for this build"
+KERNEL_STAMP = ".kt-kernel-inputs.sha256"  # kernel/tools/build_wheel.py's key beside its wheel
+
+
+def build_key(dist: Path) -> str | None:
+    """The key of exactly the files dist/ lists (re-hashed), or None when dist/ does not match its SHA256SUMS."""
+    try:
+        return stagecache.dist_sha256(dist)
+    except stagecache.DistError:
+        return None
+
+
+def for_this_build(results: dict[str, Any], key: str | None) -> tuple[dict[str, Any], dict[str, str]]:
+    """(the results obtained on exactly these wheels, {name: why not} for the others): a result
+    carries the dist/ key it was obtained on; one without a key, or with another, is not this build's."""
+    current: dict[str, Any] = {}
+    other: dict[str, str] = {}
+    for name, result in results.items():
+        if not isinstance(result, dict):
+            continue
+        if key is not None and result.get("dist_sha256") == key:
+            current[name] = result
+        else:
+            when = f", produced {result['produced']}" if result.get("produced") else ""
+            other[name] = f"{NOT_THIS_BUILD} (obtained on other wheels{when})"
+    return current, other
+
+
+def audit_for_build(audit: dict[str, Any], manifest: dict[str, Any]) -> bool:
+    """The audit report judged exactly the wheels manifest.json lists (every filename with its sha256)."""
+    judged = {w.get("filename"): w.get("sha256") for w in audit.get("wheels", [])}
+    return bool(judged) and all(judged.get(w["filename"]) == w["sha256"] for w in manifest["wheels"])
+
+
+def other_checks(key: str | None, resolution: Any, interpreters: Any) -> list[str]:
+    """One line each for normal resolution and the other interpreters, judged against this build's key."""
+    lines = []
+    if isinstance(resolution, dict):
+        results = resolution.get("results", [])
+        if resolution.get("dist_sha256") != key:
+            lines.append(f"resolve: {NOT_THIS_BUILD}")
+        else:
+            ok = sum(bool(r.get("ok")) for r in results)
+            lines.append(
+                f"resolve: {ok} of {len(results)} profile x Python resolutions as the release ({resolution['outcome']})"
+            )
+    if isinstance(interpreters, dict):
+        current, other = for_this_build(interpreters, key)
+        for python, result in current.items():
+            state = f"NOT VERIFIED: {result['not_verified']}" if "not_verified" in result else "ok"
+            lines.append(f"CPython {python}: {state} ({result.get('outcome', 'ran')})")
+        lines += [f"CPython {python}: {why}" for python, why in other.items()]
+    return lines
+
+
+def stage_outcomes(cache: Path, kernel_out: Path, since: float | None) -> list[str]:
+    """Each stage of this release run (since its start; every recorded one without it): ran or reused."""
+    rows = []
+    stamp = kernel_out / KERNEL_STAMP
+    if stamp.is_file():
+        mtime = stamp.stat().st_mtime
+        fresh = since is not None and mtime >= since
+        when = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(mtime))
+        rows.append(f"kt-kernel: {'ran' if fresh else 'reused'} (key {stamp.read_text().split()[0][:16]}, {when})")
+    for name, last in stagecache.last_outcomes(cache).items():
+        if since is not None and float(last.get("at", 0)) < since:
+            continue
+        rows.append(f"{name}: {last.get('outcome')} (key {str(last.get('key'))[:16]}, produced {last.get('produced')})")
+    return rows
+
+
+def release_start(directory: Path) -> float | None:
+    """When the last `nox -s release` started (its .release-start stamp), if one did."""
+    start_file = directory / ".release-start"
+    try:
+        return float(start_file.read_text())
+    except (OSError, ValueError):
+        return None
+
+
 def release_timings(directory: Path) -> list[tuple[str, float]]:
     """The stages `nox -s release` ran this time (started after its .release-start stamp)."""
-    start_file = directory / ".release-start"
-    if not start_file.is_file():
+    start = release_start(directory)
+    if start is None:
         return []
-    start = float(start_file.read_text())
     rows = []
     for name in ("build_all", "audit", "verify_install"):
         data = _load(directory / f"{name}.json")
@@ -334,6 +432,10 @@ def _main(argv: list[str] | None) -> int:
     p.add_argument("--verify", type=Path, default=VERIFY_JSON)
     p.add_argument("--baseline", type=Path, help="a previous release's manifest.json, for the size change per wheel")
     p.add_argument("--timings", type=Path, default=TIMINGS, help=argparse.SUPPRESS)
+    p.add_argument("--resolution", type=Path, default=VERIFY_RESOLUTION_JSON, help=argparse.SUPPRESS)
+    p.add_argument("--interpreters", type=Path, default=VERIFY_INTERPRETERS_JSON, help=argparse.SUPPRESS)
+    p.add_argument("--stages", type=Path, default=STAGE_CACHE, help=argparse.SUPPRESS)
+    p.add_argument("--kernel-out", type=Path, default=KERNEL_OUT, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     manifest = _load(args.dist / "manifest.json")
     if manifest is None:
@@ -343,8 +445,15 @@ def _main(argv: list[str] | None) -> int:
     if args.baseline and baseline is None:
         print(f"error: {args.baseline}: no such baseline manifest", file=sys.stderr)
         return 1
+    key = build_key(args.dist)  # every result shown must have been obtained on exactly these wheels
     audit = _load(args.dist / "audit-report.json") or {}
-    verify = _load(args.verify) or {}
+    notes = [] if key else [f"dist/ does not match its SHA256SUMS: nothing is {NOT_THIS_BUILD}; rebuild it"]
+    if audit and not audit_for_build(audit, manifest):
+        notes.append("audit: the report in dist/ judged other wheels than these; run nox -s audit")
+        audit = {}
+    verify, stale = for_this_build(_load(args.verify) or {}, key)
+    notes += [f"verify_install {prof}: {why}" for prof, why in stale.items()]
+    notes += other_checks(key, _load(args.resolution), _load(args.interpreters))
     errors: dict[str, int] = {w["filename"]: w["errors"] for w in audit.get("wheels", [])}
     torch = torch_summary(str(manifest.get("torch", "")))
     lines = [f"KT release {manifest['kt_version']}  (torch {torch})", pythons_line(manifest), ""]
@@ -388,8 +497,9 @@ def _main(argv: list[str] | None) -> int:
         forks = res.get("distributions") or {}
         if forks:  # what actually provides each module (trl comes from trl-kt)
             detail += "; " + ", ".join(f"{m}: {d}" for m, d in forks.items())
-        lines.append(f"verify_install {prof}: ok ({detail})")
-        md.append(f"\n- verify_install **{prof}**: ok ({detail})")
+        reused = f", reused: produced {res.get('produced')}" if res.get("outcome") == "reused" else ""
+        lines.append(f"verify_install {prof}: ok ({detail}){reused}")
+        md.append(f"\n- verify_install **{prof}**: ok ({detail}){reused}")
         if doctor := doctor_line(res):
             lines.append(f"  {doctor}")
             md.append(f"  - {doctor}")
@@ -397,16 +507,25 @@ def _main(argv: list[str] | None) -> int:
         lines.append(serving)
         md.append(f"\n{serving}")
     if not verify:
-        lines.append("verify_install: not run")
+        lines.append("verify_install: not run" if not stale else f"verify_install: {NOT_THIS_BUILD}")
+    lines += notes
+    md += [f"\n- {n}" for n in notes]
+    since = release_start(args.timings)
+    stages = stage_outcomes(args.stages, args.kernel_out, since)
     sizes = [(w["name"], int(w["size"])) for w in manifest["wheels"]]
     breakdown = [(f"kt-kernel: {k}", v) for k, v in kernel_breakdown(args.dist, manifest).items()]
     chart = svg_bars(sorted(sizes, key=lambda x: -x[1]), "Wheel sizes") + svg_bars(breakdown, "kt-kernel, compressed")
     (args.dist / "release-report.md").write_text("\n".join(md) + "\n\n" + chart + "\n")
-    (args.dist / "release-report.html").write_text(render_html(manifest, audit, verify, baseline, args.dist))
+    md += ["\n## Stages\n", *(f"- {row}" for row in stages)] if stages else []
+    page = render_html(manifest, audit, verify, baseline, args.dist, notes=notes, stages=stages)
+    (args.dist / "release-report.html").write_text(page)
     print("\n".join(lines))
     timings = release_timings(args.timings)
     if timings:
         print("\n" + progress.table(timings, "this release's stages"))
+    if stages:
+        print("\n" + ("ran or reused this run:" if since is not None else "stages:"))
+        print("\n".join(f"  {row}" for row in stages))
     print(f"\nreport: {args.dist / 'release-report.html'}")
     return 0 if audit.get("passed") else 1
 

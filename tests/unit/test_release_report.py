@@ -10,7 +10,23 @@ from pathlib import Path
 
 import pytest
 
+from base import stagecache
 from release import report as release_report
+
+
+@pytest.fixture(autouse=True)
+def _hermetic(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The report's other inputs (stage records, resolution, interpreters, the kernel stamp) from tmp_path."""
+    for name in ("STAGE_CACHE", "VERIFY_RESOLUTION_JSON", "VERIFY_INTERPRETERS_JSON", "KERNEL_OUT", "TIMINGS"):
+        monkeypatch.setattr(release_report, name, tmp_path / "build" / name.lower())
+    monkeypatch.setattr(release_report, "VERIFY_JSON", tmp_path / "build" / "verify.json")
+
+
+def _results(dist: Path, results: dict[str, dict[str, object]]) -> str:
+    """verify.json's text: each result obtained on exactly these wheels (their key)."""
+    key = stagecache.dist_sha256(dist)
+    return json.dumps({name: {**r, "dist_sha256": key} for name, r in results.items()})
+
 
 KT = "kt_kernel-0.6.1-cp311-cp311-manylinux_2_34_x86_64.whl"
 TF = "transformers_kt-5.19.0.post1-py3-none-any.whl"
@@ -52,12 +68,16 @@ def _candidate(tmp_path: Path, *, audit_passed: bool | None) -> Path:
     (dist / "manifest.json").write_text(
         json.dumps({"kt_version": "0.6.1", "torch": "==2.14.1", "wheels": wheels, "payload": payload})
     )
+    (dist / "SHA256SUMS").write_text("".join(f"{stagecache.file_sha256(dist / n)}  {n}\n" for n in (KT, TF)))
     if audit_passed is not None:
         report = {
             "passed": audit_passed,
             "elapsed_s": 1.5,
             "findings": [{"rule": "x"}] * (0 if audit_passed else 2),
-            "wheels": [{"filename": KT, "errors": 0 if audit_passed else 2}, {"filename": TF, "errors": 0}],
+            "wheels": [
+                {"filename": KT, "errors": 0 if audit_passed else 2, "sha256": "a" * 64},
+                {"filename": TF, "errors": 0, "sha256": "b" * 64},
+            ],
         }
         (dist / "audit-report.json").write_text(json.dumps(report))
     return dist
@@ -66,7 +86,7 @@ def _candidate(tmp_path: Path, *, audit_passed: bool | None) -> Path:
 def test_a_passing_candidate(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     dist = _candidate(tmp_path, audit_passed=True)
     verify = tmp_path / "verify.json"
-    verify.write_text(json.dumps({"sft-cpu": {"install_s": 41.0, "elapsed_s": 90.2}}))
+    verify.write_text(_results(dist, {"sft-cpu": {"install_s": 41.0, "elapsed_s": 90.2}}))
     assert release_report.main(["--dist", str(dist), "--verify", str(verify)]) == 0
     out = capsys.readouterr().out
     assert "KT release 0.6.1  (torch ==2.14.1)" in out
@@ -147,7 +167,7 @@ def test_the_serving_checks_and_kt_doctor_run_are_shown(tmp_path: Path, capsys: 
         "json_schema": {"accepted": 1, "rejected": 3, "strict_thinking": "ok"},
         "doctor": {**doctor, "deep_seconds": 9.0},
     }
-    verify.write_text(json.dumps({"sft-cpu": {"doctor_run": doctor}, "serve": serve}))
+    verify.write_text(_results(dist, {"sft-cpu": {"doctor_run": doctor}, "serve": serve}))
     assert release_report.main(["--dist", str(dist), "--verify", str(verify)]) == 0
     out = capsys.readouterr().out
     line = "kt-doctor --run: cpu ok, payload ok, needed ok, gpu skipped: no CUDA device (8.1 s"
@@ -174,3 +194,59 @@ def test_the_installed_torch_reads_as_text() -> None:
         ("lf-upgrade", "2.14.1"),
         ("other", "2.9.1 -> 2.14.1"),
     ]
+
+
+def test_results_on_other_wheels_are_not_shown_as_this_builds(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    dist = _candidate(tmp_path, audit_passed=True)
+    verify = tmp_path / "verify.json"
+    results = json.loads(_results(dist, {"sft-cpu": {"install_s": 41.0}, "serve": {"install_s": 60.0}}))
+    results["serve"].update(dist_sha256="0" * 64, produced="2026-11-30 10:00:00 UTC")  # an earlier dist/
+    results["sft-cpu"].update(outcome="reused", produced="2026-12-01 09:00:00 UTC")
+    results["lf-kt"] = {"install_s": 3.0}  # from before results carried a key
+    verify.write_text(json.dumps(results))
+    assert release_report.main(["--dist", str(dist), "--verify", str(verify)]) == 0
+    out = capsys.readouterr().out
+    assert "verify_install sft-cpu: ok (install_s=41.0), reused: produced 2026-12-01 09:00:00 UTC" in out
+    assert (
+        "verify_install serve: not verified for this build (obtained on other wheels, produced 2026-11-30 10:00:00 UTC)"
+    ) in out
+    assert "verify_install lf-kt: not verified for this build (obtained on other wheels)" in out
+    assert "verify_install serve: ok" not in out
+    (dist / TF).write_bytes(b"changed")  # dist/ no longer matches SHA256SUMS: nothing is this build's
+    assert release_report.main(["--dist", str(dist), "--verify", str(verify)]) == 0
+    out = capsys.readouterr().out
+    assert "dist/ does not match its SHA256SUMS" in out
+    assert "verify_install sft-cpu: not verified for this build" in out
+
+
+def test_an_audit_of_other_wheels_is_not_this_builds(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    dist = _candidate(tmp_path, audit_passed=True)
+    audit = json.loads((dist / "audit-report.json").read_text())
+    audit["wheels"][1]["sha256"] = "c" * 64
+    (dist / "audit-report.json").write_text(json.dumps(audit))
+    assert release_report.main(["--dist", str(dist)]) == 1
+    out = capsys.readouterr().out
+    assert "audit: the report in dist/ judged other wheels than these; run nox -s audit" in out
+    assert "audit: not audited" in out
+
+
+def test_each_stage_says_ran_or_reused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    dist = _candidate(tmp_path, audit_passed=True)
+    cache = tmp_path / "cache"
+    stagecache.Stage("assemble", {"a": "1"}, cache=cache).done()
+    stagecache.Stage("verify-serve", {"a": "1"}, cache=cache).done({"install_s": 1})
+    assert stagecache.Stage("verify-serve", {"a": "1"}, cache=cache).reuse() is not None
+    (cache / "audit.json").write_text("{not json")  # a corrupted record is not shown (and never trusted)
+    kernel = tmp_path / "kernel"
+    kernel.mkdir()
+    (kernel / release_report.KERNEL_STAMP).write_text(f"{'d' * 64} kt_kernel-0.6.1.whl {'e' * 64}\n")
+    argv = ["--dist", str(dist), "--stages", str(cache), "--kernel-out", str(kernel)]
+    release_report.main(argv)
+    out = capsys.readouterr().out.split("stages:")[1]
+    assert "kt-kernel: reused (key dddddddddddddddd" in out
+    assert "assemble: ran (key " in out
+    assert "verify-serve: reused (key " in out
+    assert "audit" not in out
+    assert "<h2 id=stages>" in (dist / "release-report.html").read_text()
