@@ -63,6 +63,9 @@ def audit(dist: Path, reports: Sequence[Path], baseline: Path | None, *, fresh: 
     return stagecache.Stage("audit", ingredients, outputs=reports, fresh=fresh)
 
 
+DIST_FREE = "installs nothing from dist/"  # a profile's dist key when it installs no wheel of the release
+
+
 def verify(
     profile: str,
     dist: Path,
@@ -73,10 +76,11 @@ def verify(
 ) -> stagecache.Stage:
     """One verification profile over dist/ (its result is the record's result). `dist_key`: the
     already re-hashed dist_sha256(dist), when the caller has it (one hash of dist/ per run); `extra`:
-    the profile's own arguments (the Pythons resolved, the index behind the release's)."""
+    the profile's own arguments (the Pythons resolved, the index behind the release's). A profile that
+    installs nothing of dist/ (lf-standard: upstream only) passes DIST_FREE: a new build does not re-run it."""
     ingredients = {
         **{f"arg:{k}": stagecache.value_sha256(v) for k, v in (extra or {}).items()},
-        "dist": dist_key or stagecache.dist_sha256(dist),
+        "dist": DIST_FREE if dist_key == DIST_FREE else dist_key or stagecache.dist_sha256(dist),
         **_code(VERIFY_CODE),
         "locks": stagecache.tree_sha256(paths.LOCKFILES),
         "python": stagecache.python_sha256(),

@@ -352,8 +352,8 @@ def for_this_build(results: dict[str, Any], key: str | None) -> tuple[dict[str, 
     for name, result in results.items():
         if not isinstance(result, dict):
             continue
-        if key is not None and result.get("dist_sha256") == key:
-            current[name] = result
+        if key is not None and (result.get("dist_sha256") == key or result.get("installs_from_dist") is False):
+            current[name] = result  # obtained on these wheels, or on none of dist/ (upstream only)
         else:
             when = f", produced {result['produced']}" if result.get("produced") else ""
             other[name] = f"{NOT_THIS_BUILD} (obtained on other wheels{when})"

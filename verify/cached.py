@@ -37,14 +37,16 @@ def run(
     proved: Callable[[T], bool] = lambda _: True,
     extra: Mapping[str, object] | None = None,
     fresh: bool = False,
+    dist_free: bool = False,
 ) -> tuple[T, dict[str, Any]]:
-    """(the result, its stamp: dist_sha256, outcome "ran" or "reused", produced)."""
-    stage = stages.verify(profile, dist, key, extra=extra, fresh=fresh)
+    """(the result, its stamp: dist_sha256, installs_from_dist, outcome "ran" or "reused", produced).
+    `dist_free`: the profile installs nothing of dist/, so its result holds for any build."""
+    stage = stages.verify(profile, dist, stages.DIST_FREE if dist_free else key, extra=extra, fresh=fresh)
+    stamp: dict[str, Any] = {"dist_sha256": key, "installs_from_dist": not dist_free}
     hit = stage.reuse()
     if hit is not None:
-        return hit.result, {"dist_sha256": key, "outcome": "reused", "produced": hit.produced}
+        return hit.result, {**stamp, "outcome": "reused", "produced": hit.produced}
     result = work()
     if proved(result):
         stage.done(result)
-    produced = stagecache.Stage.now()
-    return result, {"dist_sha256": key, "outcome": "ran", "produced": produced}
+    return result, {**stamp, "outcome": "ran", "produced": stagecache.Stage.now()}

@@ -205,6 +205,7 @@ def test_results_on_other_wheels_are_not_shown_as_this_builds(
     results["serve"].update(dist_sha256="0" * 64, produced="2026-11-30 10:00:00 UTC")  # an earlier dist/
     results["sft-cpu"].update(outcome="reused", produced="2026-12-01 09:00:00 UTC")
     results["lf-kt"] = {"install_s": 3.0}  # from before results carried a key
+    results["lf-standard"] = {"install_s": 2.0, "dist_sha256": "1" * 64, "installs_from_dist": False}
     verify.write_text(json.dumps(results))
     assert release_report.main(["--dist", str(dist), "--verify", str(verify)]) == 0
     out = capsys.readouterr().out
@@ -214,6 +215,7 @@ def test_results_on_other_wheels_are_not_shown_as_this_builds(
     ) in out
     assert "verify_install lf-kt: not verified for this build (obtained on other wheels)" in out
     assert "verify_install serve: ok" not in out
+    assert "verify_install lf-standard: ok (install_s=2.0)" in out  # upstream only: holds for any build
     (dist / TF).write_bytes(b"changed")  # dist/ no longer matches SHA256SUMS: nothing is this build's
     assert release_report.main(["--dist", str(dist), "--verify", str(verify)]) == 0
     out = capsys.readouterr().out

@@ -192,6 +192,17 @@ def test_the_python_and_the_cpu_are_ingredients(tree: Path, tmp_path: Path, monk
     assert _reran(tree, cache, monkeypatch) == {"assemble", "audit", "verify"}
 
 
+def test_a_profile_that_installs_nothing_of_dist_survives_a_new_build(
+    tree: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(stagecache, "CACHE", tmp_path / "cache")
+    stages.verify("lf-standard", tree / "dist", stages.DIST_FREE).done({"ok": True})
+    EDITS["a wheel of dist/ (re-assembled)"][0](tree)
+    assert stages.verify("lf-standard", tree / "dist", stages.DIST_FREE).why_not() is None
+    _edit(tree / "lockfiles/serve.txt")  # but its locks are still an ingredient
+    assert stages.verify("lf-standard", tree / "dist", stages.DIST_FREE).why_not() == "changed: locks"
+
+
 def test_a_miss_names_what_changed(tree: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     cache = tmp_path / "cache"
     _record_all(tree, cache, monkeypatch)

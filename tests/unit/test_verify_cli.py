@@ -24,7 +24,7 @@ def test_no_debootstrap_is_not_verified_with_the_fix(
     recorded = json.loads(out.read_text())
     assert list(recorded) == ["3.13"]
     # no result, no pass: only why, and the key of the dist/ it was asked about
-    assert sorted(recorded["3.13"]) == ["dist_sha256", "not_verified", "outcome", "produced"]
+    assert sorted(recorded["3.13"]) == ["dist_sha256", "installs_from_dist", "not_verified", "outcome", "produced"]
     assert "apt-get install debootstrap" in recorded["3.13"]["not_verified"]
 
 
