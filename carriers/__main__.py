@@ -44,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
         if reused:
             manifest = json.loads((args.dist / "manifest.json").read_text())
         else:
-            manifest = assemble.assemble(cs, kernels, args.dist, pythons=pythons)
+            manifest = assemble.assemble(cs, kernels, args.dist, pythons=pythons, memo=not stage.fresh)
             stage.outputs = stages.assembled_outputs(args.dist)
             stage.done()
     except StageError as exc:  # carriers.CarrierError, and the locks' and base's roots below it

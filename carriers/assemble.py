@@ -4,6 +4,7 @@ failure leaves the previous dist/ exactly as it was."""
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shutil
@@ -15,7 +16,7 @@ from typing import Any
 
 from packaging.utils import parse_wheel_filename
 
-from base import progress
+from base import progress, stagecache
 
 from . import consistency, inputs, install, payload, transform, wheelio
 from .errors import ConsistencyError, InputError
@@ -71,7 +72,7 @@ def _derived(job: _Job, c: Carrier) -> list[Built]:
     hook = job.take if c.payload_manifest else None
     out = []
     for src in job.sources[c.name]:
-        path = transform.derive(c, job.cs, src.path, job.out, job.versions, job.upstream_of, take=hook)
+        path = _derive_once(job, c, src, hook)
         out.append(
             Built(
                 c.name,
@@ -83,6 +84,42 @@ def _derived(job: _Job, c: Carrier) -> list[Built]:
             )
         )
     return out
+
+
+def _derive_once(job: _Job, c: Carrier, src: inputs.Input, hook: Callable[[dict[str, bytes]], None] | None) -> Path:
+    """transform.derive, or the wheel it made before from exactly this input, carrier set, patch series,
+    versions and code (the wheel memo, when one is open). A carrier that hands members to the payload
+    (`hook`) is always derived: the payload needs those members."""
+    memo = wheelio.current_memo()
+    if memo is None or hook is not None:
+        return transform.derive(c, job.cs, src.path, job.out, job.versions, job.upstream_of, take=hook)
+    key = stagecache.value_sha256(
+        [
+            "derive",
+            wheelio.ENCODING,
+            os.environ.get("SOURCE_DATE_EPOCH", ""),
+            src.sha256,
+            repr(job.cs),
+            [inputs.sha256(p) for p in c.patches],
+            dict(job.versions),
+            dict(job.upstream_of),
+            _code_key(),
+        ]
+    )
+    dest = job.out / transform.derived_name(c, src.path, job.versions)
+    data = memo.get(key)
+    if data is not None:
+        wheelio.write_bytes(dest, data)
+        return dest
+    path = transform.derive(c, job.cs, src.path, job.out, job.versions, job.upstream_of)
+    memo.put(key, path.read_bytes())
+    return path
+
+
+@functools.cache
+def _code_key() -> str:
+    """The assembly's own code (every module of carriers/, the alias files): a change re-derives every wheel."""
+    return stagecache.tree_sha256(Path(__file__).resolve().parent, suffixes=(".py",))
 
 
 # carrier kind -> how it is built (carriers.toml `kind`; the model refuses any other)
@@ -104,11 +141,32 @@ def build_set(
     given: Mapping[str, Path | Sequence[Path]] | None = None,
     only: frozenset[str] | None = None,
     pythons: Sequence[str] | None = None,
+    memo: bool = True,
 ) -> list[Built]:
     """Every carrier (or `only` these) into `out`, for every Python of `pythons` (default: the release's
     matrix, cs.pythons). given: upstream name -> wheel path(s) (verified against the lock). `kernel`: the
     kt-kernel wheel(s): one abi3 wheel serves every Python; each carries the same archive part, as every
-    wheel of a per-Python part carrier (sglang-kt) does."""
+    wheel of a per-Python part carrier (sglang-kt) does. `memo`: a wheel derived or encoded before from
+    exactly the same content is written from the wheel memo (build/cache/wheels; False: everything anew)."""
+    root = (cache or inputs.default_cache()).parent / "wheels"
+    with wheelio.memo(root if memo else None) as m:
+        built = _build_set(cs, kernel, out, lock=lock, cache=cache, given=given, only=only, pythons=pythons)
+    if m is not None and m.hits:
+        progress.say("assemble", f"wheel memo: {m.hits} wheels reused by content, {m.misses} encoded ({root})")
+    return built
+
+
+def _build_set(
+    cs: CarrierSet,
+    kernel: Path | Sequence[Path],
+    out: Path,
+    *,
+    lock: Path,
+    cache: Path | None,
+    given: Mapping[str, Path | Sequence[Path]] | None,
+    only: frozenset[str] | None,
+    pythons: Sequence[str] | None,
+) -> list[Built]:
     given = given or {}
     pythons = tuple(pythons or cs.pythons)
     kernels = check_kernels([kernel] if isinstance(kernel, Path) else list(kernel))

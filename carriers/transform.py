@@ -168,6 +168,12 @@ def apply_patches(members: dict[str, bytes], patches: tuple[Path, ...], what: st
         return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
 
 
+def derived_name(c: Carrier, src: Path, versions: Mapping[str, str]) -> str:
+    """The filename derive() gives carrier `c`'s wheel from the input `src`: the input's own tag spelling."""
+    tag = "-".join(src.name[:-4].split("-")[-3:])  # compressed tag sets included
+    return wheelio.wheel_name(c.name, versions[c.name], tag)
+
+
 def derive(
     c: Carrier,
     cs: CarrierSet,
@@ -208,8 +214,7 @@ def derive(
             if name in members:
                 raise ConsistencyError(f"{c.name}: upstream {up_name} already ships {name}")
             members[name] = (ALIAS_DIR / name).read_bytes()
-    tag = "-".join(src.name[:-4].split("-")[-3:])  # the input's own spelling, compressed sets included
-    out = out_dir / wheelio.wheel_name(c.name, new_version, tag)
+    out = out_dir / derived_name(c, src, versions)
     executable = frozenset(n for n in members if "/scripts/" in n or n.endswith(".so"))
     wheelio.write(out, members, executable)
     return out

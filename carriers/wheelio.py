@@ -4,12 +4,15 @@ touch only the lines they must."""
 from __future__ import annotations
 
 import base64
+import contextlib
+import contextvars
 import csv
 import hashlib
 import io
 import os
+import time
 import zipfile
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any
 
@@ -84,7 +87,8 @@ def write_to(
 ) -> None:
     """A wheel whose bytes depend on `members` alone, into an open binary file: sorted entries (dist-info
     last, RECORD regenerated), SOURCE_DATE_EPOCH timestamps, 0644/0755 modes, deflate 6
-    (`stored` members, already compressed, are stored as they are)."""
+    (`stored` members, already compressed, are stored as they are). Inside `memo(...)` a wheel of the
+    same members was deflated before is written from the memo instead (same bytes, no compression)."""
     di = dist_info(members)
     record = f"{di}/RECORD"
     body = {n: d for n, d in members.items() if n != record and not n.endswith((".jws", ".p7s"))}
@@ -95,16 +99,84 @@ def write_to(
     writer.writerow((record, "", ""))
     body[record] = buf.getvalue().encode()
     epoch = max(int(os.environ.get("SOURCE_DATE_EPOCH", _MIN_EPOCH)), _MIN_EPOCH)
-    import time
-
+    # RECORD names every member with its sha256: with the modes and the epoch, it is the wheel's content key.
+    key = hashlib.sha256(
+        f"{ENCODING}\0{epoch}\0{sorted(executable & set(body))}\0{sorted(stored & set(body))}\0".encode() + body[record]
+    ).hexdigest()
+    m = _MEMO.get()
+    cached = m.get(key) if m is not None else None
+    if cached is not None:
+        fh.write(cached)
+        return
     stamp = time.gmtime(epoch)[:6]
     order = sorted(body, key=lambda n: (n.startswith(di + "/"), n == record, n))
-    with zipfile.ZipFile(fh, "w", zipfile.ZIP_DEFLATED, compresslevel=6) as zf:
+    out = io.BytesIO() if m is not None else fh
+    with zipfile.ZipFile(out, "w", zipfile.ZIP_DEFLATED, compresslevel=6) as zf:
         for name in order:
             info = zipfile.ZipInfo(name, stamp)
             info.compress_type = zipfile.ZIP_STORED if name in stored else zipfile.ZIP_DEFLATED
             info.external_attr = ((0o755 if name in executable else 0o644) | 0o100000) << 16
             zf.writestr(info, body[name], compresslevel=None if name in stored else 6)
+    if m is not None and isinstance(out, io.BytesIO):
+        data = out.getvalue()
+        m.put(key, data)
+        fh.write(data)
+
+
+ENCODING = "kt-wheel-1"  # bump when write_to's output changes for the same members (the memo's keys with it)
+MEMO_LIMIT = 3 << 30  # the memo keeps the newest-used wheels up to this many bytes
+
+
+class Memo:
+    """Encoded wheels by content key, `KEY-SHA256.whl` in one folder: an entry is used only if its bytes
+    still hash to the sha256 in its name (a corrupted one is deleted and the wheel encoded again), and
+    the folder is pruned, least recently used first, to `limit` bytes."""
+
+    def __init__(self, root: Path, limit: int | None = None) -> None:
+        self.root = root
+        self.limit = MEMO_LIMIT if limit is None else limit
+        self.hits = self.misses = 0
+
+    def get(self, key: str) -> bytes | None:
+        for path in self.root.glob(f"{key}-*.whl"):
+            data = path.read_bytes()
+            if hashlib.sha256(data).hexdigest() == path.stem.split("-", 1)[1]:
+                os.utime(path)  # recently used: pruned last
+                self.hits += 1
+                return data
+            path.unlink(missing_ok=True)
+        self.misses += 1
+        return None
+
+    def put(self, key: str, data: bytes) -> None:
+        self.root.mkdir(parents=True, exist_ok=True)
+        path = self.root / f"{key}-{hashlib.sha256(data).hexdigest()}.whl"
+        write_bytes(path, data)
+        entries = sorted(self.root.glob("*.whl"), key=lambda p: p.stat().st_mtime, reverse=True)
+        total = 0
+        for entry in entries:
+            total += entry.stat().st_size
+            if total > self.limit and entry != path:
+                entry.unlink(missing_ok=True)
+
+
+_MEMO: contextvars.ContextVar[Memo | None] = contextvars.ContextVar("wheel_memo", default=None)
+
+
+def current_memo() -> Memo | None:
+    """The memo of the enclosing `memo(...)` block, if any."""
+    return _MEMO.get()
+
+
+@contextlib.contextmanager
+def memo(root: Path | None) -> Iterator[Memo | None]:
+    """Within the block, write_to reuses wheels it encoded before from `root` (None: no memo)."""
+    m = Memo(root) if root is not None else None
+    token = _MEMO.set(m)
+    try:
+        yield m
+    finally:
+        _MEMO.reset(token)
 
 
 def set_tags(members: dict[str, bytes], tags: list[str]) -> None:

@@ -1,0 +1,106 @@
+"""carriers.wheelio's memo: a wheel of the same members is written from the memo, byte for byte what
+encoding it gives; any other member, mode or epoch is encoded anew; a corrupted entry is never used;
+the folder stays within its limit, least recently used first out."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from carriers import wheelio
+
+MEMBERS = {
+    "pkg/__init__.py": b"x = 1\n",
+    "pkg/_lib.so": b"\x7fELF" + bytes(range(256)) * 64,
+    "pkg-1.0.dist-info/METADATA": b"Metadata-Version: 2.1\nName: pkg\nVersion: 1.0\n\n",
+    "pkg-1.0.dist-info/WHEEL": b"Wheel-Version: 1.0\nRoot-Is-Purelib: false\nTag: py3-none-any\n",
+}
+
+
+def _encode(members: dict[str, bytes], executable: frozenset[str] = frozenset()) -> bytes:
+    buf = io.BytesIO()
+    wheelio.write_to(buf, members, executable)
+    return buf.getvalue()
+
+
+def test_the_same_members_come_from_the_memo_with_the_same_bytes(tmp_path: Path) -> None:
+    plain = _encode(MEMBERS)
+    with wheelio.memo(tmp_path) as m:
+        assert m is not None
+        assert _encode(MEMBERS) == plain  # encoded, and remembered
+        assert (m.hits, m.misses) == (0, 1)
+        assert _encode(dict(reversed(MEMBERS.items()))) == plain  # the order members come in is no part of it
+        assert (m.hits, m.misses) == (1, 1)
+    assert len(list(tmp_path.glob("*.whl"))) == 1
+    assert wheelio.current_memo() is None  # only inside the block
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        lambda ms, ex: ({**ms, "pkg/__init__.py": b"x = 2\n"}, ex),  # one byte of one member
+        lambda ms, ex: ({**ms, "pkg/new.py": b""}, ex),  # one more member
+        lambda ms, ex: (ms, frozenset({"pkg/_lib.so"})),  # a mode
+    ],
+)
+def test_any_other_content_or_mode_is_encoded_anew(tmp_path: Path, change: object) -> None:
+    members, executable = change(MEMBERS, frozenset())  # type: ignore[operator]
+    plain = _encode(members, executable)  # outside any memo: what encoding gives
+    with wheelio.memo(tmp_path) as m:
+        assert m is not None
+        _encode(MEMBERS)
+        assert _encode(members, executable) == plain
+        assert m.hits == 0
+
+
+def test_the_epoch_is_part_of_the_key(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    with wheelio.memo(tmp_path) as m:
+        assert m is not None
+        _encode(MEMBERS)
+        monkeypatch.setenv("SOURCE_DATE_EPOCH", "1700000000")
+        dated = _encode(MEMBERS)
+        assert m.hits == 0
+    assert dated == _encode(MEMBERS)
+
+
+def test_a_corrupted_entry_is_deleted_and_encoded_again(tmp_path: Path) -> None:
+    plain = _encode(MEMBERS)
+    with wheelio.memo(tmp_path):
+        _encode(MEMBERS)
+    (entry,) = tmp_path.glob("*.whl")
+    data = entry.read_bytes()
+    entry.write_bytes(data[:100] + bytes([data[100] ^ 0xFF]) + data[101:])  # one byte flipped
+    with wheelio.memo(tmp_path) as m:
+        assert m is not None
+        assert _encode(MEMBERS) == plain
+        assert (m.hits, m.misses) == (0, 1)
+    (again,) = tmp_path.glob("*.whl")  # the bad copy is gone; a good one took its place
+    assert hashlib.sha256(again.read_bytes()).hexdigest() == again.stem.split("-", 1)[1]
+    assert again.read_bytes() == plain
+
+
+def test_the_memo_is_pruned_least_recently_used_first(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def version(i: int) -> dict[str, bytes]:
+        return {**MEMBERS, "pkg/__init__.py": f"x = {i}\n".encode()}
+
+    size = len(_encode(MEMBERS))
+    monkeypatch.setattr(wheelio, "MEMO_LIMIT", int(size * 2.5))  # room for two wheels
+    with wheelio.memo(tmp_path) as m:
+        assert m is not None
+        for i in range(3):
+            before = set(tmp_path.glob("*.whl"))
+            _encode(version(i))
+            for new in set(tmp_path.glob("*.whl")) - before:  # used longer ago the lower i is
+                os.utime(new, (time.time() - 100 + 10 * i, time.time() - 100 + 10 * i))
+        assert len(list(tmp_path.glob("*.whl"))) == 2
+        hits = m.hits
+        _encode(version(2))
+        _encode(version(1))
+        assert m.hits == hits + 2  # the two used last are kept
+        _encode(version(0))
+        assert m.hits == hits + 2  # the one used first was pruned
