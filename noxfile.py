@@ -362,14 +362,23 @@ def bench(session: nox.Session) -> None:
     torch autograd (bench/sft.py); kt-prepare-data serial vs parallel (bench/data_prep.py);
     build times; the CUDA payload
     (size, cold/warm materialization, disk, audit, assembly) beside the gzip reference, on dist/; the audit's
-    time and peak RSS on the torch wheel and a 2 GiB zip bomb beside auditwheel show."""
+    time and peak RSS on the torch wheel and a 2 GiB zip bomb beside auditwheel show. `-- --only release`:
+    the release loop (cold, no-op, --fresh, one kernel line changed) in a clone (bench/release.py)."""
     p = _parser("bench")
     p.add_argument("--no-build-times", action="store_true", help="skip the cold/incremental build timing")
     p.add_argument("--json", default=str(paths.BENCH_JSON["kernel"]))
-    p.add_argument("--only", choices=["kernel", "sft", "data_prep", "payload", "audit"], help="run one part only")
+    p.add_argument(
+        "--only", choices=["kernel", "sft", "data_prep", "payload", "audit", "release"], help="run one part only"
+    )
     p.add_argument("--assembly", action="store_true", help="payload: also time a cold and a warm assembly")
+    p.add_argument("--scenario", action="append", default=[], help="release: cold, no-op, reference, kernel line")
+    p.add_argument("--no-verify", action="store_true", help="release: build_all and audit only")
     args = p.parse_args(session.posargs)
     _install_lock(session, "test")
+    if args.only == "release":  # not part of a plain `nox -s bench`: it builds and verifies a release, several times
+        extra = [f"--scenario={s}" for s in args.scenario] + (["--no-verify"] if args.no_verify else [])
+        session.run("python", "-m", "bench.release", *extra)
+        return
     if args.only in (None, "audit"):
         session.run("python", "-m", "bench.audit", "--json", str(paths.BENCH_JSON["audit"]))
     if args.only == "audit":

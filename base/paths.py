@@ -33,12 +33,14 @@ CI_LOCAL = BUILD / "ci-local"  # nox -s ci_local's clones, artifacts and index
 WHEELHOUSE = BUILD / "wheelhouse"  # cibuildwheel's output (nox -s build_wheels)
 BENCH_SCRATCH = (BUILD / "bench-build", BUILD / "bench-data-prep")  # the benchmarks' work folders
 BENCH_KERNEL = BUILD / "bench-kernel"  # nox -s bench's CPU-only kt-kernel: never the release's KERNEL_OUT
+BENCH_RELEASE = BUILD / "bench-release"  # nox -s bench -- --only release: its clone and the sessions' logs
 BENCH_JSON = {
     "kernel": BUILD / "bench.json",
     "sft": BUILD / "bench-sft.json",
     "data_prep": BUILD / "bench-data-prep.json",
     "payload": BUILD / "bench-payload.json",
     "audit": BUILD / "bench-audit.json",
+    "release": BUILD / "bench-release.json",
 }
 MUTANTS_JSON = BUILD / "mutants.json"
 
@@ -52,6 +54,7 @@ LEFTOVERS = (
     AUDIT_REPORTS,
     *BENCH_SCRATCH,
     BENCH_KERNEL,
+    BENCH_RELEASE,
     *KERNEL_SCRATCH,
     KERNEL / "build",
     BUILD / "lib",  # setuptools' (pip install . of the audit)

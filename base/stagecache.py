@@ -144,7 +144,7 @@ class Stage:
     ) -> None:
         self.name = name
         self.ingredients = dict(sorted(ingredients.items()))
-        self.key = value_sha256(self.ingredients)
+        self.key = value_sha256([name, self.ingredients])  # two stages of the same ingredients: two keys
         self.outputs = [Path(o) for o in outputs]
         self.fresh = fresh_asked(fresh)
         self.path = (cache or CACHE) / f"{name}.json"

@@ -381,6 +381,7 @@ def run_job(run: JobRun, context: Mapping[str, Any], work: Path, repo: Path, loc
     env |= {k: interpolate(v, ctx) for k, v in run.env.items()}
     env |= {
         "CI": "true",
+        "KT_FRESH": "1",  # as the workflow: no stage is reused from the developer's records
         "GITHUB_ACTIONS": "true",
         "GITHUB_STEP_SUMMARY": str(summary),
         "GITHUB_EVENT_NAME": context["github"]["event_name"],

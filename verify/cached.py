@@ -41,12 +41,36 @@ def run(
 ) -> tuple[T, dict[str, Any]]:
     """(the result, its stamp: dist_sha256, installs_from_dist, outcome "ran" or "reused", produced).
     `dist_free`: the profile installs nothing of dist/, so its result holds for any build."""
-    stage = stages.verify(profile, dist, stages.DIST_FREE if dist_free else key, extra=extra, fresh=fresh)
-    stamp: dict[str, Any] = {"dist_sha256": key, "installs_from_dist": not dist_free}
-    hit = stage.reuse()
-    if hit is not None:
-        return hit.result, {**stamp, "outcome": "reused", "produced": hit.produced}
+    found = Lookup(profile, dist, key, extra=extra, fresh=fresh, dist_free=dist_free)
+    if found.hit is not None:
+        return found.hit
     result = work()
-    if proved(result):
-        stage.done(result)
-    return result, {**stamp, "outcome": "ran", "produced": stagecache.Stage.now()}
+    return result, found.record(result, proved(result))
+
+
+class Lookup:
+    """One profile's record looked up (`hit`: the reused result and its stamp, or None); `record()`
+    after running it. For callers that run their misses together (normal resolution: one index)."""
+
+    def __init__(
+        self,
+        profile: str,
+        dist: Path,
+        key: str,
+        *,
+        extra: Mapping[str, object] | None = None,
+        fresh: bool = False,
+        dist_free: bool = False,
+    ) -> None:
+        self.stage = stages.verify(profile, dist, stages.DIST_FREE if dist_free else key, extra=extra, fresh=fresh)
+        self.stamp: dict[str, Any] = {"dist_sha256": key, "installs_from_dist": not dist_free}
+        found = self.stage.reuse()
+        self.hit: tuple[Any, dict[str, Any]] | None = None
+        if found is not None:
+            self.hit = (found.result, {**self.stamp, "outcome": "reused", "produced": found.produced})
+
+    def record(self, result: Any, proved: bool) -> dict[str, Any]:
+        """Record a result that proved everything; its stamp either way."""
+        if proved:
+            self.stage.done(result)
+        return {**self.stamp, "outcome": "ran", "produced": stagecache.Stage.now()}

@@ -217,31 +217,39 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {args.dist} is not an assembled release (no manifest.json or install/); run nox -s build_all")
         return 1
 
-    def work() -> list[dict[str, Any]]:
-        results = []
-        with index(args.dist, args.fallback) as url:
-            for profile in args.profile:
-                roots = directive(root / "lockfiles" / f"{profile}.in", "carriers")
-                for python in args.python:
+    try:
+        key = cached.dist_key(args.dist)
+        # One record per profile and Python: a resolution that cannot be verified here (NOT VERIFIED)
+        # runs again each time, without taking the proven ones with it.
+        todo: list[tuple[str, str, cached.Lookup]] = []
+        results: list[dict[str, Any]] = []
+        for profile in args.profile:
+            for python in args.python:
+                extra = {"profile": profile, "python": python, "fallback": args.fallback}
+                name = f"resolve-{profile}-cp{python.replace('.', '')}"
+                found = cached.Lookup(name, args.dist, key, extra=extra, fresh=args.fresh)
+                if found.hit is not None:
+                    results.append({**found.hit[0], **found.hit[1]})
+                    _say(results[-1])
+                else:
+                    todo.append((profile, python, found))
+        if todo:
+            with index(args.dist, args.fallback) as url:
+                for profile, python, found in todo:
+                    roots = directive(root / "lockfiles" / f"{profile}.in", "carriers")
                     print(
                         f"[resolve] {profile} on CPython {python}: pip install {' '.join(roots)} from {url} ...",
                         flush=True,
                     )
-                    r = check(args.dist, profile, python, roots, url)
-                    results.append(r.as_dict())
-                    _say(r.as_dict())
-        return results
-
-    try:
-        key = cached.dist_key(args.dist)
-        extra = {"profiles": args.profile, "pythons": args.python, "fallback": args.fallback}
-        results, stamp = cached.run("resolve", args.dist, key, work, proved=_proved, extra=extra, fresh=args.fresh)
+                    r = check(args.dist, profile, python, roots, url).as_dict()
+                    results.append({**r, **found.record(r, _proved([r]))})
+                    _say(r)
     except (StageError, OSError, KeyError, ValueError) as exc:  # ValueError: a corrupt manifest.json
         return report(exc)
-    if stamp["outcome"] == "reused":
-        for r in results:
-            _say(r)
+    order = {(p, v): i for i, (p, v) in enumerate((p, v) for p in args.profile for v in args.python)}
+    results.sort(key=lambda r: order[(r["profile"], r["python"])])
     if args.json:
+        stamp = {"dist_sha256": key, "outcome": "reused" if not todo else "ran"}
         args.json.write_text(json.dumps({**stamp, "results": results}, indent=2) + "\n")
     return 1 if any(r["problems"] for r in results) else 0
 

@@ -211,3 +211,18 @@ def test_a_miss_names_what_changed(tree: Path, tmp_path: Path, monkeypatch: pyte
     record = json.loads((cache / "verify-serve.json").read_text())
     assert record["result"] == {"ok": True}
     assert record["last"]["outcome"] == "ran"
+
+
+def test_the_release_bench_reads_the_lines_the_stage_cache_prints(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from bench.release import outcomes
+
+    stagecache.Stage("assemble", {"a": "1"}, cache=tmp_path).done()
+    stagecache.Stage("assemble", {"a": "1"}, cache=tmp_path).reuse()
+    stagecache.Stage("audit", {"a": "1"}, cache=tmp_path).reuse()
+    kernel = "kt-kernel: /x/kt_kernel-0.6.1.whl was built from these inputs (key 1, produced t): reused, not rebuilt\n"
+    out = capsys.readouterr().out
+    assert outcomes(out, builds_kernel=False) == (["audit"], ["assemble"])
+    assert outcomes(kernel + out, builds_kernel=True) == (["audit"], ["kt-kernel", "assemble"])
+    assert outcomes(out, builds_kernel=True) == (["kt-kernel", "audit"], ["assemble"])
