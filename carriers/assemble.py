@@ -18,7 +18,7 @@ from packaging.utils import parse_wheel_filename
 
 from base import progress, stagecache
 
-from . import consistency, inputs, install, payload, transform, wheelio
+from . import consistency, inputs, install, payload, sbom, transform, wheelio
 from .errors import ConsistencyError, InputError
 from .model import Carrier, CarrierSet
 
@@ -223,10 +223,16 @@ def _build_set(
             [i.path for i in sources[provider.name]],
             (cache or inputs.default_cache()).parent / "payload",
             pol,
+            {b.path: _provenance(b) for b in built},
         )
         for b in built:
             b.path = result.moved.get(b.path, b.path)
         built[0].payload = payload.manifest_summary(result.manifest)
+    for b in built:  # a wheel no step gave an SBOM (kt-kernel, where the set has no payload): its own
+        if not wheelio.has_sbom(b.path):
+            members = wheelio.read(b.path)
+            sbom.add(members, wheelio.dist_info(members), b.name, b.version, cs.kt_version, _provenance(b, members))
+            wheelio.write(b.path, members, payload.executable(members))
     if only is None:
         problems = coverage_problems(built, pythons)
         if problems:
@@ -236,6 +242,16 @@ def _build_set(
                 + "\nnothing was written to dist/"
             )
     return built
+
+
+def _provenance(b: Built, members: Mapping[str, bytes] | None = None) -> sbom.Provenance:
+    """What a built wheel's SBOM says of its origin: its input and patches (manifest.json's record of them)."""
+    src = b.inputs[0] if b.inputs else None
+    return sbom.Provenance(
+        upstream=sbom.Upstream(src["name"], src["version"], src["filename"], src["sha256"]) if src else None,
+        patches=[(p["file"], p["sha256"]) for p in b.patches] if b.kind == "fork" else [],
+        grafted=sbom.grafted(members) if members is not None else [],
+    )
 
 
 def coverage_problems(built: Sequence[Built], pythons: Sequence[str]) -> list[str]:

@@ -10,6 +10,7 @@ The manifest's schema: audits/schemas/payload-manifest.schema.json.
 
 from __future__ import annotations
 
+import dataclasses
 import fnmatch
 import hashlib
 import io
@@ -29,7 +30,7 @@ from packaging.utils import parse_wheel_filename
 from audits.manylinux import glibc_of
 from audits.readers import find_cuobjdump, list_archs
 
-from . import wheelio
+from . import sbom, wheelio
 from .errors import ConsistencyError, InputError
 from .model import PART_DIR, Carrier, CarrierSet
 
@@ -353,7 +354,7 @@ class PayloadResult:
 def _encoded(members: Mapping[str, bytes], stored: frozenset[str] = frozenset()) -> bytes:
     """A wheel's bytes, written in memory (to measure a wheel, or to write it once)."""
     buf = io.BytesIO()
-    wheelio.write_to(buf, members, _executable(members), stored)
+    wheelio.write_to(buf, members, executable(members), stored)
     return buf.getvalue()
 
 
@@ -365,12 +366,15 @@ def attach(
     sources: list[Path],
     cache: Path,
     pol: Any = None,
+    provenance: Mapping[Path, sbom.Provenance] | None = None,
 ) -> PayloadResult:
     """Build (or reuse) the archive of `archived` plus kt-kernel's CUDA libraries, cut it into parts,
     add each part to every wheel of its carrier (retagged for the archive's platform), and write the
     manifest and the part requirements into the provider's wheel. `wheels`: carrier -> its built wheels
     (several where the carrier is per-Python, as sglang-kt is): each wheel of a part carrier carries the
-    same part, and every kt-kernel wheel must hold the same CUDA libraries. Each wheel is written once."""
+    same part, and every kt-kernel wheel must hold the same CUDA libraries. Each wheel is written once,
+    its SBOM (`provenance`: what derive recorded of each input wheel) naming the part it carries."""
+    provenance = provenance or {}
     pol = pol or policy()
     pp = pol.payload
     provider = cs.payload_provider
@@ -412,6 +416,12 @@ def attach(
             if not any(n.startswith(f"{c.import_package}/") for n in m):
                 raise ConsistencyError(f"{w.name}: {c.name} has no {c.import_package}/ package to carry part {i}")
             m[member] = blob
+            prov = dataclasses.replace(
+                provenance.get(w) or sbom.Provenance(),
+                grafted=sbom.grafted(m),
+                part=sbom.Part(member, i, count, len(blob), hashlib.sha256(blob).hexdigest()),
+            )
+            sbom.add(m, wheelio.dist_info(m), c.name, versions[c.name], cs.kt_version, prov)
             data = _encoded(m, frozenset({member}))
             if len(data) > pol.wheel_budget_bytes:
                 raise ConsistencyError(
@@ -455,12 +465,34 @@ def attach(
         "parts": parts,
         "files": archive.files,
     }
+    origins = _origins(archive.files, entries, archived, sources, wheels[native.name], versions[native.name])
     for w in wheels[provider.name]:
-        moved[w] = _finish_provider(provider, w, manifest, pp.manifest_member, cs, versions, platform)
+        prov = dataclasses.replace(provenance.get(w) or sbom.Provenance(), archive=origins)
+        moved[w] = _finish_provider(provider, w, manifest, pp.manifest_member, cs, versions, platform, prov)
     return PayloadResult(manifest, moved)
 
 
-def _executable(members: Mapping[str, bytes]) -> frozenset[str]:
+def _origins(
+    files: Mapping[str, Mapping[str, Any]],
+    entries: Mapping[str, bytes],
+    archived: Mapping[str, bytes],
+    sources: Sequence[Path],
+    kernels: Sequence[Path],
+    kernel_version: str,
+) -> dict[str, dict[str, object]]:
+    """Each archived file with its sha256, size and the wheel it was taken from: the provider's upstream
+    input (sglang-kernel's libraries) or kt-kernel's own build (its CUDA libraries)."""
+    named = [(parse_wheel_filename(s.name), s.name) for s in sources]
+    upstream = ", ".join(f"{name} {version} ({file})" for (name, version, _, _), file in named)
+    kernel = f"kt-kernel {kernel_version} ({', '.join(k.name for k in kernels)})"
+    return {
+        path: {"sha256": info["sha256"], "size": info["size"], "origin": upstream if path in archived else kernel}
+        for path, info in files.items()
+        if path in entries
+    }
+
+
+def executable(members: Mapping[str, bytes]) -> frozenset[str]:
     return frozenset(n for n in members if "/scripts/" in n or n.endswith(".so") or ".so." in n)
 
 
@@ -472,9 +504,11 @@ def _finish_provider(
     cs: CarrierSet,
     versions: Mapping[str, str],
     platform: str,
+    prov: sbom.Provenance,
 ) -> Path:
     """Manifest into the provider's wheel; it requires every part carrier exactly, and zstandard.
-    Tagged for the archive's platform: it is the package that loads the archived binaries."""
+    Tagged for the archive's platform: it is the package that loads the archived binaries. Its SBOM
+    lists every archived file with its origin."""
     members = wheelio.read(path)
     tags = retag(path.name, platform)
     wheelio.set_tags(members, tags)
@@ -485,7 +519,8 @@ def _finish_provider(
     lines += [f"Requires-Dist: {r}" for r in RUNTIME_REQUIRES]
     meta = wheelio.edit_metadata(members[meta_name].decode("utf-8"), append=lines)
     members[meta_name] = meta.encode("utf-8")
-    wheelio.write(dest, members, _executable(members))
+    sbom.add(members, wheelio.dist_info(members), c.name, versions[c.name], cs.kt_version, prov)
+    wheelio.write(dest, members, executable(members))
     if dest != path:
         path.unlink()
     return dest

@@ -15,7 +15,9 @@ from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name, parse_wheel_filename
 from packaging.version import Version
 
-from . import proc, wheelio
+from base.stagecache import file_sha256
+
+from . import proc, sbom, wheelio
 from .alias._kt_dist_alias import UPSTREAM_FILE  # <dist-info>/kt_upstream.json of every fork and repack
 from .errors import ConsistencyError, InputError, PatchError
 from .model import ALIAS_DIR, Carrier, CarrierSet
@@ -174,6 +176,16 @@ def derived_name(c: Carrier, src: Path, versions: Mapping[str, str]) -> str:
     return wheelio.wheel_name(c.name, versions[c.name], tag)
 
 
+def provenance(c: Carrier, src: Path, members: Mapping[str, bytes]) -> sbom.Provenance:
+    """What a derived wheel's SBOM says: its input wheel (by sha256), its patch series, its grafted libraries."""
+    up_name, up_version, _, _ = parse_wheel_filename(src.name)
+    return sbom.Provenance(
+        upstream=sbom.Upstream(str(up_name), str(up_version), src.name, file_sha256(src)),
+        patches=[(p.name, file_sha256(p)) for p in c.patches] if c.kind == "fork" else [],
+        grafted=sbom.grafted(members),
+    )
+
+
 def derive(
     c: Carrier,
     cs: CarrierSet,
@@ -214,6 +226,14 @@ def derive(
             if name in members:
                 raise ConsistencyError(f"{c.name}: upstream {up_name} already ships {name}")
             members[name] = (ALIAS_DIR / name).read_bytes()
+    sbom.add(
+        members,
+        new_di,
+        c.name,
+        new_version,
+        cs.kt_version,
+        provenance(c, src, members),
+    )
     out = out_dir / derived_name(c, src, versions)
     executable = frozenset(n for n in members if "/scripts/" in n or n.endswith(".so"))
     wheelio.write(out, members, executable)
@@ -244,6 +264,7 @@ def umbrella(c: Carrier, cs: CarrierSet, versions: Mapping[str, str], out_dir: P
         b"Tag: py3-none-any\n",
         f"{di}/top_level.txt": f"{norm}\n".encode(),
     }
+    sbom.add(members, di, c.name, version, cs.kt_version, sbom.Provenance())
     out = out_dir / wheelio.wheel_name(c.name, version, "py3-none-any")
     wheelio.write(out, members)
     return out

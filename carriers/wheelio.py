@@ -54,6 +54,12 @@ def read_metadata(path: Path) -> tuple[str, list[str]]:
     return metadata_field(text, "Version")[0], metadata_field(text, "Requires-Dist")
 
 
+def has_sbom(path: Path) -> bool:
+    """Whether a written wheel carries an SBOM under .dist-info/sboms/ (reads the zip's directory only)."""
+    with zipfile.ZipFile(path) as zf:
+        return any(n.split("/")[0].endswith(".dist-info") and "/sboms/" in n for n in zf.namelist())
+
+
 def record_hash(data: bytes) -> str:
     """A sha256 in RECORD's form."""
     return "sha256=" + base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
