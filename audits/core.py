@@ -20,6 +20,7 @@ from .analyzers import (
     isa_rules,
     manifest_rules,
     payload_rules,
+    sbom_rules,
     size_rules,
     wheel_rules,
 )
@@ -29,6 +30,7 @@ from .errors import AuditError
 from .model import Finding
 from .policy import ExternalProvider, Policy
 from .readers import ElfFacts, FeatureUse, WheelFacts, read_wheel
+from .readers import _sbom as sbom_reader
 from .readers._cuda import KernelPayload, find_cuobjdump, read_kernel_payload
 from .readers._install import read_install_files
 from .readers._json import SIZE_BASELINE, load
@@ -54,6 +56,7 @@ class WheelResult:
     summary: WheelSummary | None = None  # what the release-level payload rules need
     installed: tuple[str, ...] = ()  # member paths, for the release-level collision rule
     names: dist_rules.DistNames | None = None  # for the release-level distribution-name rule
+    has_sbom: bool = False  # for the release-level SBOM rule (sbom.missing)
 
 
 def read_options(policy: Policy, dist_name: str = "") -> ReadOptions:
@@ -91,6 +94,7 @@ class WheelContext:
     kernel_payload: KernelPayload | None  # kt-kernel's own CUDA archive
     baseline: dict[str, Any] | None
     arch: str  # the architecture the verdict is computed for
+    sboms: tuple[list[str], dict[str, str]] = ([], {})  # the SBOM members, and why any is not valid CycloneDX
 
 
 def read_context(path: Path, policy: Policy, baseline: dict[str, Any] | None) -> WheelContext:
@@ -127,6 +131,7 @@ def read_context(path: Path, policy: Policy, baseline: dict[str, Any] | None) ->
         kernel_payload=kp,
         baseline=baseline,
         arch=arch,
+        sboms=(sbom_reader.documents(w), sbom_reader.schema_problems(w)),
     )
 
 
@@ -169,6 +174,17 @@ ANALYZERS: tuple[tuple[str, Analyzer], ...] = (
     ("cuda", lambda c, p: cuda_rules.cuda(c.w, c.kernel_payload, p, c.system)),
     ("cuda-listing", lambda c, p: cuda_rules.listing(c.w)),
     ("size", lambda c, p: size_rules.size(c.w, p, c.baseline)),
+    (
+        "sbom",
+        _only(
+            lambda c, p: sbom_rules.sbom(
+                c.w,
+                *c.sboms,
+                p.payload.manifest_member if p.payload else None,
+                c.w.text(f"{c.w.dist_info}/{dist_rules.UPSTREAM_FILE}"),
+            )
+        ),
+    ),
 )
 
 
@@ -186,6 +202,7 @@ def audit_wheel(path: Path, policy: Policy, baseline: dict[str, Any] | None = No
     if policy.payload is not None:
         res.summary = summarize(w, policy.payload.manifest_member)
     res.installed = ctx.tree
+    res.has_sbom = bool(ctx.sboms[0])
     res.names = dist_rules.DistNames(
         w.filename,
         str(w.name),
@@ -204,6 +221,17 @@ def audit_wheel(path: Path, policy: Policy, baseline: dict[str, Any] | None = No
     res.platform, res.platform_reason = manylinux.honest_platform(list(ctx.elfs), ctx.chains, ctx.arch)
     res.findings = [_waive(f, str(w.name), policy) for f in res.findings]
     return res
+
+
+def _sbom_for_releases(results: list[WheelResult], policy: Policy) -> None:
+    """A KT release (some wheel records its upstream or ships the dist-name alias) is held to an SBOM in
+    every wheel (sbom.missing); anyone else's wheels, or a kernel wheel before the assembly gives it one,
+    are not (an SBOM they do ship is still checked, wheel by wheel)."""
+    if not any(r.names is not None and (r.names.upstream is not None or r.names.ships_alias) for r in results):
+        return
+    for r in results:
+        if not r.has_sbom and r.names is not None:
+            r.findings.append(_waive(sbom_rules.missing(r.wheel, r.names.dist), r.names.dist, policy))
 
 
 def _arch_of(elfs: list[ElfFacts]) -> str:
@@ -270,6 +298,7 @@ def run(paths: list[Path], policy: Policy, baseline_file: Path | None = None) ->
         names = by_file[f.wheel].names
         assert names is not None  # the finding came from this wheel's facts
         by_file[f.wheel].findings.append(_waive(f, names.dist, policy))
+    _sbom_for_releases(results, policy)
     findings = [f for r in results for f in r.findings]
     release_files = [f for p in paths if p.is_dir() for f in read_install_files(p)]
     findings += install_rules.analyze(release_files, {r.wheel: r.sha256 for r in results})

@@ -100,6 +100,9 @@ RULES: dict[str, Rule] = {
         Rule("release.path-collision", "wheel", "two distributions of the release install the same path"),
         Rule("dist.name-lookup", "wheel", "code looks a distribution up by an upstream name the release renames"),
         Rule("dist.upstream-record", "wheel", "a renamed distribution without a readable .dist-info/kt_upstream.json"),
+        Rule("sbom.missing", "wheel", "no SBOM in .dist-info/sboms/ (PEP 770): nothing says where the bytes came from"),
+        Rule("sbom.invalid", "wheel", "an SBOM that is not JSON, not CycloneDX, or not valid against its schema"),
+        Rule("sbom.mismatch", "wheel", "the SBOM names another wheel, or leaves out an input, part, graft or file"),
         # 2. tags
         Rule("tag.ext-suffix", "wheel", "an extension module's suffix does not match the python/abi tag"),
         Rule("tag.manylinux-overclaim", "wheel", "an ELF needs symbol versions newer than the platform tag allows"),

@@ -1,0 +1,49 @@
+"""The SBOMs a wheel ships (PEP 770: .dist-info/sboms/*.cdx.json), read and checked against CycloneDX's
+own JSON schema by the CycloneDX library's validator, before any analyzer looks at them."""
+
+from __future__ import annotations
+
+import json
+from functools import cache
+from typing import Any
+
+from ._wheel import WheelFacts
+
+
+def documents(w: WheelFacts) -> list[str]:
+    """The CycloneDX JSON SBOM members of a wheel."""
+    prefix = f"{w.dist_info}/sboms/"
+    return [m.name for m in w.members if m.name.startswith(prefix) and m.name.endswith(".cdx.json")]
+
+
+@cache
+def _validator(spec: str) -> Any:
+    from cyclonedx.schema import SchemaVersion
+    from cyclonedx.validation.json import JsonStrictValidator
+
+    return JsonStrictValidator(SchemaVersion.from_version(spec))
+
+
+def schema_problems(w: WheelFacts) -> dict[str, str]:
+    """member -> why it is not a valid CycloneDX document, for each SBOM of the wheel that is not."""
+    out = {}
+    for member in documents(w):
+        text = w.text(member) or ""
+        try:
+            doc = json.loads(text)
+        except ValueError as exc:
+            out[member] = f"not JSON ({exc})"
+            continue
+        if not isinstance(doc, dict) or doc.get("bomFormat") != "CycloneDX":
+            out[member] = "not a CycloneDX document (bomFormat)"
+            continue
+        spec = str(doc.get("specVersion"))
+        try:
+            validator = _validator(spec)
+        except ValueError:
+            out[member] = f"specVersion {spec!r} is no CycloneDX version this audit knows"
+            continue
+        error = validator.validate_str(text)
+        if error is not None:
+            out[member] = f"not valid CycloneDX {spec}: {str(error).splitlines()[0][:300]}"
+    return out

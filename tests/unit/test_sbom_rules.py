@@ -1,0 +1,120 @@
+"""The SBOM rules, each on a wheel built with exactly its defect: sbom.missing (a KT release's wheel
+without one; anyone else's wheels are not held to it), sbom.invalid (not JSON, not CycloneDX, not valid
+against CycloneDX's schema), sbom.mismatch (another distribution, or an upstream, graft or payload part
+left out); the SBOM carriers/sbom.py writes passes them all, byte for byte the same each time."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from audits import load_policy
+from audits.core import run
+from carriers import sbom
+from tests.wheelkit import pure_wheel_members, write_wheel
+
+DEFAULT = load_policy()
+LIB = "peft_kt.libs/libgomp-a34b3233.so.1"
+PART = "peft_kt/_kt_payload/cuda.tar.zst.02-of-05"
+UPSTREAM = sbom.Upstream("peft", "0.21.2", "peft-0.21.2-py3-none-any.whl", "c" * 64)
+
+
+def _fork(extra: dict[str, bytes] | None = None) -> dict[str, bytes]:
+    """A renamed fork of a KT release (its kt_upstream.json), with a library graft and a payload part."""
+    members = pure_wheel_members("peft_kt", "0.21.2")
+    di = "peft_kt-0.21.2.dist-info"
+    members[f"{di}/kt_upstream.json"] = json.dumps({"carrier": "peft-kt", "name": "peft", "version": "0.21.2"}).encode()
+    members[LIB] = b"\x7fELF not really"
+    members[PART] = b"part bytes"
+    members.update(extra or {})
+    return members
+
+
+def _sbom(members: dict[str, bytes], **changes: object) -> bytes:
+    prov = sbom.Provenance(
+        upstream=UPSTREAM,
+        grafted=sbom.grafted(members),
+        part=sbom.Part(PART, 2, 5, len(members[PART]), hashlib.sha256(members[PART]).hexdigest()),
+    )
+    for key, value in changes.items():
+        setattr(prov, key, value)
+    return sbom.document("peft-kt", str(changes.get("version", "0.21.2")), "0.6.1", prov)
+
+
+def _audit(tmp_path: Path, members: dict[str, bytes], *others: dict[str, bytes]) -> list[tuple[str, str]]:
+    write_wheel(tmp_path / "peft_kt-0.21.2-py3-none-any.whl", members)
+    for i, other in enumerate(others):
+        write_wheel(tmp_path / f"other{i}-1.0-py3-none-any.whl", other)
+    report = run([tmp_path], DEFAULT)
+    return sorted((f["rule"], f["member"]) for f in report["findings"] if f["rule"].startswith("sbom."))
+
+
+def _with_sbom(members: dict[str, bytes], doc: bytes) -> dict[str, bytes]:
+    return {**members, f"peft_kt-0.21.2.dist-info/{sbom.MEMBER}": doc}
+
+
+def test_the_sbom_the_carriers_write_passes_and_is_deterministic(tmp_path: Path) -> None:
+    members = _fork()
+    assert _sbom(members) == _sbom(members)
+    doc = json.loads(_sbom(members))
+    assert "serialNumber" not in doc
+    assert doc["metadata"]["timestamp"] == "1980-01-01T00:00:00+00:00"
+    assert _audit(tmp_path, _with_sbom(members, _sbom(members))) == []
+
+
+def test_a_release_wheel_without_an_sbom_is_missing_one(tmp_path: Path) -> None:
+    other = pure_wheel_members("other0", "1.0")
+    assert _audit(tmp_path, _with_sbom(_fork(), _sbom(_fork())), other) == [("sbom.missing", "")]
+
+
+def test_wheels_that_are_no_kt_release_are_not_held_to_an_sbom(tmp_path: Path) -> None:
+    write_wheel(tmp_path / "demo_pkg-1.0-py3-none-any.whl", pure_wheel_members())
+    assert not [f for f in run([tmp_path], DEFAULT)["findings"] if f["rule"].startswith("sbom.")]
+
+
+SBOM = f"peft_kt-0.21.2.dist-info/{sbom.MEMBER}"
+
+INVALID: dict[str, Callable[[bytes], bytes]] = {
+    "not JSON": lambda doc: doc[:-20],
+    "not CycloneDX": lambda doc: json.dumps({**json.loads(doc), "bomFormat": "SPDX"}).encode(),
+    "against the schema": lambda doc: doc.replace(b'"type": "library"', b'"type": "spaceship"', 1),
+    "an unknown spec version": lambda doc: json.dumps({**json.loads(doc), "specVersion": "9.9"}).encode(),
+}
+
+
+@pytest.mark.parametrize("what", list(INVALID))
+def test_an_sbom_that_is_not_valid_cyclonedx_is_invalid(tmp_path: Path, what: str) -> None:
+    members = _fork()
+    assert _audit(tmp_path, _with_sbom(members, INVALID[what](_sbom(members)))) == [("sbom.invalid", SBOM)]
+
+
+MISMATCH: dict[str, tuple[Callable[[dict[str, bytes]], bytes], str]] = {
+    "another version": (lambda m: _sbom(m, version="0.21.1"), SBOM),
+    "the upstream left out": (lambda m: _sbom(m, upstream=None), SBOM),
+    "a graft left out": (lambda m: _sbom(m, grafted=[]), LIB),
+    "a payload part left out": (lambda m: _sbom(m, part=None), PART),
+    "a payload part of other bytes": (
+        lambda m: _sbom(m, part=sbom.Part(PART, 2, 5, 10, "0" * 64)),
+        PART,
+    ),
+}
+
+
+@pytest.mark.parametrize("what", list(MISMATCH))
+def test_an_sbom_that_leaves_out_what_the_wheel_holds_is_a_mismatch(tmp_path: Path, what: str) -> None:
+    members = _fork()
+    make, member = MISMATCH[what]
+    assert _audit(tmp_path, _with_sbom(members, make(members))) == [("sbom.mismatch", member)]
+
+
+def test_the_third_party_policy_keeps_the_sbom_rules_as_warnings(tmp_path: Path) -> None:
+    members = _fork()
+    write_wheel(tmp_path / "peft_kt-0.21.2-py3-none-any.whl", _with_sbom(members, _sbom(members, upstream=None)))
+    write_wheel(tmp_path / "other0-1.0-py3-none-any.whl", pure_wheel_members("other0", "1.0"))
+    found = {f["rule"]: f["severity"] for f in run([tmp_path], load_policy("third-party"))["findings"]}
+    assert found["sbom.mismatch"] == "warning"
+    assert found["sbom.missing"] == "info"
