@@ -14,7 +14,7 @@ import pytest
 
 from release import report as release_report
 from tests.conftest import ROOT
-from tests.unit.test_release_report import KT, _candidate
+from tests.unit.test_release_report import KT, TF, _candidate, _hermetic  # noqa: F401 (_hermetic: autouse fixture)
 
 SECTIONS = ("verdict", "wheels", "findings", "cpu-matrix", "cuda-matrix", "sizes", "artifacts")
 
@@ -50,7 +50,10 @@ def _audit() -> dict[str, object]:
     return {
         "passed": False,
         "elapsed_s": 2.0,
-        "wheels": [{"filename": KT, "errors": 1}],
+        "wheels": [
+            {"filename": KT, "errors": 1, "sha256": "a" * 64},  # the manifest's: this build's audit
+            {"filename": TF, "errors": 0, "sha256": "b" * 64},
+        ],
         "findings": [
             {
                 "rule": "isa.forbidden-feature",
