@@ -206,6 +206,7 @@ def audit(session: nox.Session) -> None:
     p = _parser("audit")
     p.add_argument("--baseline", help="a previous audit-report.json, for size growth")
     p.add_argument("--fresh", action="store_true", help="audit even if these wheels passed this audit before")
+    p.add_argument("--no-vulnerabilities", action="store_true", help="skip pip-audit (offline): NOT CHECKED")
     p.add_argument("paths", nargs="*")
     args = p.parse_args(session.posargs)
     if not args.paths and not DIST.is_dir():
@@ -220,9 +221,11 @@ def audit(session: nox.Session) -> None:
         reports += [f"--markdown={paths.AUDIT_REPORTS / 'audit-report.md'}"]
         session.run("python", "-m", "audits", *args.paths, *reports, *extra)
         return
+    _install_lock(session, "vulns")  # pip-audit: the known vulnerabilities of what the install files pin
     with _timed("audit"):
         fresh = ["--fresh"] if _fresh(args.fresh) else []
-        session.run("python", "-m", "release.audit", "--dist", str(DIST), *extra, *fresh)
+        offline = ["--no-vulnerabilities"] if args.no_vulnerabilities else []
+        session.run("python", "-m", "release.audit", "--dist", str(DIST), *extra, *fresh, *offline)
 
 
 @nox.session(python=PYTHON, tags=["verify"])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime
 import difflib
 import fnmatch
 import json
@@ -12,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import tomllib
+from packaging.utils import canonicalize_name
 
 from .errors import PolicyError
 from .model import Limits, Severity
@@ -42,6 +44,17 @@ class Waiver:
     wheel: str  # normalized distribution name
     member: str  # "" = any member
     reason: str
+
+
+@dataclass(frozen=True)
+class VulnerabilityWaiver:
+    """A known vulnerability of one package the release ships anyway, with why, until a date
+    (`nox -s audit`'s vulnerability check: an expired waiver waives nothing)."""
+
+    id: str  # the advisory (GHSA-..., PYSEC-..., CVE-...), or one of its aliases
+    package: str  # normalized distribution name
+    reason: str
+    expires: datetime.date
 
 
 @dataclass(frozen=True)
@@ -203,6 +216,7 @@ class Policy:
     cuda_min_driver_ptx_isa: str = ""
     cuda_kernels: tuple[str, ...] = ()
     waivers: tuple[Waiver, ...] = ()
+    vulnerability_waivers: tuple[VulnerabilityWaiver, ...] = ()
     payload: PayloadPolicy | None = None
     # Always provided by the system, never by a wheel (the CUDA driver): correct to need.
     always_external: frozenset[str] = frozenset()
@@ -239,6 +253,16 @@ def _waiver(entry: dict[str, Any], source: Path) -> Waiver:
     if not entry.get("reason") or not entry.get("wheel"):
         raise PolicyError(f"{source}: waiver for {entry['rule']} needs a wheel and a reason")
     return Waiver(entry["rule"], entry["wheel"], entry.get("member", ""), entry["reason"])
+
+
+def _vuln_waiver(entry: dict[str, Any], source: Path) -> VulnerabilityWaiver:
+    try:
+        expires = datetime.date.fromisoformat(entry["expires"])
+    except ValueError:
+        raise PolicyError(
+            f"{source}: vulnerability waiver {entry['id']}: expires {entry['expires']!r} is no date"
+        ) from None
+    return VulnerabilityWaiver(entry["id"], canonicalize_name(entry["package"]), entry["reason"], expires)
 
 
 SCHEMA_FILE = Path(__file__).resolve().parent / "policy" / "schema.json"
@@ -396,6 +420,7 @@ def load_policy(path: Path | str | None = None) -> Policy:
             cuda_min_driver_ptx_isa=cuda.get("min_driver_ptx_isa", ""),
             cuda_kernels=tuple(cuda.get("kernels", [])),
             waivers=tuple(_waiver(w, path) for w in data.get("waivers", [])),
+            vulnerability_waivers=tuple(_vuln_waiver(w, path) for w in data.get("vulnerability_waivers", [])),
             payload=_payload(data.get("payload", {}), path),
             limits=_limits(data.get("limits", {})),
             severities=tuple(_severity(e, path) for e in data.get("severity", [])),

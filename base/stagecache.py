@@ -105,6 +105,11 @@ def dist_sha256(dist: Path = paths.DIST) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
+def today() -> str:
+    """The UTC date: an ingredient of stages whose inputs change by the day (the index's vulnerability data)."""
+    return time.strftime("%Y-%m-%d", time.gmtime())
+
+
 def fresh_asked(flag: bool = False) -> bool:
     """--fresh on the command line, or KT_FRESH=1 in the environment (CI sets it)."""
     return flag or os.environ.get("KT_FRESH", "") not in ("", "0")
@@ -148,6 +153,11 @@ class Stage:
         self.outputs = [Path(o) for o in outputs]
         self.fresh = fresh_asked(fresh)
         self.path = (cache or CACHE) / f"{name}.json"
+
+    def rekey(self) -> None:
+        """After an ingredient was added to `ingredients`: the key again."""
+        self.ingredients = dict(sorted(self.ingredients.items()))
+        self.key = value_sha256([self.name, self.ingredients])
 
     def _load(self) -> dict[str, Any] | None:
         if not self.path.exists():

@@ -22,7 +22,7 @@ from . import paths, stagecache
 
 CODE_BASE = (paths.ROOT / "base", paths.ROOT / "locks")
 ASSEMBLE_CODE = (paths.ROOT / "carriers", paths.ROOT / "audits", *CODE_BASE)
-AUDIT_CODE = (paths.ROOT / "audits",)
+AUDIT_CODE = (paths.ROOT / "audits", paths.ROOT / "release" / "audit.py", paths.ROOT / "release" / "vulns.py")
 VERIFY_CODE = (paths.ROOT / "verify", paths.ROOT / "carriers", *CODE_BASE)
 
 
@@ -56,7 +56,7 @@ def audit(dist: Path, reports: Sequence[Path], baseline: Path | None, *, fresh: 
     ingredients = {
         "dist": stagecache.dist_sha256(dist),
         **_code(AUDIT_CODE),
-        "lock": stagecache.file_sha256(paths.LOCKFILES / "audit.txt"),
+        "lock": stagecache.files_sha256([paths.LOCKFILES / "audit.txt", paths.LOCKFILES / "vulns.txt"]),
         "baseline": stagecache.file_sha256(baseline) if baseline else "none",
         "python": stagecache.python_sha256(),
     }

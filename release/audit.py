@@ -1,5 +1,9 @@
 """The release's audit stage: `python -m release.audit --dist dist [--baseline F] [--summary F] [--fresh]`.
 
+Two checks: every wheel (`python -m audits`), and the known vulnerabilities of everything the install
+files pin (release/vulns.py: pip-audit against the index's vulnerability data, the policy's waivers),
+into dist/vulnerabilities.json. The vulnerability data changes by the day, so the day is in the key.
+
 The audit of exactly these wheels (every file dist/SHA256SUMS lists, re-hashed), with this policy,
 this audit code and lock, is reused from its record (base/stages.py says what the key holds); anything
 else runs `python -m audits` over dist/ into dist/audit-report.{json,md}. Only a passing audit is
@@ -12,11 +16,17 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
+from typing import Any
 
 from audits import report
 from audits.__main__ import main as audit_main
-from base import stagecache, stages
+from audits.policy import load_policy
+from base import paths, stagecache, stages
+from base.errors import StageError
+from base.errors import report as report_error
 from base.paths import DIST
+
+from . import vulns
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -26,23 +36,50 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--baseline", type=Path, help="a previous audit-report.json, for size growth")
     p.add_argument("--summary", type=Path, help="append the Markdown summary here (CI: $GITHUB_STEP_SUMMARY)")
     p.add_argument("--fresh", action="store_true", help="audit even if these wheels passed this audit before")
+    p.add_argument(
+        "--no-vulnerabilities",
+        action="store_true",
+        help="skip the known-vulnerability check (offline); the report then says NOT CHECKED",
+    )
     args = p.parse_args(argv)
+    vulns_json = args.dist / "vulnerabilities.json"
     reports = [args.dist / "audit-report.json", args.dist / "audit-report.md"]
+    reports += [] if args.no_vulnerabilities else [vulns_json]
     try:
         stage = stages.audit(args.dist, reports, args.baseline, fresh=args.fresh or args.summary is not None)
+        stage.ingredients["vulnerability data"] = "skipped" if args.no_vulnerabilities else stagecache.today()
+        stage.rekey()
     except stagecache.DistError as exc:
         print(f"error: {exc}")
         return 2
     if stage.reuse() is not None:
         result = json.loads(reports[0].read_text())
         print(report.to_terminal(result), end="")
+        if not args.no_vulnerabilities:
+            print("\n".join(vulns.lines(vulns.Vulnerabilities(**_known(vulns_json)))))
         return 0
     extra = [*(["--baseline", str(args.baseline)] if args.baseline else [])]
     extra += ["--summary", str(args.summary)] if args.summary else []
     status = audit_main([str(args.dist), "--json", str(reports[0]), "--markdown", str(reports[1]), *extra])
+    if args.no_vulnerabilities:
+        vulns_json.write_text(json.dumps({"not_checked": "--no-vulnerabilities"}, indent=2) + "\n")
+        print("vulnerabilities: NOT CHECKED (--no-vulnerabilities)")
+    else:
+        try:
+            found = vulns.check(args.dist, load_policy().vulnerability_waivers, paths.CACHE / "pip-audit")
+        except StageError as exc:
+            return report_error(exc)
+        vulns_json.write_text(json.dumps(found.as_dict(), indent=2) + "\n")
+        print("\n".join(vulns.lines(found)))
+        status = status or (1 if found.found else 0)
     if status == 0:
         stage.done()
     return status
+
+
+def _known(path: Path) -> dict[str, Any]:
+    data: dict[str, Any] = json.loads(path.read_text())
+    return data
 
 
 if __name__ == "__main__":

@@ -95,6 +95,7 @@ def tree(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
         "base/paths.py": "\n",
         "locks/read.py": "\n",
         "lockfiles/audit.txt": "a==1 --hash=sha256:00\n",
+        "lockfiles/vulns.txt": "pip-audit==2 --hash=sha256:00\n",
         "lockfiles/serve.txt": "s==1 --hash=sha256:00\n",
         "out/kt_kernel-0.6.1-cp311-abi3-manylinux_2_34_x86_64.whl": "kernel",
         "dist/x-1-py3-none-any.whl": "wheel",

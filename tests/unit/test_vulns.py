@@ -1,0 +1,120 @@
+"""release/vulns.py with pip-audit's answers made up: a fork is asked about as its upstream, the project's
+own distributions are not asked about, each Python's pin is asked once; a vulnerability is an error
+unless a waiver in force names it (by id or alias) for that package; an expired waiver waives nothing;
+a distribution the index has no data for is NOT CHECKED, never a pass; the policy refuses a bad date."""
+
+from __future__ import annotations
+
+import datetime
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from audits import PolicyError, load_policy
+from audits.policy import VulnerabilityWaiver
+from release import vulns
+
+TODAY = datetime.date(2026, 12, 1)
+
+
+def _dist(tmp_path: Path) -> Path:
+    dist = tmp_path / "dist"
+    (dist / "install").mkdir(parents=True)
+    wheels = [
+        {"name": "transformers-kt", "inputs": [{"name": "transformers", "version": "5.19.0"}]},
+        {"name": "kt-kernel", "inputs": []},
+    ]
+    (dist / "manifest.json").write_text(json.dumps({"wheels": wheels}))
+    h = " \\\n    --hash=sha256:" + "0" * 64 + "\n"
+    (dist / "install" / "sft-cp311.txt").write_text(
+        "# KT release install file\n--only-binary :all:\n"
+        f"transformers-kt==5.19.0.post1{h}kt-kernel==0.6.1{h}urllib3==2.5.0{h}"
+    )
+    (dist / "install" / "sft-cp312.txt").write_text(f"urllib3==2.6.0{h}requests==2.32.5{h}")
+    return dist
+
+
+def test_forks_are_asked_about_as_their_upstream_and_ours_not_at_all(tmp_path: Path) -> None:
+    asked, not_asked = vulns.queries(_dist(tmp_path))
+    assert asked == {
+        ("transformers", "5.19.0"): ["sft-cp311.txt"],
+        ("urllib3", "2.5.0"): ["sft-cp311.txt"],
+        ("urllib3", "2.6.0"): ["sft-cp312.txt"],
+        ("requests", "2.32.5"): ["sft-cp312.txt"],
+    }
+    assert list(not_asked) == ["kt-kernel"]
+
+
+def test_two_versions_of_one_name_go_to_pip_audit_in_two_files(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[list[tuple[str, str]]] = []
+
+    def fake(pins: list[tuple[str, str]], cache: Path) -> list[dict[str, Any]]:
+        calls.append(pins)
+        return []
+
+    monkeypatch.setattr(vulns, "_pip_audit", fake)
+    vulns.pip_audit([("requests", "2.32.5"), ("urllib3", "2.5.0"), ("urllib3", "2.6.0")], Path("unused"))
+    assert calls == [[("requests", "2.32.5"), ("urllib3", "2.5.0")], [("urllib3", "2.6.0")]]
+
+
+def _answers(pins: list[tuple[str, str]], cache: Path) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    for name, version in pins:
+        if name == "urllib3" and version == "2.5.0":
+            out.append(
+                {
+                    "name": name,
+                    "version": version,
+                    "vulns": [
+                        {"id": "GHSA-aaaa", "aliases": ["CVE-2026-1"], "fix_versions": ["2.6.0"]},
+                        {"id": "PYSEC-bbbb", "aliases": [], "fix_versions": []},
+                    ],
+                }
+            )
+        elif name == "transformers":
+            out.append({"name": name, "version": version, "vulns": [{"id": "GHSA-cccc", "aliases": []}]})
+        elif name == "requests":
+            reason = f"Dependency not found on PyPI and could not be audited: {name} ({version})"
+            out.append({"name": name, "skip_reason": reason})
+        else:
+            out.append({"name": name, "version": version, "vulns": []})
+    return out
+
+
+def test_found_waived_expired_and_not_checked(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(vulns, "pip_audit", _answers)
+    waivers = (
+        VulnerabilityWaiver("CVE-2026-1", "urllib3", "not reachable from our code", datetime.date(2027, 1, 1)),
+        VulnerabilityWaiver("PYSEC-bbbb", "urllib3", "was fixed downstream", datetime.date(2026, 11, 30)),
+        VulnerabilityWaiver("GHSA-cccc", "numpy", "another package's waiver", datetime.date(2027, 1, 1)),
+    )
+    v = vulns.check(_dist(tmp_path), waivers, tmp_path / "cache", today=TODAY)
+    assert [(w["package"], w["id"]) for w in v.waived] == [("urllib3", "GHSA-aaaa")]  # by its alias
+    assert [(f["package"], f["id"], f.get("expired_waiver")) for f in v.found] == [
+        ("transformers", "GHSA-cccc", None),  # transformers-kt's upstream: its advisory is the fork's
+        ("urllib3", "PYSEC-bbbb", "2026-11-30"),
+    ]
+    assert list(v.not_checked) == ["requests==2.32.5"]  # pip-audit names the version in its reason only
+    text = "\n".join(vulns.lines(v))
+    assert "2 found, 1 waived, in 3 of 4 pinned distributions" in text
+    assert "error: urllib3 2.5.0: PYSEC-bbbb (no fixed version yet; its waiver expired 2026-11-30)" in text
+    assert "NOT CHECKED: 1 of 4" in text
+
+
+def test_a_vulnerability_waiver_needs_a_date(tmp_path: Path) -> None:
+    policy = tmp_path / "p.toml"
+    shipped = Path(__file__).parents[2] / "audits" / "policy"
+    base = (shipped / "default.toml").read_text()
+    (tmp_path / "cpu_variants.json").write_text((shipped / "cpu_variants.json").read_text())
+    waiver = '\n[[vulnerability_waivers]]\nid = "GHSA-x"\npackage = "urllib3"\nreason = "r"\nexpires = "{}"\n'
+    policy.write_text(base + waiver.format("2027-01-01"))
+    (w,) = load_policy(policy).vulnerability_waivers
+    assert (w.package, w.expires) == ("urllib3", datetime.date(2027, 1, 1))
+    policy.write_text(base + waiver.format("2027-02-30"))
+    with pytest.raises(PolicyError, match="expires '2027-02-30' is no date"):
+        load_policy(policy)
+    policy.write_text(base + waiver.format("soon"))
+    with pytest.raises(PolicyError):
+        load_policy(policy)
