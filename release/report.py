@@ -387,6 +387,21 @@ def other_checks(key: str | None, resolution: Any, interpreters: Any) -> list[st
     return lines
 
 
+def vulnerabilities_line(data: Any) -> str | None:
+    """dist/vulnerabilities.json in one line: found, waived, and what could not be checked (never a pass)."""
+    if not isinstance(data, dict):
+        return None
+    if "not_checked" in data and isinstance(data["not_checked"], str):
+        return f"vulnerabilities: NOT CHECKED ({data['not_checked']})"
+    found, waived, unchecked = data.get("found", []), data.get("waived", []), data.get("not_checked", {})
+    line = f"vulnerabilities: {len(found)} found, {len(waived)} waived, in {data.get('asked', 0)} pinned distributions"
+    line += "".join(f"; {f['package']} {f['version']} {f['id']}" for f in found)
+    line += "".join(f"; waived {w['package']} {w['id']} until {w['expires']}" for w in waived)
+    if unchecked:
+        line += f"; NOT CHECKED: {len(unchecked)} (the index gave no vulnerability data for them)"
+    return line
+
+
 def stage_outcomes(cache: Path, kernel_out: Path, since: float | None) -> list[str]:
     """Each stage of this release run (since its start; every recorded one without it): ran or reused."""
     rows = []
@@ -454,6 +469,7 @@ def _main(argv: list[str] | None) -> int:
     verify, stale = for_this_build(_load(args.verify) or {}, key)
     notes += [f"verify_install {prof}: {why}" for prof, why in stale.items()]
     notes += other_checks(key, _load(args.resolution), _load(args.interpreters))
+    notes += [line for line in [vulnerabilities_line(_load(args.dist / "vulnerabilities.json"))] if line]
     errors: dict[str, int] = {w["filename"]: w["errors"] for w in audit.get("wheels", [])}
     torch = torch_summary(str(manifest.get("torch", "")))
     lines = [f"KT release {manifest['kt_version']}  (torch {torch})", pythons_line(manifest), ""]

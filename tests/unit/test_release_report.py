@@ -252,3 +252,21 @@ def test_each_stage_says_ran_or_reused(tmp_path: Path, capsys: pytest.CaptureFix
     assert "verify-serve: reused (key " in out
     assert "audit" not in out
     assert "<h2 id=stages>" in (dist / "release-report.html").read_text()
+
+
+def test_the_vulnerability_check_is_shown_and_unchecked_is_never_a_pass(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    dist = _candidate(tmp_path, audit_passed=True)
+    found = {"package": "urllib3", "version": "2.5.0", "id": "GHSA-aaaa"}
+    waived = {"package": "numpy", "id": "PYSEC-1", "expires": "2027-01-01"}
+    data = {"asked": 272, "found": [found], "waived": [waived], "not_checked": {"accelerate==1.15.0": "not found"}}
+    (dist / "vulnerabilities.json").write_text(json.dumps(data))
+    release_report.main(["--dist", str(dist)])
+    assert (
+        "vulnerabilities: 1 found, 1 waived, in 272 pinned distributions; urllib3 2.5.0 GHSA-aaaa; waived numpy "
+        "PYSEC-1 until 2027-01-01; NOT CHECKED: 1 (the index gave no vulnerability data for them)"
+    ) in capsys.readouterr().out
+    (dist / "vulnerabilities.json").write_text(json.dumps({"not_checked": "--no-vulnerabilities"}))
+    release_report.main(["--dist", str(dist)])
+    assert "vulnerabilities: NOT CHECKED (--no-vulnerabilities)" in capsys.readouterr().out
