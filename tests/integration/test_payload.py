@@ -202,14 +202,16 @@ def test_release_audit_is_clean_and_a_corrupted_part_is_caught(
     wheelio.write(wheel, members, stored=frozenset({part}))
     report = core.run([bad], policy)
     errors = {f["rule"] for f in report["findings"] if f["severity"] == "error"}
-    # The part's bytes, the archive they make, the one archived file those bytes land in, and the install
-    # files that pin the wheel by its old sha256.
+    # The part's bytes, the archive they make, the one archived file those bytes land in, the install
+    # files that pin the wheel by its old sha256, and the wheel's own SBOM, which lists the part by its sha256.
     assert errors == {
         "payload.part-mismatch",
         "payload.archive-mismatch",
         "payload.file-mismatch",
         "install.carrier-hash",
+        "sbom.mismatch",
     }, errors
+    assert [f["member"] for f in report["findings"] if f["rule"] == "sbom.mismatch"] == [part]
     stale = {f["wheel"] for f in report["findings"] if f["rule"] == "install.carrier-hash"}
     assert stale == {f"install/{p}-{t}.txt" for p in ("sft", "serve", "lf-kt") for t in ("cp311", "cp312", "cp313")} | {
         f"install/pylock.{p}-{t}.toml" for p in ("sft", "serve", "lf-kt") for t in ("cp311", "cp312", "cp313")
