@@ -154,11 +154,6 @@ class Stage:
         self.fresh = fresh_asked(fresh)
         self.path = (cache or CACHE) / f"{name}.json"
 
-    def rekey(self) -> None:
-        """After an ingredient was added to `ingredients`: the key again."""
-        self.ingredients = dict(sorted(self.ingredients.items()))
-        self.key = value_sha256([self.name, self.ingredients])
-
     def _load(self) -> dict[str, Any] | None:
         if not self.path.exists():
             return None
@@ -218,15 +213,14 @@ class Stage:
         for out in self.outputs:
             rel = out.resolve().relative_to(paths.ROOT) if out.resolve().is_relative_to(paths.ROOT) else out
             outputs[str(rel)] = file_sha256(out)
-        now = time.time()
         record = {
             "stage": self.name,
             "key": self.key,
             "ingredients": self.ingredients,
-            "produced": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(now)),
+            "produced": self.now(),
             "outputs": outputs,
             "result": result,
-            "last": {"outcome": "ran", "at": now},
+            "last": {"outcome": "ran", "at": time.time()},
         }
         self._write(record)
 

@@ -51,9 +51,13 @@ def assembled_outputs(dist: Path) -> list[Path]:
     return [dist / n for n in names] + [sums, dist / "manifest.json"]
 
 
-def audit(dist: Path, reports: Sequence[Path], baseline: Path | None, *, fresh: bool = False) -> stagecache.Stage:
-    """The audit of a release's dist/ into `reports` (audit-report.json and .md)."""
+def audit(
+    dist: Path, reports: Sequence[Path], baseline: Path | None, *, vulnerabilities: bool = True, fresh: bool = False
+) -> stagecache.Stage:
+    """The audit of a release's dist/ into `reports` (audit-report.json and .md, vulnerabilities.json);
+    `vulnerabilities`: the known-vulnerability check runs, so the day is an ingredient (its data changes)."""
     ingredients = {
+        "vulnerability data": stagecache.today() if vulnerabilities else "skipped",
         "dist": stagecache.dist_sha256(dist),
         **_code(AUDIT_CODE),
         "lock": stagecache.files_sha256([paths.LOCKFILES / "audit.txt", paths.LOCKFILES / "vulns.txt"]),

@@ -46,9 +46,9 @@ def main(argv: list[str] | None = None) -> int:
     reports = [args.dist / "audit-report.json", args.dist / "audit-report.md"]
     reports += [] if args.no_vulnerabilities else [vulns_json]
     try:
-        stage = stages.audit(args.dist, reports, args.baseline, fresh=args.fresh or args.summary is not None)
-        stage.ingredients["vulnerability data"] = "skipped" if args.no_vulnerabilities else stagecache.today()
-        stage.rekey()
+        fresh = args.fresh or args.summary is not None
+        checks = not args.no_vulnerabilities
+        stage = stages.audit(args.dist, reports, args.baseline, vulnerabilities=checks, fresh=fresh)
     except stagecache.DistError as exc:
         print(f"error: {exc}")
         return 2
