@@ -85,7 +85,7 @@ def _coverage(
         try:
             up = json.loads(upstream)
             purl = f"pkg:pypi/{canonicalize_name(up['name'])}@{up['version']}"
-        except (ValueError, KeyError, TypeError):
+        except (ValueError, KeyError, TypeError, RecursionError):
             purl = ""  # dist.upstream-record reports an unreadable record
         if purl and purl not in purls:
             out.append(
@@ -116,7 +116,7 @@ def _coverage(
     if manifest:
         try:
             archived = json.loads(manifest).get("files", {})
-        except (ValueError, AttributeError):
+        except (ValueError, AttributeError, RecursionError):
             archived = {}  # payload.manifest reports an unreadable manifest
         for path, info in sorted(archived.items()) if isinstance(archived, dict) else []:
             c = files.get(path, {})

@@ -31,8 +31,8 @@ def schema_problems(w: WheelFacts) -> dict[str, str]:
         text = w.text(member) or ""
         try:
             doc = json.loads(text)
-        except ValueError as exc:
-            out[member] = f"not JSON ({exc})"
+        except (ValueError, RecursionError) as exc:  # nested past what the parser takes: hostile, not JSON
+            out[member] = f"not JSON ({type(exc).__name__}: {str(exc)[:200]})"
             continue
         if not isinstance(doc, dict) or doc.get("bomFormat") != "CycloneDX":
             out[member] = "not a CycloneDX document (bomFormat)"

@@ -83,6 +83,7 @@ INVALID: dict[str, Callable[[bytes], bytes]] = {
     "not CycloneDX": lambda doc: json.dumps({**json.loads(doc), "bomFormat": "SPDX"}).encode(),
     "against the schema": lambda doc: doc.replace(b'"type": "library"', b'"type": "spaceship"', 1),
     "an unknown spec version": lambda doc: json.dumps({**json.loads(doc), "specVersion": "9.9"}).encode(),
+    "nested past the parser (hostile)": lambda doc: b"[" * 200_000 + b"]" * 200_000,
 }
 
 
