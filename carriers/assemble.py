@@ -18,7 +18,7 @@ from packaging.utils import parse_wheel_filename
 
 from base import progress, stagecache
 
-from . import consistency, inputs, install, payload, sbom, transform, wheelio
+from . import consistency, inputs, install, licensing, payload, sbom, transform, wheelio
 from .errors import ConsistencyError, InputError
 from .model import Carrier, CarrierSet
 
@@ -63,7 +63,8 @@ def _native(job: _Job, c: Carrier) -> list[Built]:
 
 
 def _umbrella(job: _Job, c: Carrier) -> list[Built]:
-    return [Built(c.name, job.versions[c.name], c.kind, transform.umbrella(c, job.cs, job.versions, job.out))]
+    path = transform.umbrella(c, job.cs, job.versions, job.out, licensing.project(job.kernels))
+    return [Built(c.name, job.versions[c.name], c.kind, path)]
 
 
 def _derived(job: _Job, c: Carrier) -> list[Built]:

@@ -55,6 +55,7 @@ class Carrier:
     upstream: str = ""
     post: int = 0
     summary: str = ""
+    license: str = ""  # SPDX expression (PEP 639) for a fork or repack whose upstream declares none
     requires: tuple[str, ...] = ()
     requires_python: str = ""
     extras: tuple[tuple[str, tuple[str, ...]], ...] = ()
@@ -186,6 +187,7 @@ def load(path: Path = DEFINITIONS, patches_dir: Path | None = None, version: str
                 upstream=spec.get("upstream", ""),
                 post=int(spec.get("post", 0)),
                 summary=spec.get("summary", ""),
+                license=_license(spec, path, name),
                 requires=tuple(spec.get("requires", [])),
                 requires_python=spec.get("requires_python", ""),
                 extras=tuple((k, tuple(v)) for k, v in sorted(spec.get("extras", {}).items())),
@@ -234,6 +236,21 @@ def python_key(version: str) -> tuple[int, int]:
 def python_tag(version: str) -> str:
     """ "3.12" -> "cp312", the interpreter tag of its wheels (and of the install files' names)."""
     return "cp" + version.replace(".", "")
+
+
+def _license(spec: dict[str, Any], path: Path, name: str) -> str:
+    """`license = "SPDX"`, in its canonical spelling (carriers/licensing.py states it in the wheel)."""
+    if "license" not in spec:
+        return ""
+    from packaging.licenses import InvalidLicenseExpression, canonicalize_license_expression
+
+    try:
+        return str(canonicalize_license_expression(str(spec["license"])))
+    except InvalidLicenseExpression:
+        raise DefinitionError(
+            f"{path}: [{name}] license = {spec['license']!r} is not an SPDX license expression; "
+            'write one such as "Apache-2.0" or "MIT OR Apache-2.0" (https://spdx.org/licenses/)'
+        ) from None
 
 
 def _flag(spec: dict[str, Any], key: str, path: Path, name: str) -> bool:

@@ -30,7 +30,7 @@ from packaging.utils import parse_wheel_filename
 from audits.manylinux import glibc_of
 from audits.readers import find_cuobjdump, list_archs
 
-from . import sbom, wheelio
+from . import licensing, sbom, wheelio
 from .errors import ConsistencyError, InputError
 from .model import PART_DIR, Carrier, CarrierSet
 
@@ -466,9 +466,10 @@ def attach(
         "files": archive.files,
     }
     origins = _origins(archive.files, entries, archived, sources, wheels[native.name], versions[native.name])
+    licenses = _origin_licenses(origins, sources, wheels[native.name])
     for w in wheels[provider.name]:
         prov = dataclasses.replace(provenance.get(w) or sbom.Provenance(), archive=origins)
-        moved[w] = _finish_provider(provider, w, manifest, pp.manifest_member, cs, versions, platform, prov)
+        moved[w] = _finish_provider(provider, w, manifest, pp.manifest_member, cs, versions, platform, prov, licenses)
     return PayloadResult(manifest, moved)
 
 
@@ -492,6 +493,17 @@ def _origins(
     }
 
 
+def _origin_licenses(
+    origins: Mapping[str, Mapping[str, object]], sources: Sequence[Path], kernels: Sequence[Path]
+) -> dict[str, bytes]:
+    """The license files the provider ships for the archive (licenses/payload/<distribution>/): those of
+    each wheel an archived file was taken from (`origins`: _origins'; the provider's upstream input,
+    kt-kernel's build)."""
+    named = {str(o["origin"]).split()[0] for o in origins.values()}
+    wheels = [(str(parse_wheel_filename(s.name)[0]), s) for s in sources] + [("kt-kernel", k) for k in kernels[:1]]
+    return licensing.payload_licenses({name: licensing.of_wheel(w)[1] for name, w in wheels if name in named})
+
+
 def executable(members: Mapping[str, bytes]) -> frozenset[str]:
     return frozenset(n for n in members if "/scripts/" in n or n.endswith(".so") or ".so." in n)
 
@@ -505,6 +517,7 @@ def _finish_provider(
     versions: Mapping[str, str],
     platform: str,
     prov: sbom.Provenance,
+    licenses: Mapping[str, bytes],
 ) -> Path:
     """Manifest into the provider's wheel; it requires every part carrier exactly, and zstandard.
     Tagged for the archive's platform: it is the package that loads the archived binaries. Its SBOM
@@ -519,6 +532,9 @@ def _finish_provider(
     lines += [f"Requires-Dist: {r}" for r in RUNTIME_REQUIRES]
     meta = wheelio.edit_metadata(members[meta_name].decode("utf-8"), append=lines)
     members[meta_name] = meta.encode("utf-8")
+    expression = licensing.declared(meta)
+    if expression is not None:  # the fork states its license (transform.derive); the payload's join its files
+        licensing.apply(members, wheelio.dist_info(members), expression, c.name, extra=licenses)
     sbom.add(members, wheelio.dist_info(members), c.name, versions[c.name], cs.kt_version, prov)
     wheelio.write(dest, members, executable(members))
     if dest != path:

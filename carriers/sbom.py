@@ -21,8 +21,11 @@ from dataclasses import dataclass, field
 from cyclonedx.model import HashAlgorithm, HashType, Property
 from cyclonedx.model.bom import Bom
 from cyclonedx.model.component import Component, ComponentType
+from cyclonedx.model.license import LicenseExpression
 from cyclonedx.output.json import JsonV1Dot6
 from packageurl import PackageURL
+
+from . import licensing
 
 MEMBER = "sboms/kt-release.cdx.json"  # under the wheel's .dist-info/
 _MIN_EPOCH = 315532800  # zip timestamps start in 1980; so does the SBOM's
@@ -92,14 +95,22 @@ def _grafted_origin(member: str) -> str | None:
     return _debian_source(host)
 
 
-def document(name: str, version: str, kt_version: str, prov: Provenance) -> bytes:
-    """The SBOM of one wheel, as deterministic CycloneDX 1.6 JSON bytes."""
+def document(name: str, version: str, kt_version: str, prov: Provenance, license: str | None = None) -> bytes:
+    """The SBOM of one wheel, as deterministic CycloneDX 1.6 JSON bytes; `license`: the wheel's
+    License-Expression, if it states one."""
     epoch = max(int(os.environ.get("SOURCE_DATE_EPOCH", _MIN_EPOCH)), _MIN_EPOCH)
     bom = Bom()
     bom.serial_number = None  # type: ignore[assignment]  # a serial would differ between two identical builds
     bom.metadata.timestamp = datetime.datetime.fromtimestamp(epoch, tz=datetime.UTC)
     purl = _pypi(name, version)
-    root = Component(name=name, version=version, type=ComponentType.LIBRARY, purl=purl, bom_ref=str(purl))
+    root = Component(
+        name=name,
+        version=version,
+        type=ComponentType.LIBRARY,
+        purl=purl,
+        bom_ref=str(purl),
+        licenses=[LicenseExpression(license)] if license else None,
+    )
     bom.metadata.component = root
     bom.metadata.tools.components.add(Component(name="kt-release", version=kt_version, type=ComponentType.APPLICATION))
     parts: list[Component] = []
@@ -182,5 +193,6 @@ def grafted(members: Mapping[str, bytes]) -> list[tuple[str, str]]:
 
 
 def add(members: dict[str, bytes], di: str, name: str, version: str, kt_version: str, prov: Provenance) -> None:
-    """Put (or replace) the wheel's SBOM among its members."""
-    members[f"{di}/{MEMBER}"] = document(name, version, kt_version, prov)
+    """Put (or replace) the wheel's SBOM among its members (with the License-Expression its METADATA states)."""
+    license = licensing.declared(members[f"{di}/METADATA"].decode("utf-8"))
+    members[f"{di}/{MEMBER}"] = document(name, version, kt_version, prov, license)

@@ -17,7 +17,7 @@ from packaging.version import Version
 
 from base.stagecache import file_sha256
 
-from . import proc, sbom, wheelio
+from . import licensing, proc, sbom, wheelio
 from .alias._kt_dist_alias import UPSTREAM_FILE  # <dist-info>/kt_upstream.json of every fork and repack
 from .errors import ConsistencyError, InputError, PatchError
 from .model import ALIAS_DIR, Carrier, CarrierSet
@@ -219,6 +219,8 @@ def derive(
     )
     check_edits()
     members[f"{new_di}/METADATA"] = meta.encode("utf-8")
+    what = f"upstream {up_name} {up_version} ({src.name})"
+    licensing.apply(members, new_di, licensing.expression_for(c.name, c.license, str(up_name), meta), what)
     upstream = {"carrier": c.name, "name": c.upstream, "version": str(up_version)}
     members[f"{new_di}/{UPSTREAM_FILE}"] = (json.dumps(upstream, sort_keys=True) + "\n").encode()
     if c.dist_alias:
@@ -240,8 +242,11 @@ def derive(
     return out
 
 
-def umbrella(c: Carrier, cs: CarrierSet, versions: Mapping[str, str], out_dir: Path) -> Path:
-    """The generated ktransformers wheel: exact pins to its siblings, extras serve/sft."""
+def umbrella(
+    c: Carrier, cs: CarrierSet, versions: Mapping[str, str], out_dir: Path, license: tuple[str, Mapping[str, bytes]]
+) -> Path:
+    """The generated ktransformers wheel: exact pins to its siblings, extras serve/sft; `license`: the
+    project's expression and license files (licensing.project)."""
     version = versions[c.name]
     norm = canonicalize_name(c.name).replace("-", "_")
     di = f"{norm}-{version}.dist-info"
@@ -264,6 +269,7 @@ def umbrella(c: Carrier, cs: CarrierSet, versions: Mapping[str, str], out_dir: P
         b"Tag: py3-none-any\n",
         f"{di}/top_level.txt": f"{norm}\n".encode(),
     }
+    licensing.apply(members, di, license[0], c.name, extra=license[1])
     sbom.add(members, di, c.name, version, cs.kt_version, sbom.Provenance())
     out = out_dir / wheelio.wheel_name(c.name, version, "py3-none-any")
     wheelio.write(out, members)

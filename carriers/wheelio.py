@@ -237,5 +237,6 @@ def metadata_field(text: str, key: str) -> list[str]:
 
     raw, unparsed = parse_email(text)
     fields: dict[str, Any] = dict(raw)
-    value = fields.get(key.lower().replace("-", "_"), unparsed.get(key.lower(), []))
+    raw_key = key.lower().replace("-", "_")  # packaging's raw names: plural for some lists (license_files)
+    value = fields.get(raw_key, fields.get(f"{raw_key}s", unparsed.get(key.lower(), [])))
     return [value] if isinstance(value, str) else [str(v) for v in value]

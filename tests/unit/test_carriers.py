@@ -173,10 +173,11 @@ def test_a_repack_takes_no_requirement_edits(tmp_path: Path) -> None:
 def _upstream_wheel(tmp_path: Path, requires: list[str]) -> Path:
     from carriers import wheelio
 
-    meta = "Metadata-Version: 2.4\nName: llamafactory\nVersion: 0.9.5\n"
+    meta = "Metadata-Version: 2.4\nName: llamafactory\nVersion: 0.9.5\nLicense-Expression: Apache-2.0\n"
     meta += "".join(f"Requires-Dist: {r}\n" for r in requires) + "Provides-Extra: torch\n\nThe description.\n"
     members = {
         "llamafactory/__init__.py": b"",
+        "llamafactory-0.9.5.dist-info/licenses/LICENSE": b"Apache License 2.0\n",
         "llamafactory-0.9.5.dist-info/METADATA": meta.encode(),
         "llamafactory-0.9.5.dist-info/WHEEL": (
             b"Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
