@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import fnmatch
+import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -18,6 +19,7 @@ from .analyzers import (
     elf_rules,
     install_rules,
     isa_rules,
+    license_rules,
     manifest_rules,
     payload_rules,
     sbom_rules,
@@ -57,6 +59,9 @@ class WheelResult:
     installed: tuple[str, ...] = ()  # member paths, for the release-level collision rule
     names: dist_rules.DistNames | None = None  # for the release-level distribution-name rule
     has_sbom: bool = False  # for the release-level SBOM rule (sbom.missing)
+    sbom_components: int | None = None  # how many components its SBOM lists (None: no valid SBOM)
+    sbom_hashes: frozenset[str] = frozenset()  # every sha256 its SBOM lists: the release manifest's inputs
+    license: str | None = None  # its License-Expression
 
 
 def read_options(policy: Policy, dist_name: str = "") -> ReadOptions:
@@ -175,6 +180,17 @@ ANALYZERS: tuple[tuple[str, Analyzer], ...] = (
     ("cuda-listing", lambda c, p: cuda_rules.listing(c.w)),
     ("size", lambda c, p: size_rules.size(c.w, p, c.baseline)),
     (
+        "license",
+        _only(
+            lambda c, p: license_rules.declared(
+                c.w,
+                license_rules.archived_origins(c.w, *c.sboms)
+                if p.payload and c.w.member(p.payload.manifest_member)
+                else (),
+            )
+        ),
+    ),
+    (
         "sbom",
         _only(
             lambda c, p: sbom_rules.sbom(
@@ -203,6 +219,9 @@ def audit_wheel(path: Path, policy: Policy, baseline: dict[str, Any] | None = No
         res.summary = summarize(w, policy.payload.manifest_member)
     res.installed = ctx.tree
     res.has_sbom = bool(ctx.sboms[0])
+    if res.has_sbom and not ctx.sboms[1]:
+        res.sbom_components, res.sbom_hashes = sbom_reader.components(w, *ctx.sboms)
+    res.license = license_rules.expression(w)
     res.names = dist_rules.DistNames(
         w.filename,
         str(w.name),
@@ -232,6 +251,23 @@ def _sbom_for_releases(results: list[WheelResult], policy: Policy) -> None:
     for r in results:
         if not r.has_sbom and r.names is not None:
             r.findings.append(_waive(sbom_rules.missing(r.wheel, r.names.dist), r.names.dist, policy))
+
+
+RELEASE_MANIFEST = "manifest.json"  # dist/'s record of every wheel and the inputs it derives from (carriers)
+RELEASE_MANIFEST_MAX = 16 << 20
+
+
+def _release_manifest(path: Path) -> tuple[dict[str, Any] | None, str]:
+    """dist/manifest.json, or why it cannot be read (never an exception: it is input like any other)."""
+    try:
+        if path.is_symlink() or not path.is_file():
+            return None, "not a regular file"
+        if path.stat().st_size > RELEASE_MANIFEST_MAX:
+            return None, f"over {RELEASE_MANIFEST_MAX >> 20} MiB"
+        data = json.loads(path.read_bytes())
+    except (OSError, ValueError, RecursionError) as exc:
+        return None, f"{type(exc).__name__}: {str(exc)[:200]}"
+    return (data, "") if isinstance(data, dict) else (None, "not a JSON object")
 
 
 def _arch_of(elfs: list[ElfFacts]) -> str:
@@ -299,7 +335,17 @@ def run(paths: list[Path], policy: Policy, baseline_file: Path | None = None) ->
         assert names is not None  # the finding came from this wheel's facts
         by_file[f.wheel].findings.append(_waive(f, names.dist, policy))
     _sbom_for_releases(results, policy)
-    findings = [f for r in results for f in r.findings]
+    unattached: list[Finding] = []  # release-level findings about no one wheel
+    for p in paths:
+        if p.is_dir() and (p / RELEASE_MANIFEST).exists():
+            manifest, problem = _release_manifest(p / RELEASE_MANIFEST)
+            for f in sbom_rules.inputs(manifest, problem, {r.wheel: r.sbom_hashes for r in results if r.has_sbom}):
+                target = by_file.get(f.wheel)
+                if target is None:
+                    unattached.append(f)
+                else:
+                    target.findings.append(_waive(f, target.names.dist if target.names else f.wheel, policy))
+    findings = [f for r in results for f in r.findings] + unattached
     release_files = [f for p in paths if p.is_dir() for f in read_install_files(p)]
     findings += install_rules.analyze(release_files, {r.wheel: r.sha256 for r in results})
     return {
@@ -317,6 +363,8 @@ def run(paths: list[Path], policy: Policy, baseline_file: Path | None = None) ->
                 "errors": sum(f.severity == "error" for f in r.findings),
                 "honest_platform": r.platform,
                 "platform_reason": r.platform_reason,
+                "license": r.license,
+                "sbom_components": r.sbom_components,
             }
             for r in results
         ],

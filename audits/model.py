@@ -103,6 +103,9 @@ RULES: dict[str, Rule] = {
         Rule("sbom.missing", "wheel", "no SBOM in .dist-info/sboms/ (PEP 770): nothing says where the bytes came from"),
         Rule("sbom.invalid", "wheel", "an SBOM that is not JSON, not CycloneDX, or not valid against its schema"),
         Rule("sbom.mismatch", "wheel", "the SBOM names another wheel, or leaves out an input, part, graft or file"),
+        Rule("license.undeclared", "wheel", "no License-Expression (PEP 639): the wheel does not say its license"),
+        Rule("license.invalid", "wheel", "a License-Expression that is not SPDX, or a License-File the wheel lacks"),
+        Rule("license.unlicensed-binary", "wheel", "compiled code, a graft or archived files without a license file"),
         # 2. tags
         Rule("tag.ext-suffix", "wheel", "an extension module's suffix does not match the python/abi tag"),
         Rule("tag.manylinux-overclaim", "wheel", "an ELF needs symbol versions newer than the platform tag allows"),

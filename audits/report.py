@@ -112,10 +112,14 @@ def to_markdown(report: dict[str, Any]) -> str:
     out = [
         f"## Audit: {'passed' if report['passed'] else 'FAILED'}",
         "",
-        "| wheel | size (MiB) | errors |",
-        "| --- | ---: | ---: |",
+        "| wheel | size (MiB) | errors | license | SBOM components |",
+        "| --- | ---: | ---: | --- | ---: |",
     ]
-    out += [f"| {md_code(w['filename'])} | {w['size'] / 2**20:.2f} | {w['errors']} |" for w in report["wheels"]]
+    out += [
+        f"| {md_code(w['filename'])} | {w['size'] / 2**20:.2f} | {w['errors']} | {md_text(w.get('license') or '-')} | "
+        f"{'-' if w.get('sbom_components') is None else w['sbom_components']} |"
+        for w in report["wheels"]
+    ]
     if report["findings"]:
         out += ["", "| severity | rule | wheel | member | message | fix |", "| --- | --- | --- | --- | --- | --- |"]
         out += [

@@ -55,17 +55,24 @@ def pure_wheel_members(
     *,
     requires: tuple[str, ...] = (),
     requires_python: str | None = ">=3.10",
+    license: str | None = "MIT",
 ) -> dict[str, bytes]:
+    """A clean pure wheel's members; `license`: its License-Expression and a licenses/LICENSE (None: neither)."""
     di = f"{name}-{version}.dist-info"
-    meta = f"Metadata-Version: 2.1\nName: {name.replace('_', '-')}\nVersion: {version}\n"
+    meta = f"Metadata-Version: 2.4\nName: {name.replace('_', '-')}\nVersion: {version}\n"
+    if license:
+        meta += f"License-Expression: {license}\nLicense-File: LICENSE\n"
     if requires_python:
         meta += f"Requires-Python: {requires_python}\n"
     meta += "".join(f"Requires-Dist: {r}\n" for r in requires)
-    return {
+    members = {
         f"{name}/__init__.py": b"VALUE = 1\n",
         f"{di}/METADATA": meta.encode(),
         f"{di}/WHEEL": b"Wheel-Version: 1.0\nGenerator: wheelkit\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
     }
+    if license:
+        members[f"{di}/licenses/LICENSE"] = f"{license} license text of {name}\n".encode()
+    return members
 
 
 def compile_so(tmp: Path, name: str, source: str, *flags: str, lang: str = "c") -> bytes:

@@ -5,7 +5,8 @@
   CycloneDX library's validator);
 - ``sbom.mismatch``: it describes another distribution or version, or leaves out what the wheel holds:
   the upstream a renamed fork records in ``kt_upstream.json``, a payload part (by sha256), a library grafted
-  into ``<package>.libs/`` (by sha256), an archived payload file the manifest lists (with its origin).
+  into ``<package>.libs/`` (by sha256), an archived payload file the manifest lists (with its origin); or,
+  for a release directory, an input wheel or patch its manifest.json records (by sha256).
 
 Pure: facts in, findings out.
 """
@@ -127,6 +128,46 @@ def _coverage(
                         w.filename,
                         path,
                         "an archived payload file is not in the provider's SBOM with its sha256 and origin",
+                        FIX,
+                    )
+                )
+    return out
+
+
+def inputs(manifest: dict[str, Any] | None, problem: str, hashes: dict[str, frozenset[str]]) -> list[Finding]:
+    """The release manifest (dist/manifest.json) against the SBOMs: every input wheel and patch it records
+    for a wheel must be in that wheel's SBOM with the same sha256. `hashes`: wheel filename -> every sha256
+    its SBOM lists (wheels with an SBOM only: sbom.missing speaks for the others)."""
+    where = "manifest.json"
+    if manifest is None:
+        return [
+            finding(
+                "sbom.mismatch",
+                where,
+                "",
+                f"the release manifest cannot be read ({problem}): the SBOMs' inputs cannot be checked against it",
+                "rebuild the release (nox -s build_all writes dist/manifest.json)",
+            )
+        ]
+    out = []
+    wheels = manifest.get("wheels", [])
+    for entry in wheels if isinstance(wheels, list) else []:
+        if not isinstance(entry, dict) or str(entry.get("filename")) not in hashes:
+            continue
+        listed = hashes[str(entry["filename"])]
+        records = [("input", i, "filename") for i in entry.get("inputs") or []]
+        records += [("patch", p, "file") for p in entry.get("patches") or []]
+        for kind, rec, label in records:
+            digest = str(rec.get("sha256", "")) if isinstance(rec, dict) else ""
+            if digest not in listed:
+                name = rec.get(label, "?") if isinstance(rec, dict) else "?"
+                out.append(
+                    finding(
+                        "sbom.mismatch",
+                        str(entry["filename"]),
+                        "",
+                        f"the release manifest records {kind} {name} (sha256 {digest[:16]}) for this wheel; "
+                        "its SBOM does not list that hash",
                         FIX,
                     )
                 )

@@ -47,3 +47,17 @@ def schema_problems(w: WheelFacts) -> dict[str, str]:
         if error is not None:
             out[member] = f"not valid CycloneDX {spec}: {str(error).splitlines()[0][:300]}"
     return out
+
+
+def components(w: WheelFacts, documents: list[str], problems: dict[str, str]) -> tuple[int, frozenset[str]]:
+    """(how many components, every SHA-256 they list) over a wheel's valid SBOMs."""
+    count, hashes = 0, set()
+    for member in documents:
+        if member in problems:
+            continue
+        doc = json.loads(w.text(member) or "{}")
+        for c in doc.get("components", []) if isinstance(doc, dict) else []:
+            if isinstance(c, dict):
+                count += 1
+                hashes |= {str(h.get("content")) for h in c.get("hashes", []) if isinstance(h, dict)}
+    return count, frozenset(hashes)

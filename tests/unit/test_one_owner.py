@@ -49,6 +49,14 @@ def test_the_part_folder_is_the_packers_and_the_audit_reads_the_same() -> None:
     assert payload.part_member(carrier, 2, 5) == f"sglang/{model.PART_DIR}/cuda.tar.zst.02-of-05"
 
 
+def test_the_license_folders_are_the_carriers_and_the_audit_reads_the_same() -> None:
+    from audits.analyzers import license_rules
+    from carriers import licensing
+
+    assert (licensing.LICENSES, licensing.PAYLOAD_DIR) == (license_rules.LICENSES, license_rules.PAYLOAD_DIR)
+    assert licensing._LICENSE_NAMES == license_rules._LEGACY
+
+
 def test_the_build_manifest_member_is_one_path_for_the_packer_the_audit_and_the_runtime() -> None:
     assert manifest_rules.MANIFEST == payload.BUILD_MANIFEST == "kt_kernel/_build.json"
     cmake = (ROOT / "kernel" / "CMakeLists.txt").read_text()

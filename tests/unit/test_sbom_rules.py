@@ -119,3 +119,30 @@ def test_the_third_party_policy_keeps_the_sbom_rules_as_warnings(tmp_path: Path)
     found = {f["rule"]: f["severity"] for f in run([tmp_path], load_policy("third-party"))["findings"]}
     assert found["sbom.mismatch"] == "warning"
     assert found["sbom.missing"] == "info"
+
+
+def _manifest(tmp_path: Path, inputs_sha: str, patch_sha: str | None = None) -> None:
+    entry: dict[str, object] = {
+        "filename": "peft_kt-0.21.2-py3-none-any.whl",
+        "inputs": [{"filename": UPSTREAM.filename, "sha256": inputs_sha}],
+        "patches": [{"file": "0001-x.patch", "sha256": patch_sha}] if patch_sha else [],
+    }
+    (tmp_path / "manifest.json").write_text(json.dumps({"wheels": [entry]}))
+
+
+def test_every_input_the_release_manifest_records_is_in_the_sbom_by_its_hash(tmp_path: Path) -> None:
+    members = _fork()
+    _manifest(tmp_path, UPSTREAM.sha256)
+    assert _audit(tmp_path, _with_sbom(members, _sbom(members))) == []
+    _manifest(tmp_path, "d" * 64)  # the manifest says the fork was made from other bytes than its SBOM says
+    assert _audit(tmp_path, _with_sbom(members, _sbom(members))) == [("sbom.mismatch", "")]
+    _manifest(tmp_path, UPSTREAM.sha256, patch_sha="e" * 64)  # a patch the SBOM does not list
+    assert _audit(tmp_path, _with_sbom(members, _sbom(members))) == [("sbom.mismatch", "")]
+
+
+def test_an_unreadable_release_manifest_is_reported_not_trusted(tmp_path: Path) -> None:
+    members = _fork()
+    (tmp_path / "manifest.json").write_bytes(b"[" * 100_000)
+    write_wheel(tmp_path / "peft_kt-0.21.2-py3-none-any.whl", _with_sbom(members, _sbom(members)))
+    found = [(f["rule"], f["wheel"]) for f in run([tmp_path], DEFAULT)["findings"] if f["rule"].startswith("sbom.")]
+    assert found == [("sbom.mismatch", "manifest.json")]
