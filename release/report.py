@@ -40,6 +40,17 @@ from carriers.consistency import torch_summary
 from carriers.model import PART_DIR
 
 
+def supply_chain(audit: dict[str, Any]) -> dict[str, str]:
+    """wheel filename -> "LICENSE-EXPRESSION, N SBOM components", from the audit report's wheel entries."""
+    out = {}
+    for w in audit.get("wheels", []):
+        count = w.get("sbom_components")
+        out[w["filename"]] = f"{w.get('license') or 'no license stated'}, " + (
+            "no SBOM" if count is None else f"{count} SBOM components"
+        )
+    return out
+
+
 def _e(value: object) -> str:
     """Text for the page: wheel, member and finding strings come from the wheels, so control and
     bidi characters are shown escaped (audits.report.printable), then HTML-escaped."""
@@ -214,8 +225,10 @@ def render_html(
     ]
     out.append(
         "<h2 id=wheels>Wheels</h2><table><tr><th>wheel</th><th>version</th><th>kind</th><th>size</th>"
-        "<th>of which CUDA payload part</th><th>budget</th><th>change</th><th>sha256</th><th>audit</th></tr>"
+        "<th>of which CUDA payload part</th><th>budget</th><th>change</th><th>sha256</th><th>audit</th>"
+        "<th>license, SBOM</th></tr>"
     )
+    supply = supply_chain(audit)
     for w in manifest["wheels"]:
         v = "pass" if errors.get(w["filename"]) == 0 else "FAIL" if w["filename"] in errors else "not audited"
         share = w["size"] / budget
@@ -229,7 +242,8 @@ def render_html(
             f"<td class=num>{part}</td>"
             f"<td><span class='bar{over}' style='width:{min(share, 1) * 120:.0f}px'></span> "
             f"{100 * share:.0f}%</td><td class=num>{change}</td>"
-            f"<td title='{e(w['sha256'])}'><code>{e(w['sha256'][:16])}</code></td><td class={_cls(v)}>{v}</td></tr>"
+            f"<td title='{e(w['sha256'])}'><code>{e(w['sha256'][:16])}</code></td><td class={_cls(v)}>{v}</td>"
+            f"<td>{e(supply.get(w['filename'], 'not audited'))}</td></tr>"
         )
     out.append("</table>")
     findings = audit.get("findings", [])
@@ -480,19 +494,21 @@ def _main(argv: list[str] | None) -> int:
         "",
         f"torch: `{torch}`" + "".join(f"; {p} installed `{t}`" for p, t in installed_torch(verify)),
         "",
-        "| carrier | version | kind | size (MiB) | sha256 | audit |",
-        "| --- | --- | --- | ---: | --- | --- |",
+        "| carrier | version | kind | size (MiB) | sha256 | audit | license, SBOM |",
+        "| --- | --- | --- | ---: | --- | --- | --- |",
     ]
+    supply = supply_chain(audit)
     width = max(len(w["name"]) for w in manifest["wheels"])
     for w in manifest["wheels"]:
         verdict = "pass" if errors.get(w["filename"]) == 0 else ("FAIL" if w["filename"] in errors else "not audited")
         lines.append(
             f"{w['name']:<{width}}  {w['version']:<14} {w['kind']:<8} {w['size'] / 2**20:7.2f} MiB  "
             f"{w['sha256'][:16]}  audit: {verdict}"
+            + (f"  ({supply[w['filename']]})" if w["filename"] in supply else "")
         )
         md.append(
             f"| {w['name']} | {w['version']} | {w['kind']} | {w['size'] / 2**20:.2f} | `{w['sha256'][:16]}` "
-            f"| {verdict} |"
+            f"| {verdict} | {supply.get(w['filename'], 'not audited')} |"
         )
     lines.append("")
     pl = manifest.get("payload")
