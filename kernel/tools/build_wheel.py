@@ -80,6 +80,81 @@ def cuda_home() -> Path:
     return home
 
 
+# The CUDA runtime kt-kernel's CUDA libraries link statically (CMakeLists.txt: CUDA_RUNTIME_LIBRARY Static)
+# is NVIDIA's: its license ships with the wheel, under .dist-info/licenses/ (PEP 639), listed in METADATA.
+CUDART_LICENSE = "third_party/nvidia-cuda-runtime/License.txt"
+CUDART_EXPRESSION = "LicenseRef-NVIDIA-Proprietary"  # as the nvidia-cuda-runtime wheel states its own
+
+
+def cudart_license(home: Path) -> bytes:
+    """The license of the CUDA runtime the build links: a CUDA toolkit's EULA.txt, else the license file of
+    the PyPI toolchain's nvidia-cuda-runtime wheel (lockfiles/cuda.txt)."""
+    import importlib.metadata
+
+    if (home / "EULA.txt").is_file():
+        return (home / "EULA.txt").read_bytes()
+    for name in ("nvidia-cuda-runtime", "nvidia-cuda-runtime-cu12"):
+        try:
+            dist = importlib.metadata.distribution(name)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+        for f in dist.files or []:
+            if f.name.lower().startswith("license"):
+                return Path(str(dist.locate_file(f))).read_bytes()
+    raise BuildError(
+        f"the CUDA runtime's license was not found (no {home / 'EULA.txt'}, no nvidia-cuda-runtime wheel "
+        "with a license file): kt-kernel links the runtime statically and must ship its license. Install "
+        "lockfiles/cuda.txt (nox -s build_cuda does) or point CUDA_HOME at a full CUDA toolkit"
+    )
+
+
+def add_license(wheel: Path, name: str, data: bytes, expression: str) -> None:
+    """Add `data` to a built wheel as .dist-info/licenses/`name`, listed by a License-File header, and
+    `expression` to its License-Expression (`A` becomes `A AND expression`); RECORD rewritten, every other
+    member's bytes, order and zip metadata kept (the wheel stays reproducible)."""
+    import base64
+    import hashlib
+    import zipfile
+
+    with zipfile.ZipFile(wheel) as zf:
+        infos = [i for i in zf.infolist() if not i.is_dir()]
+        blobs = {i.filename: zf.read(i) for i in infos}
+    di = next(n.split("/")[0] for n in blobs if n.split("/")[0].endswith(".dist-info"))
+    meta_info = next(i for i in infos if i.filename == f"{di}/METADATA")
+    head, sep, body = blobs[meta_info.filename].decode("utf-8").partition("\n\n")
+    lines = head.split("\n")
+    for i, x in enumerate(lines):
+        if x.startswith("License-Expression:") and expression not in x:
+            lines[i] = f"{x} AND {expression}"
+    if f"License-File: {name}" not in lines:
+        at = max(
+            (i + 1 for i, x in enumerate(lines) if x.startswith(("License-Expression:", "License-File:"))),
+            default=len(lines),
+        )
+        lines.insert(at, f"License-File: {name}")
+    blobs[meta_info.filename] = ("\n".join(lines) + sep + body).encode("utf-8")
+    member = f"{di}/licenses/{name}"
+    record = f"{di}/RECORD"
+    if member not in blobs:
+        new = zipfile.ZipInfo(member, date_time=meta_info.date_time)
+        new.compress_type, new.external_attr = zipfile.ZIP_DEFLATED, 0o644 << 16
+        infos.insert(next(i for i, x in enumerate(infos) if x.filename == record), new)
+    blobs[member] = data
+
+    def row(n: str) -> str:
+        digest = base64.urlsafe_b64encode(hashlib.sha256(blobs[n]).digest()).rstrip(b"=").decode()
+        return f"{n},sha256={digest},{len(blobs[n])}"
+
+    blobs[record] = (
+        "\n".join([*(row(i.filename) for i in infos if i.filename != record), f"{record},,"]) + "\n"
+    ).encode()
+    tmp = wheel.with_suffix(".tmp")
+    with zipfile.ZipFile(tmp, "w") as out:
+        for info in infos:
+            out.writestr(info, blobs[info.filename])
+    tmp.replace(wheel)
+
+
 def build(dist: Path, work: Path, variants: list[str], cuda_archs: list[str] | None = None) -> Path:
     """cuda_archs: None for a CPU-only wheel, [] for the default architectures."""
     env = dict(os.environ)
@@ -131,6 +206,8 @@ def build(dist: Path, work: Path, variants: list[str], cuda_archs: list[str] | N
         env,
     )
     (fixed,) = repaired.glob("kt_kernel-*.whl")
+    if cuda_archs is not None:
+        add_license(fixed, CUDART_LICENSE, cudart_license(home), CUDART_EXPRESSION)
     t2 = time.perf_counter()
     placed = place(fixed, dist)
     print(f"kt-kernel: build {t1 - t0:.1f}s, repair {t2 - t1:.1f}s -> {placed}")

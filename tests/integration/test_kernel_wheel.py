@@ -260,3 +260,22 @@ def test_a_tokens_output_does_not_depend_on_its_batch(fresh_venv: Venv) -> None:
     result = fresh_venv.json(str(SCRIPTS / "batch_invariance.py"))
     assert result.pop("variant")
     assert result == {"int8/64": True, "rawint4/32": True, "rawint4/64": True, "rawint4/128": True}
+
+
+def test_wheel_states_its_license_and_ships_the_cuda_runtimes(kt_wheel: Path) -> None:
+    """kt-kernel's license text, and (a CUDA build links the runtime statically) NVIDIA's, listed in METADATA."""
+    from packaging.metadata import Metadata
+
+    with zipfile.ZipFile(kt_wheel) as zf:
+        di = next(n.split("/")[0] for n in zf.namelist() if n.endswith(".dist-info/METADATA"))
+        meta = Metadata.from_email(zf.read(f"{di}/METADATA").decode(), validate=True)
+        names = set(zf.namelist())
+        cuda = json.loads(zf.read("kt_kernel/_build.json")).get("cuda")
+    assert meta.license_files is not None
+    assert "LICENSE" in meta.license_files
+    if cuda:  # the tests session builds with CUDA
+        assert str(meta.license_expression) == "Apache-2.0 AND LicenseRef-NVIDIA-Proprietary"
+        assert "third_party/nvidia-cuda-runtime/License.txt" in meta.license_files
+    else:
+        assert str(meta.license_expression) == "Apache-2.0"
+    assert all(f"{di}/licenses/{f}" in names for f in meta.license_files)

@@ -7,6 +7,7 @@ the third-party policy keeps them as warnings and info."""
 from __future__ import annotations
 
 import json
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -15,6 +16,7 @@ from audits import load_policy
 from audits.core import run
 from carriers import licensing, sbom, wheelio
 from carriers.errors import DefinitionError, InputError
+from tests.conftest import ROOT, load_source_module
 from tests.wheelkit import compile_so, pure_wheel_members, write_wheel
 
 DEFAULT = load_policy()
@@ -182,3 +184,19 @@ def test_the_sbom_states_the_wheels_license() -> None:
     doc = json.loads(members[f"{DI}/{sbom.MEMBER}"])
     assert doc["metadata"]["component"]["licenses"] == [{"expression": "Apache-2.0"}]
     assert wheelio.dist_info(members) == DI
+
+
+def test_the_kernel_build_adds_a_license_file_and_keeps_the_wheel_whole(tmp_path: Path) -> None:
+    """build_wheel.add_license (the CUDA runtime's license of a CUDA build): the file listed in METADATA,
+    the expression extended, RECORD right (the audit finds no integrity or license problem), idempotent."""
+    build_wheel = load_source_module("kt_build_wheel_licenses", ROOT / "kernel" / "tools" / "build_wheel.py")
+    wheel = write_wheel(tmp_path / "demo_pkg-1.0-py3-none-any.whl", pure_wheel_members(license="Apache-2.0"))
+    build_wheel.add_license(wheel, "third_party/x/License.txt", b"terms\n", "LicenseRef-X")
+    once = wheel.read_bytes()
+    build_wheel.add_license(wheel, "third_party/x/License.txt", b"terms\n", "LicenseRef-X")
+    assert wheel.read_bytes() == once
+    with zipfile.ZipFile(wheel) as zf:
+        meta = zf.read("demo_pkg-1.0.dist-info/METADATA").decode()
+    listed = "License-File: LICENSE\nLicense-File: third_party/x/License.txt\n"
+    assert f"License-Expression: Apache-2.0 AND LicenseRef-X\n{listed}" in meta
+    assert [f["rule"] for f in run([wheel], DEFAULT)["findings"]] == []
