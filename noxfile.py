@@ -170,7 +170,9 @@ def tests(session: nox.Session) -> None:
     _install_lock(session, "test")
     if not no_build:  # rebuilt only if its inputs changed since the last build (nox -s release made one)
         session.run("python", "kernel/tools/build_wheel.py", "--dist", str(KERNEL_OUT), "--cuda", "--if-stale")
-    session.run("pytest", *pytest_args, env={"KT_DIST": str(KERNEL_OUT)})
+    # pytest-xdist: one worker per CPU, each test file whole on one worker (its module fixtures, a release
+    # assembled once, are built once); `-- -n 0` runs in one process.
+    session.run("pytest", "-n", "auto", "--dist", "loadfile", *pytest_args, env={"KT_DIST": str(KERNEL_OUT)})
 
 
 @nox.session(python=PYTHON, default=False)
@@ -371,11 +373,14 @@ def bench(session: nox.Session) -> None:
     p.add_argument("--no-build-times", action="store_true", help="skip the cold/incremental build timing")
     p.add_argument("--json", default=str(paths.BENCH_JSON["kernel"]))
     p.add_argument(
-        "--only", choices=["kernel", "sft", "data_prep", "payload", "audit", "release"], help="run one part only"
+        "--only",
+        choices=["kernel", "sft", "data_prep", "payload", "audit", "release", "anchor"],
+        help="run one part only",
     )
     p.add_argument("--assembly", action="store_true", help="payload: also time a cold and a warm assembly")
     p.add_argument("--scenario", action="append", default=[], help="release: cold, no-op, reference, kernel line")
     p.add_argument("--no-verify", action="store_true", help="release: build_all and audit only")
+    p.add_argument("--variant", action="append", default=[], help="anchor: only these CPU variants")
     args = p.parse_args(session.posargs)
     _install_lock(session, "test")
     if args.only == "release":  # not part of a plain `nox -s bench`: it builds and verifies a release, several times
@@ -386,7 +391,7 @@ def bench(session: nox.Session) -> None:
         session.run("python", "-m", "bench.audit", "--json", str(paths.BENCH_JSON["audit"]))
     if args.only == "audit":
         return
-    if args.only not in ("kernel", "sft", "data_prep"):
+    if args.only not in ("kernel", "sft", "data_prep", "anchor"):
         session.run(
             "python",
             "-m",
@@ -408,6 +413,9 @@ def bench(session: nox.Session) -> None:
         session.run(
             "python", "-m", "bench.kernel", "--json", args.json, *(["--no-build-times"] if args.no_build_times else [])
         )
+    if args.only == "anchor":  # not part of a plain `nox -s bench`: KTransformers' kt-kernel needs ~3 GB of wheels
+        session.run("python", "-m", "bench.anchor", *(f"--variant={v}" for v in args.variant))
+        return
     if args.only in (None, "sft"):
         session.run("python", "-m", "bench.sft", "--json", str(paths.BENCH_JSON["sft"]))
     if args.only in (None, "data_prep"):
