@@ -34,6 +34,7 @@ WHEELHOUSE = BUILD / "wheelhouse"  # cibuildwheel's output (nox -s build_wheels)
 BENCH_SCRATCH = (BUILD / "bench-build", BUILD / "bench-data-prep")  # the benchmarks' work folders
 BENCH_KERNEL = BUILD / "bench-kernel"  # nox -s bench's CPU-only kt-kernel: never the release's KERNEL_OUT
 BENCH_RELEASE = BUILD / "bench-release"  # nox -s bench -- --only release: its clone and the sessions' logs
+BENCH_ANCHOR = BUILD / "bench"  # nox -s bench -- --only anchor: KTransformers' kt-kernel venv and the numbers
 BENCH_JSON = {
     "kernel": BUILD / "bench.json",
     "sft": BUILD / "bench-sft.json",
@@ -41,6 +42,7 @@ BENCH_JSON = {
     "payload": BUILD / "bench-payload.json",
     "audit": BUILD / "bench-audit.json",
     "release": BUILD / "bench-release.json",
+    "anchor": BENCH_ANCHOR / "anchor.json",
 }
 MUTANTS_JSON = BUILD / "mutants.json"
 
