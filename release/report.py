@@ -26,6 +26,7 @@ from audits.report import printable
 from base import progress, stagecache
 from base.errors import StageError, report
 from base.paths import (
+    BENCH_JSON,
     DIST,
     KERNEL_OUT,
     ROOT,
@@ -187,6 +188,35 @@ def _cls(verdict: str) -> str:
     }.get(verdict, "none")
 
 
+def performance(anchor: dict[str, Any] | None) -> tuple[str, list[list[str]]]:
+    """The performance table from `nox -s bench -- --only anchor` (build/bench/anchor.json): a caption
+    saying when and where it was measured (a bench run, not this build's wheels), and its rows."""
+    if not anchor or not anchor.get("rows"):
+        return "", []
+    caption = (
+        f"CPU MoE against {anchor.get('anchor', 'the anchor')}: measured {anchor.get('produced', '?')} on "
+        f"{anchor.get('cpu', '?')} by nox -s bench -- --only anchor (the kernel sources of that run, not "
+        "necessarily this build's); ratio = its time / ours"
+    )
+    rows = [
+        [
+            str(r["variant"]),
+            str(r["format"]),
+            str(r["tokens"]),
+            str(r["threads"]),
+            f"{r['ours_ms']:.2f}",
+            f"{r['kt_ms']:.2f}",
+            f"{r['ratio']:.2f}x",
+            f"{r['bandwidth_fraction']:.0%}" if int(r["tokens"]) <= 8 else "",
+        ]
+        for r in anchor["rows"]
+    ]
+    return caption, rows
+
+
+PERFORMANCE_HEADER = ["variant", "format", "tokens", "threads", "ours ms", "kt-kernel ms", "ratio", "ours of read BW"]
+
+
 def render_html(
     manifest: dict[str, Any],
     audit: dict[str, Any],
@@ -196,6 +226,7 @@ def render_html(
     *,
     notes: list[str] | None = None,
     stages: list[str] | None = None,
+    anchor: dict[str, Any] | None = None,
 ) -> str:
     """The release candidate as one self-contained page (no network, no script)."""
     e = _e
@@ -256,6 +287,12 @@ def render_html(
             f"<details><summary>{len(quiet)} info finding(s): waived or by policy, with the reason"
             f"</summary>{_findings_table(quiet)}</details>"
         )
+    caption, perf = performance(anchor)
+    if perf:
+        out.append(f"<h2 id=performance>Performance</h2><p>{e(caption)}</p><table><tr>")
+        out.append("".join(f"<th>{e(h)}</th>" for h in PERFORMANCE_HEADER) + "</tr>")
+        out += ["<tr>" + "".join(f"<td>{e(c)}</td>" for c in row) + "</tr>" for row in perf]
+        out.append("</table>")
     out.append(_cpu_matrix(audit))
     out.append(_cuda_matrix(audit))
     sizes = [(w["name"], int(w["size"])) for w in manifest["wheels"]]
@@ -465,6 +502,7 @@ def _main(argv: list[str] | None) -> int:
     p.add_argument("--interpreters", type=Path, default=VERIFY_INTERPRETERS_JSON, help=argparse.SUPPRESS)
     p.add_argument("--stages", type=Path, default=STAGE_CACHE, help=argparse.SUPPRESS)
     p.add_argument("--kernel-out", type=Path, default=KERNEL_OUT, help=argparse.SUPPRESS)
+    p.add_argument("--anchor", type=Path, default=BENCH_JSON["anchor"], help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     manifest = _load(args.dist / "manifest.json")
     if manifest is None:
@@ -547,9 +585,15 @@ def _main(argv: list[str] | None) -> int:
     sizes = [(w["name"], int(w["size"])) for w in manifest["wheels"]]
     breakdown = [(f"kt-kernel: {k}", v) for k, v in kernel_breakdown(args.dist, manifest).items()]
     chart = svg_bars(sorted(sizes, key=lambda x: -x[1]), "Wheel sizes") + svg_bars(breakdown, "kt-kernel, compressed")
-    (args.dist / "release-report.md").write_text("\n".join(md) + "\n\n" + chart + "\n")
     md += ["\n## Stages\n", *(f"- {row}" for row in stages)] if stages else []
-    page = render_html(manifest, audit, verify, baseline, args.dist, notes=notes, stages=stages)
+    anchor = _load(args.anchor)
+    caption, perf = performance(anchor)
+    if perf:
+        md += ["\n## Performance\n", caption, "", "| " + " | ".join(PERFORMANCE_HEADER) + " |"]
+        md += ["|" + " --- |" * len(PERFORMANCE_HEADER), *("| " + " | ".join(row) + " |" for row in perf)]
+        lines.append(f"performance: {len(perf)} points in {args.anchor} (release-report.md, Performance)")
+    (args.dist / "release-report.md").write_text("\n".join(md) + "\n\n" + chart + "\n")
+    page = render_html(manifest, audit, verify, baseline, args.dist, notes=notes, stages=stages, anchor=anchor)
     (args.dist / "release-report.html").write_text(page)
     print("\n".join(lines))
     timings = release_timings(args.timings)
