@@ -79,10 +79,20 @@ def write(
 
 
 def write_bytes(path: Path, data: bytes) -> None:
-    """Write an already encoded wheel atomically (a .part file renamed into place)."""
-    tmp = path.with_name(path.name + ".part")
-    tmp.write_bytes(data)
-    tmp.replace(path)
+    """Write an already encoded wheel atomically: a temporary file of its own beside it (two processes
+    writing the same path never share one), renamed into place."""
+    import tempfile
+
+    fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".part")
+    tmp = Path(name)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+        tmp.chmod(0o644)
+        tmp.replace(path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def write_to(
@@ -145,7 +155,10 @@ class Memo:
 
     def get(self, key: str) -> bytes | None:
         for path in self.root.glob(f"{key}-*.whl"):
-            data = path.read_bytes()
+            try:
+                data = path.read_bytes()
+            except FileNotFoundError:  # another assembly pruned it meanwhile
+                continue
             if hashlib.sha256(data).hexdigest() == path.stem.split("-", 1)[1]:
                 os.utime(path)  # recently used: pruned last
                 self.hits += 1
@@ -158,10 +171,15 @@ class Memo:
         self.root.mkdir(parents=True, exist_ok=True)
         path = self.root / f"{key}-{hashlib.sha256(data).hexdigest()}.whl"
         write_bytes(path, data)
-        entries = sorted(self.root.glob("*.whl"), key=lambda p: p.stat().st_mtime, reverse=True)
+        stats = []
+        for entry in self.root.glob("*.whl"):
+            try:  # another assembly may prune or replace entries meanwhile
+                stats.append((entry.stat(), entry))
+            except FileNotFoundError:
+                continue
         total = 0
-        for entry in entries:
-            total += entry.stat().st_size
+        for st, entry in sorted(stats, key=lambda x: x[0].st_mtime, reverse=True):
+            total += st.st_size
             if total > self.limit and entry != path:
                 entry.unlink(missing_ok=True)
 

@@ -104,3 +104,29 @@ def test_the_memo_is_pruned_least_recently_used_first(tmp_path: Path, monkeypatc
         assert m.hits == hits + 2  # the two used last are kept
         _encode(version(0))
         assert m.hits == hits + 2  # the one used first was pruned
+
+
+def test_concurrent_writers_of_one_path_never_share_a_temporary_file(tmp_path: Path) -> None:
+    """Two assemblies (two test workers) may put the same memo entry at once: each writes a temporary file
+    of its own, so neither fails and the entry is one writer's whole bytes, never a mix."""
+    import threading
+
+    target = tmp_path / "entry.whl"
+    blobs = [bytes([i]) * (4 << 20) for i in range(8)]
+    errors: list[BaseException] = []
+
+    def write(data: bytes) -> None:
+        try:
+            for _ in range(5):
+                wheelio.write_bytes(target, data)
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=write, args=(b,)) for b in blobs]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert target.read_bytes() in blobs
+    assert [p.name for p in tmp_path.iterdir()] == ["entry.whl"]  # no temporary file left behind
