@@ -274,13 +274,18 @@ def audit_dirs(dirs: list[Path]) -> list[dict[str, Any]]:
     return records
 
 
-if __name__ == "__main__":
-    import resource
+def peak_rss() -> int:
+    """This process's own peak RSS in bytes (VmHWM: ru_maxrss would carry the parent's peak across fork
+    and exec, and a pytest worker's is whatever its earlier tests left)."""
+    status = Path("/proc/self/status").read_text().splitlines()
+    return int(next(line for line in status if line.startswith("VmHWM:")).split()[1]) * 1024
 
+
+if __name__ == "__main__":
     manifest, result = Path(sys.argv[1]), Path(sys.argv[2])
     todo = [Path(d) for d in json.loads(manifest.read_text())]
     done = audit_dirs(todo)
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    peak = peak_rss()
     result.write_text(json.dumps({"runs": done, "peak_rss": peak}))
 
 

@@ -111,10 +111,11 @@ def _rss_and_status(where: Path, work: Path) -> tuple[int, int, dict[str, Any]]:
     report = work / "report.json"
     (work / "tmp").mkdir(exist_ok=True)
     code = (
-        "import resource, sys\n"
+        "import sys\n"
         "from audits.__main__ import main\n"
         f"status = main([{str(where)!r}, '--json', {str(report)!r}])\n"
-        "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)\n"
+        "from tests.fuzzkit import peak_rss\n"
+        "print(peak_rss())\n"
         "sys.exit(status)\n"
     )
     proc = subprocess.run(
