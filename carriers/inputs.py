@@ -174,7 +174,11 @@ def fetch(name: str, lock: Path = LOCK, cache: Path | None = None, *, python: st
             )
         (cache / key).mkdir(parents=True, exist_ok=True)
         dest = cache / key / wheels[0].name
-        shutil.move(str(wheels[0]), dest)
+        # Into the cache under a name of its own, then renamed: another process (a second test worker)
+        # never reads a half-copied entry, even where the temporary folder is another file system.
+        staged = dest.with_name(f".{dest.name}.{os.getpid()}.part")
+        shutil.move(str(wheels[0]), staged)
+        staged.replace(dest)
     return Input(key, version, dest, digest)
 
 
@@ -220,6 +224,8 @@ def build_source(name: str, source: Source, cache: Path | None = None) -> Input:
             )
         cache.mkdir(parents=True, exist_ok=True)
         dest = cache / wheels[0].name
-        shutil.move(str(wheels[0]), dest)
+        staged = dest.with_name(f".{dest.name}.{os.getpid()}.part")  # renamed whole into place, as fetched wheels
+        shutil.move(str(wheels[0]), staged)
+        staged.replace(dest)
     version = parse_wheel_filename(dest.name)[1].public
     return Input(canonicalize_name(name), version, dest, sha256(dest))
