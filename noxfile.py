@@ -171,8 +171,14 @@ def tests(session: nox.Session) -> None:
     if not no_build:  # rebuilt only if its inputs changed since the last build (nox -s release made one)
         session.run("python", "kernel/tools/build_wheel.py", "--dist", str(KERNEL_OUT), "--cuda", "--if-stale")
     # pytest-xdist: one worker per CPU, each test file whole on one worker (its module fixtures, a release
-    # assembled once, are built once); `-- -n 0` runs in one process.
-    session.run("pytest", "-n", "auto", "--dist", "loadfile", *pytest_args, env={"KT_DIST": str(KERNEL_OUT)})
+    # assembled once, are built once); `-- -n 0` runs in one process. With a worker per CPU, torch's OpenMP
+    # threads (busy-waiting) in one worker's subprocesses would starve the other's: one each, unless set.
+    env = {"KT_DIST": str(KERNEL_OUT)}
+    pairs = zip(pytest_args, [*pytest_args[1:], ""], strict=True)
+    one_process = any(a in ("-n0", "-n=0") or (a == "-n" and b == "0") for a, b in pairs)
+    if "OMP_NUM_THREADS" not in os.environ and not one_process:
+        env["OMP_NUM_THREADS"] = "1"
+    session.run("pytest", "-n", "auto", "--dist", "loadfile", *pytest_args, env=env)
 
 
 @nox.session(python=PYTHON, default=False)
