@@ -174,7 +174,7 @@ def tests(session: nox.Session) -> None:
     # assembled once, are built once); `-- -n 0` runs in one process. With a worker per CPU, torch's OpenMP
     # threads (busy-waiting) in one worker's subprocesses would starve the other's: one each, unless set.
     env = {"KT_DIST": str(KERNEL_OUT)}
-    pairs = zip(pytest_args, [*pytest_args[1:], ""], strict=True)
+    pairs = zip(pytest_args, [*pytest_args[1:], ""], strict=False)  # [] and [""] when no args
     one_process = any(a in ("-n0", "-n=0") or (a == "-n" and b == "0") for a, b in pairs)
     if "OMP_NUM_THREADS" not in os.environ and not one_process:
         env["OMP_NUM_THREADS"] = "1"
