@@ -72,22 +72,27 @@ def write(
     stored: frozenset[str] = frozenset(),
 ) -> None:
     """Write a wheel whose bytes depend on `members` alone (see write_to), atomically."""
-    tmp = path.with_name(path.name + ".part")
-    with tmp.open("wb") as fh:
+    with _atomic(path) as fh:
         write_to(fh, members, executable, stored)
-    tmp.replace(path)
 
 
 def write_bytes(path: Path, data: bytes) -> None:
-    """Write an already encoded wheel atomically: a temporary file of its own beside it (two processes
-    writing the same path never share one), renamed into place."""
+    """Write an already encoded wheel atomically."""
+    with _atomic(path) as fh:
+        fh.write(data)
+
+
+@contextlib.contextmanager
+def _atomic(path: Path) -> Iterator[IO[bytes]]:
+    """A file handle whose bytes replace `path` whole when the block ends: a temporary file of its own
+    beside it (two processes writing one path never share one), mode 0644, removed if the block fails."""
     import tempfile
 
     fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".part")
     tmp = Path(name)
     try:
         with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
+            yield fh
         tmp.chmod(0o644)
         tmp.replace(path)
     except BaseException:
