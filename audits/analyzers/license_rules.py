@@ -52,27 +52,36 @@ def license_files(w: WheelFacts) -> list[str]:
     return out
 
 
-def expression(w: WheelFacts) -> str | None:
-    """The License-Expression a wheel's METADATA states, as written (None: none, or no METADATA)."""
+def _metadata(w: WheelFacts) -> tuple[dict[str, Any], dict[str, list[str]]] | None:
+    """METADATA's fields as packaging parses them, and what it could not (None: no METADATA)."""
     text = w.text(f"{w.dist_info}/METADATA")
     if text is None:
         return None
     raw, unparsed = parse_email(text)
-    value = dict(raw).get("license_expression") or unparsed.get("license-expression")
+    return dict(raw), unparsed
+
+
+def _expression(fields: dict[str, Any], unparsed: dict[str, list[str]]) -> str | None:
+    value = fields.get("license_expression") or unparsed.get("license-expression")
     value = value[0] if isinstance(value, list) and value else value
     return str(value) if value else None
+
+
+def expression(w: WheelFacts) -> str | None:
+    """The License-Expression a wheel's METADATA states, as written (None: none, or no METADATA)."""
+    parsed = _metadata(w)
+    return _expression(*parsed) if parsed is not None else None
 
 
 def declared(w: WheelFacts, origins: Iterable[str] = ()) -> list[Finding]:
     """The license findings of one wheel; `origins`: the distributions its SBOM says archived payload
     files came from (the provider only)."""
     member = f"{w.dist_info}/METADATA"
-    text = w.text(member)
-    if text is None:
+    parsed = _metadata(w)
+    if parsed is None:
         return []  # wheel.metadata reports a missing METADATA
-    raw, unparsed = parse_email(text)
-    fields: dict[str, Any] = dict(raw)
-    stated = expression(w)
+    fields, unparsed = parsed
+    stated = _expression(fields, unparsed)
     listed = fields.get("license_files") or unparsed.get("license-file") or []
     fn = w.filename
     out: list[Finding] = []
