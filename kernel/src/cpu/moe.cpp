@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <cstring>
 #include <limits>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -44,27 +45,14 @@ float quantize_i8(const float* v, int64_t n, int8_t* q) {
   return amax / 127.f;
 }
 
-// bf16 copy plus per-group sums of the rounded values.
-void to_bf16_groups(const float* v, int64_t n, int g, uint16_t* b, float* gsum) {
-  for (int64_t i = 0; i < n; i += g) {
-    float s = 0.f;
-    for (int64_t j = i; j < i + g; ++j) {
-      b[j] = f32_to_bf16(v[j]);
-      s += bf16_to_f32(b[j]);
-    }
-    gsum[i / g] = s;
-  }
-}
-
 struct Plan {
   const kt_moe_args& a;
   Routing r;
-  bool bf16_path;  // RAWINT4 against bf16 activations (vdpbf16ps)
   int64_t P, H, I, ngh, ngi;
-  size_t ldx, ldxb, ldxg, ldh, ldhq, ldhb, ldhg, ldo, ld_amx;
+  size_t ldx, ldxg, ldh, ldhq, ldhg, ldo, ld_amx;
   int64_t kmax;
   Scratch s;
-  size_t o_xq, o_xs, o_xb, o_xg, o_xi, o_h, o_hq, o_hs, o_hb, o_hg, o_hi, o_out, o_amx, o_la = 0, ldla = 0;
+  size_t o_xq, o_xs, o_xi, o_h, o_hq, o_hs, o_hi, o_out, o_amx, o_la = 0, ldla = 0;
   bool int_groups;  // RAWINT4 on int8 activations: int32 group sums of the activations
   int rank = 0;     // LoRA rank (0: none)
   float lscale = 0.f;
@@ -79,27 +67,20 @@ struct Plan {
     I = a.inter;
     ngh = a.wfmt == KT_RAWINT4 ? H / a.group_size : 0;
     ngi = a.wfmt == KT_RAWINT4 ? I / a.group_size : 0;
-    bf16_path = KT_BF16_DOT && a.wfmt == KT_RAWINT4;
-    int_groups = !bf16_path && a.wfmt == KT_RAWINT4;
+    int_groups = a.wfmt == KT_RAWINT4;
     // Every per-pair row is rounded up to 64 bytes.
     ldx = align_up(H);
-    ldxb = align_up(2 * H);
     ldxg = align_up(4 * ngh);
     ldh = align_up(4 * I);
     ldhq = align_up(I);
-    ldhb = align_up(2 * I);
     ldhg = align_up(4 * ngi);
     ldo = align_up(4 * H);
     o_xq = s.reserve(P * ldx);
     o_xs = s.reserve(4 * P);
-    o_xb = bf16_path ? s.reserve(P * ldxb) : 0;
-    o_xg = bf16_path ? s.reserve(P * ldxg) : 0;
     o_xi = int_groups ? s.reserve(P * ldxg) : 0;
     o_h = s.reserve(P * ldh);
     o_hq = s.reserve(P * ldhq);
     o_hs = s.reserve(4 * P);
-    o_hb = bf16_path ? s.reserve(P * ldhb) : 0;
-    o_hg = bf16_path ? s.reserve(P * ldhg) : 0;
     o_hi = int_groups ? s.reserve(P * ldhg) : 0;
     o_out = s.reserve(P * ldo);
     rank = a.lora.rank;
@@ -128,13 +109,9 @@ struct Plan {
 
   int8_t* xq(int64_t p) const { return s.at<int8_t>(o_xq + p * ldx); }
   float* xs() const { return s.at<float>(o_xs); }
-  uint16_t* xb(int64_t p) const { return s.at<uint16_t>(o_xb + p * ldxb); }
-  float* xg(int64_t p) const { return s.at<float>(o_xg + p * ldxg); }
   float* h(int64_t p) const { return s.at<float>(o_h + p * ldh); }
   int8_t* hq(int64_t p) const { return s.at<int8_t>(o_hq + p * ldhq); }
   float* hs() const { return s.at<float>(o_hs); }
-  uint16_t* hb(int64_t p) const { return s.at<uint16_t>(o_hb + p * ldhb); }
-  float* hg(int64_t p) const { return s.at<float>(o_hg + p * ldhg); }
   int32_t* xi(int64_t p) const { return s.at<int32_t>(o_xi + p * ldxg); }
   int32_t* hi(int64_t p) const { return s.at<int32_t>(o_hi + p * ldhg); }
   float* out(int64_t p) const { return s.at<float>(o_out + p * ldo); }
@@ -160,42 +137,22 @@ struct Plan {
   }
 };
 
-// One projection row against one prepared activation row; returns the real dot.
+// One projection (gate, up or down) of every expert: where row r of expert e lies.
 struct Proj {
   const kt_qweight& w;
   int64_t rows, cols;
   int wfmt, g;
   int64_t groups;  // cols / g, computed once: a division per row is measurable
-  float dot(int64_t e, int64_t r, const int8_t* q, float qs, const int32_t* qg, const uint16_t* b,
-            const float* gs) const {
-    const int64_t row = e * rows + r;
-    if (wfmt == KT_INT8) {
-      const int8_t* wr = static_cast<const int8_t*>(w.q) + row * cols;
-      return static_cast<float>(dot_i8(wr, q, cols)) * qs * w.scale[row];
-    }
-    const uint8_t* wr = static_cast<const uint8_t*>(w.q) + row * (cols >> 1);
-    const float* sr = w.scale + row * groups;
-#if KT_BF16_DOT
-    (void)q;
-    (void)qs;
-    (void)qg;
-    return dot_i4_bf16(wr, sr, b, gs, cols, g);
-#else
-    (void)b;
-    (void)gs;
-    return dot_i4(wr, sr, q, qg, cols, g) * qs;
-#endif
-  }
+  const int8_t* i8_row(int64_t e, int64_t r) const { return static_cast<const int8_t*>(w.q) + (e * rows + r) * cols; }
+  float i8_scale(int64_t e, int64_t r) const { return w.scale[e * rows + r]; }
   const uint8_t* i4_row(int64_t e, int64_t r) const {
     return static_cast<const uint8_t*>(w.q) + (e * rows + r) * (cols >> 1);
   }
   const float* i4_scale(int64_t e, int64_t r) const { return w.scale + (e * rows + r) * groups; }
 };
 
-#if defined(KT_I4_ROWS) && !KT_BF16_DOT
-// RAWINT4 on int8 activations (AVX2): R weight rows x M pairs per pass over the weights (dot.h),
+// RAWINT4 on int8 activations: R weight rows x M pairs per pass over the weights (dot.h),
 // out[r * M + m]. The pairs' activations are x (gate/up) or h (down).
-constexpr bool kI4Rows = true;
 template <int R, int M>
 void i4_block(const Plan& pl, const Proj* const* proj, const int64_t* row, int64_t e, int64_t p0, bool down,
               float* out) {
@@ -242,33 +199,63 @@ void down_i4(const Plan& pl, const Proj& down, int64_t e, int64_t p0, int64_t r0
   }
 }
 
-// Pairs [b, end) in blocks of 4, then of 2, then one by one (register-blocked over pairs: the unpacked
-// weights serve every pair of the block; 4 measured best of 2, 3, 4 and 6 on AVX2).
-void gate_up_i4_all(const Plan& pl, const Proj& gate, const Proj& up, int64_t e, int64_t b, int64_t end,
-                    int64_t r0, int64_t r1) {
-  int64_t p = b;
-  for (; p + 4 <= end; p += 4) gate_up_i4<4>(pl, gate, up, e, p, r0, r1);
-  for (; p + 2 <= end; p += 2) gate_up_i4<2>(pl, gate, up, e, p, r0, r1);
-  for (; p < end; ++p) gate_up_i4<1>(pl, gate, up, e, p, r0, r1);
-}
-void down_i4_all(const Plan& pl, const Proj& down, int64_t e, int64_t b, int64_t end, int64_t r0, int64_t r1) {
-  int64_t p = b;
-  for (; p + 4 <= end; p += 4) down_i4<4>(pl, down, e, p, r0, r1);
-  for (; p + 2 <= end; p += 2) down_i4<2>(pl, down, e, p, r0, r1);
-  for (; p < end; ++p) down_i4<1>(pl, down, e, p, r0, r1);
-}
-#else
-constexpr bool kI4Rows = false;
-void gate_up_i4_all(const Plan&, const Proj&, const Proj&, int64_t, int64_t, int64_t, int64_t, int64_t) {}
-void down_i4_all(const Plan&, const Proj&, int64_t, int64_t, int64_t, int64_t, int64_t) {}
-#endif
-
-void prepare(const Plan& pl, int64_t p, const float* v, int64_t n, int8_t* q, float* qs, int32_t* qg, uint16_t* b,
-             float* gs) {
-  if (pl.bf16_path) {
-    to_bf16_groups(v, n, pl.a.group_size, b, gs);
-    return;
+// INT8 (without AMX, or for fewer pairs than an AMX tile): the same blocking, exact int32 dots.
+template <int M>
+void gate_up_i8(const Plan& pl, const Proj& gate, const Proj& up, int64_t e, int64_t p0, int64_t r0, int64_t r1) {
+  const int8_t* x[M];
+  for (int m = 0; m < M; ++m) x[m] = pl.xq(p0 + m);
+  for (int64_t r = r0; r < r1; ++r) {
+    const int8_t* w[2] = {gate.i8_row(e, r), up.i8_row(e, r)};
+    int32_t gu[2 * M];
+    dot_i8_block<2, M>(w, x, pl.H, gu);
+    const float gs = gate.i8_scale(e, r), us = up.i8_scale(e, r);
+    for (int m = 0; m < M; ++m) {
+      const float xs = pl.xs()[p0 + m];
+      pl.h(p0 + m)[r] = pl.finish_gate_up(e, p0 + m, r, static_cast<float>(gu[m]) * xs * gs,
+                                          static_cast<float>(gu[M + m]) * xs * us);
+    }
   }
+}
+
+template <int M>
+void down_i8(const Plan& pl, const Proj& down, int64_t e, int64_t p0, int64_t r0, int64_t r1) {
+  const int8_t* x[M];
+  for (int m = 0; m < M; ++m) x[m] = pl.hq(p0 + m);
+  for (int64_t r = r0; r < r1; r += 2) {
+    const int8_t* w[2] = {down.i8_row(e, r), down.i8_row(e, r + 1)};
+    int32_t d[2 * M];
+    dot_i8_block<2, M>(w, x, pl.I, d);
+    for (int i = 0; i < 2; ++i)
+      for (int m = 0; m < M; ++m)
+        pl.out(p0 + m)[r + i] = pl.finish_down(
+            e, p0 + m, r + i, static_cast<float>(d[i * M + m]) * pl.hs()[p0 + m] * down.i8_scale(e, r + i));
+  }
+}
+
+// Pairs [b, end) in blocks of 4, then of 2, then one by one: f(M, p0) with M a compile-time count
+// (register-blocked over pairs: the loaded weights serve every pair of the block; 4 measured best of
+// 2, 3, 4 and 6 on AVX2).
+template <typename F>
+void pair_blocks(int64_t b, int64_t end, F&& f) {
+  int64_t p = b;
+  for (; p + 4 <= end; p += 4) f(std::integral_constant<int, 4>{}, p);
+  for (; p + 2 <= end; p += 2) f(std::integral_constant<int, 2>{}, p);
+  for (; p < end; ++p) f(std::integral_constant<int, 1>{}, p);
+}
+
+void gate_up_all(const Plan& pl, const Proj& gate, const Proj& up, int64_t e, int64_t b, int64_t end, int64_t r0,
+                 int64_t r1) {
+  if (gate.wfmt == KT_RAWINT4)
+    return pair_blocks(b, end, [&](auto M, int64_t p) { gate_up_i4<decltype(M)::value>(pl, gate, up, e, p, r0, r1); });
+  pair_blocks(b, end, [&](auto M, int64_t p) { gate_up_i8<decltype(M)::value>(pl, gate, up, e, p, r0, r1); });
+}
+void down_all(const Plan& pl, const Proj& down, int64_t e, int64_t b, int64_t end, int64_t r0, int64_t r1) {
+  if (down.wfmt == KT_RAWINT4)
+    return pair_blocks(b, end, [&](auto M, int64_t p) { down_i4<decltype(M)::value>(pl, down, e, p, r0, r1); });
+  pair_blocks(b, end, [&](auto M, int64_t p) { down_i8<decltype(M)::value>(pl, down, e, p, r0, r1); });
+}
+
+void prepare(const Plan& pl, int64_t p, const float* v, int64_t n, int8_t* q, float* qs, int32_t* qg) {
   qs[p] = quantize_i8(v, n, q);
   if (pl.int_groups) {
     const int g = pl.a.group_size;
@@ -342,7 +329,7 @@ int moe_forward(const kt_moe_args* args, char* err, size_t err_len) {
     for (int64_t i = 0; i < pl.P; ++i) pl.orig[pl.r.pair_of[i]] = i;
   }
 
-  // 1. Activations per sorted pair: int8 + scale, or bf16 + group sums. A token with a NaN or an
+  // 1. Activations per sorted pair: int8 + scale (+ group sums for RAWINT4). A token with a NaN or an
   // infinity is marked: quantization would turn it into finite numbers (silent corruption in a
   // training loop), so its output row becomes NaN, as a float matmul would make it.
   std::vector<uint8_t> nonfinite(static_cast<size_t>(pl.P), 0);
@@ -363,8 +350,7 @@ int moe_forward(const kt_moe_args* args, char* err, size_t err_len) {
       lora_a(a.lora.gate_a + e * pl.rank * pl.H, row, pl.H, pl.rank, pl.la(p));
       lora_a(a.lora.up_a + e * pl.rank * pl.H, row, pl.H, pl.rank, pl.la(p) + pl.rank);
     }
-    prepare(pl, p, row, pl.H, pl.xq(p), pl.xs(), pl.int_groups ? pl.xi(p) : nullptr,
-            pl.bf16_path ? pl.xb(p) : nullptr, pl.bf16_path ? pl.xg(p) : nullptr);
+    prepare(pl, p, row, pl.H, pl.xq(p), pl.xs(), pl.int_groups ? pl.xi(p) : nullptr);
   });
 
   // Work items: (active expert, row block).
@@ -378,24 +364,12 @@ int moe_forward(const kt_moe_args* args, char* err, size_t err_len) {
     const int64_t e = items[it].first, r0 = items[it].second;
     const int64_t b = pl.r.expert_begin[e], end = pl.r.expert_begin[e + 1];
     if (amx && end - b >= kAmxMinPairs) return gate_up_amx(pl, e, r0, tid);
-    if (kI4Rows && a.wfmt == KT_RAWINT4) return gate_up_i4_all(pl, gate, up, e, b, end, r0, r0 + rows_a);
-    for (int64_t p = b; p < end; ++p) {
-      const int8_t* q = pl.xq(p);
-      const uint16_t* xb = pl.bf16_path ? pl.xb(p) : nullptr;
-      const float* xg = pl.bf16_path ? pl.xg(p) : nullptr;
-      const int32_t* xi = pl.int_groups ? pl.xi(p) : nullptr;
-      float* h = pl.h(p);
-      for (int64_t r = r0; r < r0 + rows_a; ++r) {
-        const float g = gate.dot(e, r, q, pl.xs()[p], xi, xb, xg);
-        h[r] = pl.finish_gate_up(e, p, r, g, up.dot(e, r, q, pl.xs()[p], xi, xb, xg));
-      }
-    }
+    gate_up_all(pl, gate, up, e, b, end, r0, r0 + rows_a);
   });
   parallel_for(pl.P, threads, [&](int64_t p, int) {
     if (pl.rank > 0)
       lora_a(a.lora.down_a + pl.expert_of[p] * pl.rank * pl.I, pl.h(p), pl.I, pl.rank, pl.la(p) + 2 * pl.rank);
-    prepare(pl, p, pl.h(p), pl.I, pl.hq(p), pl.hs(), pl.int_groups ? pl.hi(p) : nullptr,
-            pl.bf16_path ? pl.hb(p) : nullptr, pl.bf16_path ? pl.hg(p) : nullptr);
+    prepare(pl, p, pl.h(p), pl.I, pl.hq(p), pl.hs(), pl.int_groups ? pl.hi(p) : nullptr);
   });
 
   // 3. down projection per pair.
@@ -406,15 +380,7 @@ int moe_forward(const kt_moe_args* args, char* err, size_t err_len) {
     const int64_t e = items[it].first, r0 = items[it].second;
     const int64_t b = pl.r.expert_begin[e], end = pl.r.expert_begin[e + 1];
     if (amx && end - b >= kAmxMinPairs) return down_amx(pl, e, r0, kRowsC, tid);
-    if (kI4Rows && a.wfmt == KT_RAWINT4) return down_i4_all(pl, down, e, b, end, r0, r0 + rows_c);
-    for (int64_t p = b; p < end; ++p) {
-      const int8_t* q = pl.hq(p);
-      const uint16_t* hb = pl.bf16_path ? pl.hb(p) : nullptr;
-      const float* hg = pl.bf16_path ? pl.hg(p) : nullptr;
-      const int32_t* hi = pl.int_groups ? pl.hi(p) : nullptr;
-      float* o = pl.out(p);
-      for (int64_t r = r0; r < r0 + rows_c; ++r) o[r] = pl.finish_down(e, p, r, down.dot(e, r, q, pl.hs()[p], hi, hb, hg));
-    }
+    down_all(pl, down, e, b, end, r0, r0 + rows_c);
   });
 
   // The LoRA projections kept for the backward; a token with NaN or infinity keeps NaN rows.
