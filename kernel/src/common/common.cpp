@@ -3,6 +3,7 @@
 #include <pthread.h>
 
 #include <atomic>
+#include <chrono>
 #include <mutex>
 #include <cstdio>
 #include <cstdlib>
@@ -127,10 +128,33 @@ class CondVar {
   pthread_cond_t cv_;
 };
 
+// Spin for up to `micros` until done() holds; false if it did not. A MoE forward is four or five
+// parallel phases back to back, a few microseconds apart: a thread that parks on the condition
+// variable between them costs a futex wake-up each time (~35 us a call at decode, measured). The
+// spin is bounded so that a pool never holds a CPU it is not using for longer than that: a pool
+// that spins without bound (one thread per CPU, beside the caller) is what turns a 1 ms decode into
+// a multiple of the scheduler's time slice when threads and CPUs are equal.
+constexpr int kSpinMicros = 50;
+template <class Done>
+bool spin_until(Done done, int micros) {
+  const auto until = std::chrono::steady_clock::now() + std::chrono::microseconds(micros);
+  for (;;) {
+    for (int i = 0; i < 64; ++i) {
+      if (done()) return true;
+      __builtin_ia32_pause();
+    }
+    if (std::chrono::steady_clock::now() >= until) return done();
+  }
+}
+
 // A pool of worker threads per calling thread, created on first use and never destroyed
 // (no destructor runs at exit with workers blocked on the condition variable). Spawning threads
 // per call cost ~40 us each, several times per MoE forward. One pool per caller lets callers run
 // concurrently, each on its own workers (tensor-parallel partitions, kt_kernel.sft.dist_utils).
+// Workers and the caller spin briefly (spin_until) before they park. A job is announced by one
+// release store of job_ (generation << 16 | threads taking part), which a worker acquires in one load:
+// a worker that sits a job out can lag behind and still never pair one job's generation with another's
+// thread count. fn_ and n_ are written before that store and read only by the job's own threads.
 class Pool {
  public:
   static Pool& get(int threads) {
@@ -153,14 +177,16 @@ class Pool {
       fn_ = &fn;
       n_ = n;
       next_.store(0, std::memory_order_relaxed);
-      active_ = threads - 1;
-      pending_ = threads - 1;
-      ++generation_;
+      pending_.store(threads - 1, std::memory_order_relaxed);
+      const uint64_t generation = (job_.load(std::memory_order_relaxed) >> 16) + 1;
+      job_.store(generation << 16 | static_cast<uint64_t>(threads - 1), std::memory_order_release);
+      if (sleepers_ > 0) cv_start_.notify_all();
     }
-    cv_start_.notify_all();
     work(0);
+    const auto done = [&] { return pending_.load(std::memory_order_acquire) == 0; };
+    if (spin_until(done, kSpinMicros)) return;
     std::unique_lock<std::mutex> g(m_);
-    cv_done_.wait(g, [&] { return pending_ == 0; });
+    cv_done_.wait(g, done);
   }
 
  private:
@@ -177,16 +203,24 @@ class Pool {
   }
 
   void loop(int tid) {
-    uint64_t seen = 0;
+    uint64_t seen = 0;  // the generation of the last job this worker saw
+    const auto started = [&] { return job_.load(std::memory_order_acquire) >> 16 != seen; };
     for (;;) {
-      std::unique_lock<std::mutex> g(m_);
-      cv_start_.wait(g, [&] { return generation_ != seen; });
-      seen = generation_;
-      if (tid > active_) continue;  // this job uses fewer threads
-      g.unlock();
+      if (!spin_until(started, kSpinMicros)) {
+        std::unique_lock<std::mutex> g(m_);
+        ++sleepers_;
+        cv_start_.wait(g, started);
+        --sleepers_;
+      }
+      const uint64_t job = job_.load(std::memory_order_acquire);
+      seen = job >> 16;
+      if (static_cast<uint64_t>(tid) > (job & 0xFFFF)) continue;  // this job uses fewer threads
       work(tid);
-      g.lock();
-      if (--pending_ == 0) cv_done_.notify_one();
+      if (pending_.fetch_sub(1, std::memory_order_acq_rel) == 1) {
+        // The caller may be parked: notify under the lock it checks its predicate with.
+        std::lock_guard<std::mutex> g(m_);
+        cv_done_.notify_one();
+      }
     }
   }
 
@@ -198,8 +232,9 @@ class Pool {
   const std::function<void(int64_t, int)>* fn_ = nullptr;
   int64_t n_ = 0;
   std::atomic<int64_t> next_{0};
-  int active_ = 0, pending_ = 0, size_ = 0;
-  uint64_t generation_ = 0;
+  int size_ = 0, sleepers_ = 0;  // sleepers_: workers parked on cv_start_ (under m_)
+  std::atomic<int> pending_{0};
+  std::atomic<uint64_t> job_{0};
 
   static std::once_flag init_flag_;
   static std::atomic<uint64_t> forks_;
@@ -214,6 +249,7 @@ void parallel_for(int64_t n, int threads, const std::function<void(int64_t, int)
   if (n <= 0) return;
   if (threads < 1) threads = 1;
   if (threads > n) threads = static_cast<int>(n);
+  if (threads > 0x10000) threads = 0x10000;  // the pool's job word carries 16 bits of worker count
   if (threads == 1) {
     for (int64_t i = 0; i < n; ++i) fn(i, 0);
     return;
