@@ -23,6 +23,9 @@ import torch
 HIDDEN, INTER = 256, 128
 EXPERTS = (1, 3, 5, 7, 64)
 TOKENS = (1, 3, 17, 256)
+# Rows that are an odd multiple of 64 end in the wide variants' 64-element tail step (their main
+# steps take 128): one more shape for every format whose group divides it.
+TAIL_HIDDEN, TAIL_INTER, TAIL_EXPERTS = 320, 192, 3
 
 
 def reference(
@@ -64,13 +67,17 @@ def main() -> None:
     ]
     if len(sys.argv) > 1 and sys.argv[1] == "--quick":
         formats = [("int8", 0), ("rawint4", 64)]
-    rng = np.random.default_rng(1234)
+    main_rng = np.random.default_rng(1234)
     cases = []
+    shapes = [(HIDDEN, INTER, experts) for experts in EXPERTS]
+    tail_rng = np.random.default_rng(5678)  # its own stream: the other cases draw what they always drew
     for fmt, group in formats:
-        for experts in EXPERTS:
-            wg = rng.standard_normal((experts, INTER, HIDDEN), dtype=np.float32) * 0.05
-            wu = rng.standard_normal((experts, INTER, HIDDEN), dtype=np.float32) * 0.05
-            wd = rng.standard_normal((experts, HIDDEN, INTER), dtype=np.float32) * 0.05
+        tail = [(TAIL_HIDDEN, TAIL_INTER, TAIL_EXPERTS)] if TAIL_INTER % (group or 64) == 0 else []
+        for hidden, inter, experts in shapes + tail:
+            rng = tail_rng if hidden == TAIL_HIDDEN else main_rng
+            wg = rng.standard_normal((experts, inter, hidden), dtype=np.float32) * 0.05
+            wu = rng.standard_normal((experts, inter, hidden), dtype=np.float32) * 0.05
+            wd = rng.standard_normal((experts, hidden, inter), dtype=np.float32) * 0.05
             originals = (wg, wu, wd)
             q = [kt_kernel.quantize(w, fmt, group or 64) for w in originals]
             deq = [torch.from_numpy(decode(qq).astype(np.float32)) for qq in q]
@@ -79,7 +86,7 @@ def main() -> None:
             layer = kt_kernel.MoE(*q)
             topk = min(experts, 4)
             for tokens in TOKENS:
-                x = torch.from_numpy(rng.standard_normal((tokens, HIDDEN), dtype=np.float32))
+                x = torch.from_numpy(rng.standard_normal((tokens, hidden), dtype=np.float32))
                 ids = torch.from_numpy(np.stack([rng.permutation(experts)[:topk] for _ in range(tokens)]))
                 w = torch.from_numpy(rng.random((tokens, topk), dtype=np.float32))
                 for dtype in ("f32", "bf16"):
@@ -91,6 +98,8 @@ def main() -> None:
                             "fmt": fmt,
                             "group": group,
                             "experts": experts,
+                            "hidden": hidden,
+                            "inter": inter,
                             "tokens": tokens,
                             "dtype": dtype,
                             "rel_err": rel(y, ref),
