@@ -176,6 +176,18 @@ def test_a_wrong_amx_bf16_tile_is_caught(simde: Path, tmp_path: Path, fresh_venv
     assert broken == {48}, [(c["tokens"], c["err"]) for c in result["cases"]]
 
 
+def test_a_wrong_amx_int8_tile_is_caught(simde: Path, tmp_path: Path, fresh_venv: Venv) -> None:
+    """The forward's AMX-INT8 product (amx variant, INT8 experts with >= 16 pairs) taking the first
+    token tile where the second belongs for the up (or second down) rows: INT8 cases with that many
+    pairs leave their bounds; RAWINT4 and the few-token cases, which never reach the tiles, stay within."""
+    good = "_tile_dpbssd(3, 5, 7);"
+    lib = _mutant(simde, tmp_path, "src/cpu/amx.cpp", good, "_tile_dpbssd(3, 5, 6);", "amx")
+    broken = out_of_bounds(_numerics(fresh_venv, lib, "--quick")["cases"])
+    assert broken, "a wrong AMX token tile went unnoticed"
+    assert {c["fmt"] for c in broken} == {"int8"}
+    assert not [c for c in broken if c["tokens"] < 16], broken
+
+
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_emulated_variant_propagates_nan(variant: str, emulated: Path, fresh_venv: Venv) -> None:
     results = fresh_venv.json(

@@ -1,6 +1,6 @@
 // AMX tile GEMMs: INT8 for the prefill forward, BF16 for the backward's products with a dequantized
 // weight block. Compiled in every variant; real only where the variant's flags enable AMX (the amx
-// variant), stubs elsewhere.
+// variant), stubs elsewhere (amx_pack_tokens is plain C++ everywhere).
 #include "amx.h"
 
 #include <cstring>
@@ -23,44 +23,55 @@ struct alignas(64) TileConfig {
 
 bool amx_available() { return true; }
 
-void amx_gemm_i8_rows16(const int8_t* A, int64_t lda, int64_t M, const int8_t* W, int64_t K, int32_t* C,
-                        int8_t* pack_b, int8_t* pad_a) {
-  // tmm0: C (16 x 16 int32), tmm1: A (16 x 64 int8), tmm2: B (16 x 64: K/4 rows, 16 cols x 4).
+void amx_gemm_i8_w32(const int8_t* W0, const int8_t* W1, int64_t K, const int8_t* Xp, int64_t tiles, int32_t* C0,
+                     int32_t* C1) {
+  // Per pair of token tiles t, t + 1: tmm0/tmm1 = W0/W1 x tokens of t, tmm2/tmm3 = W0/W1 x tokens of
+  // t + 1 (16 x 16 int32 each); tmm4/tmm5: W0/W1, 16 rows x 64 int8 of the chunk; tmm6/tmm7: the chunk
+  // of tiles t and t + 1 (16 rows of 4 bytes x 16 tokens). Each tile loaded serves two products.
   TileConfig cfg{};
   cfg.palette_id = 1;
-  for (int t = 0; t < 3; ++t) {
+  for (int t = 0; t < 8; ++t) {
     cfg.rows[t] = 16;
     cfg.colsb[t] = 64;
   }
   _tile_loadconfig(&cfg);
-  // VNNI layout for B: chunk c, row r, col n*4+j  <-  W[n][64c + 4r + j].
-  for (int64_t c = 0; c < K / 64; ++c)
-    for (int r = 0; r < 16; ++r)
-      for (int n = 0; n < 16; ++n)
-        std::memcpy(pack_b + c * 1024 + r * 64 + n * 4, W + n * K + c * 64 + r * 4, 4);
-  for (int64_t m0 = 0; m0 < M; m0 += 16) {
-    const int64_t rows = M - m0 < 16 ? M - m0 : 16;
-    const int8_t* a = A + m0 * lda;
-    int64_t stride = lda;
-    if (rows < 16) {  // pad the last tile of tokens with zero rows
-      std::memset(pad_a, 0, static_cast<size_t>(16 * K));
-      for (int64_t r = 0; r < rows; ++r) std::memcpy(pad_a + r * K, A + (m0 + r) * lda, static_cast<size_t>(K));
-      a = pad_a;
-      stride = K;
-    }
+  const int64_t ldc = 16 * tiles * 4, tile_bytes = 16 * K;  // C row stride in bytes; bytes per token tile
+  int64_t t = 0;
+  for (; t + 2 <= tiles; t += 2) {
+    const int8_t* x0 = Xp + t * tile_bytes;
+    const int8_t* x1 = x0 + tile_bytes;
     _tile_zero(0);
+    _tile_zero(1);
+    _tile_zero(2);
+    _tile_zero(3);
     for (int64_t c = 0; c < K / 64; ++c) {
-      _tile_loadd(1, a + c * 64, stride);
-      _tile_loadd(2, pack_b + c * 1024, 64);
-      _tile_dpbssd(0, 1, 2);
+      _tile_loadd(4, W0 + c * 64, K);
+      _tile_loadd(5, W1 + c * 64, K);
+      _tile_loadd(6, x0 + c * 1024, 64);
+      _tile_loadd(7, x1 + c * 1024, 64);
+      _tile_dpbssd(0, 4, 6);
+      _tile_dpbssd(1, 5, 6);
+      _tile_dpbssd(2, 4, 7);
+      _tile_dpbssd(3, 5, 7);
     }
-    if (rows == 16) {
-      _tile_stored(0, C + m0 * 16, 64);
-    } else {
-      alignas(64) int32_t tmp[16 * 16];
-      _tile_stored(0, tmp, 64);
-      std::memcpy(C + m0 * 16, tmp, static_cast<size_t>(rows) * 16 * sizeof(int32_t));
+    _tile_stored(0, C0 + 16 * t, ldc);
+    _tile_stored(1, C1 + 16 * t, ldc);
+    _tile_stored(2, C0 + 16 * (t + 1), ldc);
+    _tile_stored(3, C1 + 16 * (t + 1), ldc);
+  }
+  if (t < tiles) {
+    const int8_t* x0 = Xp + t * tile_bytes;
+    _tile_zero(0);
+    _tile_zero(1);
+    for (int64_t c = 0; c < K / 64; ++c) {
+      _tile_loadd(4, W0 + c * 64, K);
+      _tile_loadd(5, W1 + c * 64, K);
+      _tile_loadd(6, x0 + c * 1024, 64);
+      _tile_dpbssd(0, 4, 6);
+      _tile_dpbssd(1, 5, 6);
     }
+    _tile_stored(0, C0 + 16 * t, ldc);
+    _tile_stored(1, C1 + 16 * t, ldc);
   }
   _tile_release();
 }
@@ -71,10 +82,21 @@ void amx_gemm_i8_rows16(const int8_t* A, int64_t lda, int64_t M, const int8_t* W
 
 namespace kt {
 bool amx_available() { return false; }
-void amx_gemm_i8_rows16(const int8_t*, int64_t, int64_t, const int8_t*, int64_t, int32_t*, int8_t*, int8_t*) {}
+void amx_gemm_i8_w32(const int8_t*, const int8_t*, int64_t, const int8_t*, int64_t, int32_t*, int32_t*) {}
 }  // namespace kt
 
 #endif
+
+namespace kt {
+
+void amx_pack_tokens(const int8_t* X, int64_t ld, int64_t rows, int64_t K, int8_t* tile) {
+  if (rows < 16) std::memset(tile, 0, static_cast<size_t>(16 * K));
+  for (int64_t n = 0; n < rows; ++n)
+    for (int64_t c = 0; c < K / 64; ++c)
+      for (int k = 0; k < 16; ++k) std::memcpy(tile + c * 1024 + k * 64 + n * 4, X + n * ld + c * 64 + k * 4, 4);
+}
+
+}  // namespace kt
 
 #if defined(KT_ISA_AMX_TILE) && defined(KT_ISA_AMX_BF16)
 

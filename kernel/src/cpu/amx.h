@@ -3,13 +3,19 @@
 #include <cstdint>
 
 namespace kt {
-// True in the amx variant, where amx_gemm_i8_rows16 is real.
+// True in the amx variant, where amx_gemm_i8_w32 is real.
 bool amx_available();
-// C[m][n] = sum_k A[m][k] * W[n][k] for m < M, n < 16; int8 x int8 -> int32.
-// A rows have stride lda; W is 16 rows of K int8 (stride K); K % 64 == 0.
-// pack_b needs 16*K bytes, pad_a 16*K bytes, C has M rows of 16 int32.
-void amx_gemm_i8_rows16(const int8_t* A, int64_t lda, int64_t M, const int8_t* W, int64_t K, int32_t* C,
-                        int8_t* pack_b, int8_t* pad_a);
+// One token tile: up to 16 rows of K int8 activations (`ld` bytes apart; rows < 16 are padded with
+// zeros) in the layout an AMX B tile reads, 16 * K bytes: for each 64-byte chunk c of K, 16 rows of
+// 64 bytes, row k holding bytes 4k..4k+3 of the chunk of each token in turn. K % 64 == 0. Plain C++:
+// the activations are packed once per call, for every weight row block of their expert.
+void amx_pack_tokens(const int8_t* X, int64_t ld, int64_t rows, int64_t K, int8_t* tile);
+// C0[r][j] = sum_k W0[r][k] * X[j][k] and C1 the same with W1, for weight rows r < 16 and tokens
+// j < 16 * tiles; int8 x int8 -> int32. W0, W1: 16 rows of K int8 each, K bytes apart, read in place
+// (the weights are the A tiles: no packing). Xp: `tiles` token tiles (amx_pack_tokens). C0, C1: 16 rows
+// of 16 * tiles int32. K % 64 == 0.
+void amx_gemm_i8_w32(const int8_t* W0, const int8_t* W1, int64_t K, const int8_t* Xp, int64_t tiles, int32_t* C0,
+                     int32_t* C1);
 // True in the amx variant, where amx_gemm_bf16_cols64 is real.
 bool amx_bf16_available();
 // C[m][0, 64) += sum_k A[m][k] * W[k][0, 64) for m < 16; bf16 x bf16 -> fp32 (the backward's products

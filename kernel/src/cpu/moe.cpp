@@ -49,10 +49,12 @@ struct Plan {
   const kt_moe_args& a;
   Routing r;
   int64_t P, H, I, ngh, ngi;
-  size_t ldx, ldxg, ldh, ldhq, ldhg, ldo, ld_amx;
-  int64_t kmax;
+  size_t ldx, ldxg, ldh, ldhq, ldhg, ldo, ld_amx = 0;
+  std::vector<int64_t> tile0;  // per expert: its first AMX token tile, -1 where it does not use AMX
+  int64_t ntiles = 0;
+  size_t o_xp = 0, o_hp = 0;
   Scratch s;
-  size_t o_xq, o_xs, o_xi, o_h, o_hq, o_hs, o_hi, o_out, o_amx, o_la = 0, ldla = 0;
+  size_t o_xq, o_xs, o_xi, o_h, o_hq, o_hs, o_hi, o_out, o_amx = 0, o_la = 0, ldla = 0;
   bool int_groups;  // RAWINT4 on int8 activations: int32 group sums of the activations
   int rank = 0;     // LoRA rank (0: none)
   float lscale = 0.f;
@@ -89,22 +91,36 @@ struct Plan {
       ldla = align_up(4 * 3 * static_cast<size_t>(rank));
       o_la = s.reserve(P * ldla);
     }
-    // AMX, per thread: packed B (16*K), padded A (16*K), two C blocks ((P+16)*16 int32 each), K = max(H, I)
-    kmax = H > I ? H : I;
-    ld_amx = align_up(32 * kmax + 128 * (P + 16));
-    o_amx = amx_available() ? s.reserve(static_cast<size_t>(threads) * ld_amx) : 0;
+    // AMX (INT8, experts with at least kAmxMinPairs pairs): their activations packed once as token
+    // tiles (16 * K bytes each, K = H for gate/up, I for down), and per thread two C blocks of 16 rows
+    // x (P + 16) int32.
+    tile0.assign(static_cast<size_t>(a.experts), -1);
+    if (amx_available() && a.wfmt == KT_INT8)
+      for (int64_t e : r.active) {
+        const int64_t m = r.expert_begin[e + 1] - r.expert_begin[e];
+        if (m < kAmxMinPairs) continue;
+        tile0[static_cast<size_t>(e)] = ntiles;
+        ntiles += (m + 15) / 16;
+      }
+    if (ntiles > 0) {
+      o_xp = s.reserve(static_cast<size_t>(ntiles * 16 * H));
+      o_hp = s.reserve(static_cast<size_t>(ntiles * 16 * I));
+      ld_amx = align_up(128 * (P + 16));
+      o_amx = s.reserve(static_cast<size_t>(threads) * ld_amx);
+    }
   }
 
+  bool amx_expert(int64_t e) const { return tile0[static_cast<size_t>(e)] >= 0; }
+  // Expert e's token tiles: of x (gate/up) or h (down).
+  int8_t* xp(int64_t e) const { return s.at<int8_t>(o_xp + tile0[static_cast<size_t>(e)] * 16 * H); }
+  int8_t* hp(int64_t e) const { return s.at<int8_t>(o_hp + tile0[static_cast<size_t>(e)] * 16 * I); }
   struct AmxWorkspace {
-    int8_t* pack_b;
-    int8_t* pad_a;
     int32_t* c0;
     int32_t* c1;
   };
   AmxWorkspace amx(int thread) const {
-    int8_t* ws = s.at<int8_t>(o_amx + thread * ld_amx);
-    int32_t* c0 = reinterpret_cast<int32_t*>(ws + 32 * kmax);
-    return {ws, ws + 16 * kmax, c0, c0 + 16 * (P + 16)};
+    int32_t* c0 = s.at<int32_t>(o_amx + thread * ld_amx);
+    return {c0, c0 + 16 * (P + 16)};
   }
 
   int8_t* xq(int64_t p) const { return s.at<int8_t>(o_xq + p * ldx); }
@@ -268,38 +284,59 @@ void prepare(const Plan& pl, int64_t p, const float* v, int64_t n, int8_t* q, fl
   }
 }
 
+// The token tiles of every AMX expert, from x (gate/up: down = false) or h, once per call.
+void pack_amx(const Plan& pl, bool down, int threads) {
+  std::vector<std::pair<int64_t, int64_t>> tiles;  // (expert, tile)
+  for (int64_t e : pl.r.active)
+    if (pl.amx_expert(e))
+      for (int64_t t = 0; 16 * t < pl.r.expert_begin[e + 1] - pl.r.expert_begin[e]; ++t) tiles.emplace_back(e, t);
+  const int64_t K = down ? pl.I : pl.H;
+  parallel_for(static_cast<int64_t>(tiles.size()), threads, [&](int64_t i, int) {
+    const int64_t e = tiles[i].first, t = tiles[i].second;
+    const int64_t p0 = pl.r.expert_begin[e] + 16 * t, rows = std::min<int64_t>(16, pl.r.expert_begin[e + 1] - p0);
+    const int8_t* x = down ? pl.hq(p0) : pl.xq(p0);
+    int8_t* tile = (down ? pl.hp(e) : pl.xp(e)) + t * 16 * K;
+    amx_pack_tokens(x, static_cast<int64_t>(down ? pl.ldhq : pl.ldx), rows, K, tile);
+  });
+}
+
 // Gate/up rows [r0, r0 + 16) of expert e for all its pairs, through AMX.
 void gate_up_amx(const Plan& pl, int64_t e, int64_t r0, int thread) {
   const auto& a = pl.a;
   const int64_t b = pl.r.expert_begin[e], m = pl.r.expert_begin[e + 1] - b, H = pl.H;
+  const int64_t tiles = (m + 15) / 16, ldc = 16 * tiles;
   const Plan::AmxWorkspace ws = pl.amx(thread);
-  int32_t* cg = ws.c0;
-  int32_t* cu = ws.c1;
   const int8_t* gw = static_cast<const int8_t*>(a.gate.q) + (e * pl.I + r0) * H;
   const int8_t* uw = static_cast<const int8_t*>(a.up.q) + (e * pl.I + r0) * H;
-  amx_gemm_i8_rows16(pl.xq(b), static_cast<int64_t>(pl.ldx), m, gw, H, cg, ws.pack_b, ws.pad_a);
-  amx_gemm_i8_rows16(pl.xq(b), static_cast<int64_t>(pl.ldx), m, uw, H, cu, ws.pack_b, ws.pad_a);
-  for (int64_t i = 0; i < m; ++i)
-    for (int64_t n = 0; n < 16; ++n) {
-      const int64_t row = e * pl.I + r0 + n;
-      const float g = static_cast<float>(cg[i * 16 + n]) * pl.xs()[b + i] * a.gate.scale[row];
-      const float u = static_cast<float>(cu[i * 16 + n]) * pl.xs()[b + i] * a.up.scale[row];
+  amx_gemm_i8_w32(gw, uw, H, pl.xp(e), tiles, ws.c0, ws.c1);
+  for (int64_t n = 0; n < 16; ++n) {
+    const int64_t row = e * pl.I + r0 + n;
+    const float gs = a.gate.scale[row], us = a.up.scale[row];
+    for (int64_t i = 0; i < m; ++i) {
+      const float xs = pl.xs()[b + i];
+      const float g = static_cast<float>(ws.c0[n * ldc + i]) * xs * gs;
+      const float u = static_cast<float>(ws.c1[n * ldc + i]) * xs * us;
       pl.h(b + i)[r0 + n] = pl.finish_gate_up(e, b + i, r0 + n, g, u);
     }
+  }
 }
 
+// Down rows [r0, r0 + rows) of expert e (rows % 32 == 0) for all its pairs, through AMX.
 void down_amx(const Plan& pl, int64_t e, int64_t r0, int64_t rows, int thread) {
   const auto& a = pl.a;
   const int64_t b = pl.r.expert_begin[e], m = pl.r.expert_begin[e + 1] - b, I = pl.I;
+  const int64_t tiles = (m + 15) / 16, ldc = 16 * tiles;
   const Plan::AmxWorkspace ws = pl.amx(thread);
-  int32_t* c = ws.c0;
-  for (int64_t rr = r0; rr < r0 + rows; rr += 16) {
+  for (int64_t rr = r0; rr < r0 + rows; rr += 32) {
     const int8_t* dw = static_cast<const int8_t*>(a.down.q) + (e * pl.H + rr) * I;
-    amx_gemm_i8_rows16(pl.hq(b), static_cast<int64_t>(pl.ldhq), m, dw, I, c, ws.pack_b, ws.pad_a);
-    for (int64_t i = 0; i < m; ++i)
-      for (int64_t n = 0; n < 16; ++n)
-        pl.out(b + i)[rr + n] = pl.finish_down(
-            e, b + i, rr + n, static_cast<float>(c[i * 16 + n]) * pl.hs()[b + i] * a.down.scale[e * pl.H + rr + n]);
+    amx_gemm_i8_w32(dw, dw + 16 * I, I, pl.hp(e), tiles, ws.c0, ws.c1);
+    for (int64_t n = 0; n < 32; ++n) {
+      const int32_t* c = (n < 16 ? ws.c0 : ws.c1) + (n % 16) * ldc;
+      const float ds = a.down.scale[e * pl.H + rr + n];
+      for (int64_t i = 0; i < m; ++i)
+        pl.out(b + i)[rr + n] =
+            pl.finish_down(e, b + i, rr + n, static_cast<float>(c[i]) * pl.hs()[b + i] * ds);
+    }
   }
 }
 
@@ -319,7 +356,6 @@ int moe_forward(const kt_moe_args* args, char* err, size_t err_len) {
   const Proj gate{a.gate, pl.I, pl.H, a.wfmt, a.group_size, pl.H / gs};
   const Proj up{a.up, pl.I, pl.H, a.wfmt, a.group_size, pl.H / gs};
   const Proj down{a.down, pl.H, pl.I, a.wfmt, a.group_size, pl.I / gs};
-  const bool amx = amx_available() && a.wfmt == KT_INT8;
   const bool training = pl.rank > 0 || a.saved.gate != nullptr;
   if (training) {
     pl.expert_of.resize(static_cast<size_t>(pl.P));
@@ -359,11 +395,13 @@ int moe_forward(const kt_moe_args* args, char* err, size_t err_len) {
   for (int64_t e : pl.r.active)
     for (int64_t r0 = 0; r0 < pl.I; r0 += rows_a) items.emplace_back(e, r0);
 
+  if (pl.ntiles > 0) pack_amx(pl, false, threads);
+
   // 2. h = silu(gate x) * (up x) per pair.
   parallel_for(static_cast<int64_t>(items.size()), threads, [&](int64_t it, int tid) {
     const int64_t e = items[it].first, r0 = items[it].second;
     const int64_t b = pl.r.expert_begin[e], end = pl.r.expert_begin[e + 1];
-    if (amx && end - b >= kAmxMinPairs) return gate_up_amx(pl, e, r0, tid);
+    if (pl.amx_expert(e)) return gate_up_amx(pl, e, r0, tid);
     gate_up_all(pl, gate, up, e, b, end, r0, r0 + rows_a);
   });
   parallel_for(pl.P, threads, [&](int64_t p, int) {
@@ -372,6 +410,8 @@ int moe_forward(const kt_moe_args* args, char* err, size_t err_len) {
     prepare(pl, p, pl.h(p), pl.I, pl.hq(p), pl.hs(), pl.int_groups ? pl.hi(p) : nullptr);
   });
 
+  if (pl.ntiles > 0) pack_amx(pl, true, threads);
+
   // 3. down projection per pair.
   items.clear();
   for (int64_t e : pl.r.active)
@@ -379,7 +419,7 @@ int moe_forward(const kt_moe_args* args, char* err, size_t err_len) {
   parallel_for(static_cast<int64_t>(items.size()), threads, [&](int64_t it, int tid) {
     const int64_t e = items[it].first, r0 = items[it].second;
     const int64_t b = pl.r.expert_begin[e], end = pl.r.expert_begin[e + 1];
-    if (amx && end - b >= kAmxMinPairs) return down_amx(pl, e, r0, kRowsC, tid);
+    if (pl.amx_expert(e)) return down_amx(pl, e, r0, kRowsC, tid);
     down_all(pl, down, e, b, end, r0, r0 + rows_c);
   });
 
