@@ -23,11 +23,43 @@ struct alignas(64) TileConfig {
 
 bool amx_available() { return true; }
 
+// One pass over K for the token tile at x0 and, when Two, the one after it: tmm0/tmm1 = W0/W1 x
+// tokens of the first, tmm2/tmm3 = W0/W1 x tokens of the second (16 x 16 int32 each); tmm4/tmm5: W0/W1,
+// 16 rows x 64 int8 of the chunk; tmm6/tmm7: the chunk of each token tile (16 rows of 4 bytes x 16
+// tokens). Each tile loaded serves two products. (Tile numbers are immediates: hence the template.)
+namespace {
+template <bool Two>
+void pass_w32(const int8_t* W0, const int8_t* W1, int64_t K, const int8_t* x0, int64_t tile_bytes, int32_t* C0,
+              int32_t* C1, int64_t ldc) {
+  _tile_zero(0);
+  _tile_zero(1);
+  if (Two) {
+    _tile_zero(2);
+    _tile_zero(3);
+  }
+  for (int64_t c = 0; c < K / 64; ++c) {
+    _tile_loadd(4, W0 + c * 64, K);
+    _tile_loadd(5, W1 + c * 64, K);
+    _tile_loadd(6, x0 + c * 1024, 64);
+    _tile_dpbssd(0, 4, 6);
+    _tile_dpbssd(1, 5, 6);
+    if (Two) {
+      _tile_loadd(7, x0 + tile_bytes + c * 1024, 64);
+      _tile_dpbssd(2, 4, 7);
+      _tile_dpbssd(3, 5, 7);
+    }
+  }
+  _tile_stored(0, C0, ldc);
+  _tile_stored(1, C1, ldc);
+  if (Two) {
+    _tile_stored(2, C0 + 16, ldc);
+    _tile_stored(3, C1 + 16, ldc);
+  }
+}
+}  // namespace
+
 void amx_gemm_i8_w32(const int8_t* W0, const int8_t* W1, int64_t K, const int8_t* Xp, int64_t tiles, int32_t* C0,
                      int32_t* C1) {
-  // Per pair of token tiles t, t + 1: tmm0/tmm1 = W0/W1 x tokens of t, tmm2/tmm3 = W0/W1 x tokens of
-  // t + 1 (16 x 16 int32 each); tmm4/tmm5: W0/W1, 16 rows x 64 int8 of the chunk; tmm6/tmm7: the chunk
-  // of tiles t and t + 1 (16 rows of 4 bytes x 16 tokens). Each tile loaded serves two products.
   TileConfig cfg{};
   cfg.palette_id = 1;
   for (int t = 0; t < 8; ++t) {
@@ -37,42 +69,8 @@ void amx_gemm_i8_w32(const int8_t* W0, const int8_t* W1, int64_t K, const int8_t
   _tile_loadconfig(&cfg);
   const int64_t ldc = 16 * tiles * 4, tile_bytes = 16 * K;  // C row stride in bytes; bytes per token tile
   int64_t t = 0;
-  for (; t + 2 <= tiles; t += 2) {
-    const int8_t* x0 = Xp + t * tile_bytes;
-    const int8_t* x1 = x0 + tile_bytes;
-    _tile_zero(0);
-    _tile_zero(1);
-    _tile_zero(2);
-    _tile_zero(3);
-    for (int64_t c = 0; c < K / 64; ++c) {
-      _tile_loadd(4, W0 + c * 64, K);
-      _tile_loadd(5, W1 + c * 64, K);
-      _tile_loadd(6, x0 + c * 1024, 64);
-      _tile_loadd(7, x1 + c * 1024, 64);
-      _tile_dpbssd(0, 4, 6);
-      _tile_dpbssd(1, 5, 6);
-      _tile_dpbssd(2, 4, 7);
-      _tile_dpbssd(3, 5, 7);
-    }
-    _tile_stored(0, C0 + 16 * t, ldc);
-    _tile_stored(1, C1 + 16 * t, ldc);
-    _tile_stored(2, C0 + 16 * (t + 1), ldc);
-    _tile_stored(3, C1 + 16 * (t + 1), ldc);
-  }
-  if (t < tiles) {
-    const int8_t* x0 = Xp + t * tile_bytes;
-    _tile_zero(0);
-    _tile_zero(1);
-    for (int64_t c = 0; c < K / 64; ++c) {
-      _tile_loadd(4, W0 + c * 64, K);
-      _tile_loadd(5, W1 + c * 64, K);
-      _tile_loadd(6, x0 + c * 1024, 64);
-      _tile_dpbssd(0, 4, 6);
-      _tile_dpbssd(1, 5, 6);
-    }
-    _tile_stored(0, C0 + 16 * t, ldc);
-    _tile_stored(1, C1 + 16 * t, ldc);
-  }
+  for (; t + 2 <= tiles; t += 2) pass_w32<true>(W0, W1, K, Xp + t * tile_bytes, tile_bytes, C0 + 16 * t, C1 + 16 * t, ldc);
+  if (t < tiles) pass_w32<false>(W0, W1, K, Xp + t * tile_bytes, tile_bytes, C0 + 16 * t, C1 + 16 * t, ldc);
   _tile_release();
 }
 
