@@ -51,7 +51,7 @@ struct Plan {
   int64_t P, H, I, ngh, ngi;
   size_t ldx, ldxg, ldh, ldhq, ldhg, ldo, ld_amx = 0;
   std::vector<int64_t> tile0;  // per expert: its first AMX token tile, -1 where it does not use AMX
-  int64_t ntiles = 0;
+  std::vector<std::pair<int64_t, int64_t>> amx_tiles;  // every AMX token tile: (expert, tile of that expert)
   size_t o_xp = 0, o_hp = 0;
   Scratch s;
   size_t o_xq, o_xs, o_xi, o_h, o_hq, o_hs, o_hi, o_out, o_amx = 0, o_la = 0, ldla = 0;
@@ -99,17 +99,18 @@ struct Plan {
       for (int64_t e : r.active) {
         const int64_t m = r.expert_begin[e + 1] - r.expert_begin[e];
         if (m < kAmxMinPairs) continue;
-        tile0[static_cast<size_t>(e)] = ntiles;
-        ntiles += (m + 15) / 16;
+        tile0[static_cast<size_t>(e)] = ntiles();
+        for (int64_t t = 0; 16 * t < m; ++t) amx_tiles.emplace_back(e, t);
       }
-    if (ntiles > 0) {
-      o_xp = s.reserve(static_cast<size_t>(ntiles * 16 * H));
-      o_hp = s.reserve(static_cast<size_t>(ntiles * 16 * I));
+    if (ntiles() > 0) {
+      o_xp = s.reserve(static_cast<size_t>(ntiles() * 16 * H));
+      o_hp = s.reserve(static_cast<size_t>(ntiles() * 16 * I));
       ld_amx = align_up(128 * (P + 16));
       o_amx = s.reserve(static_cast<size_t>(threads) * ld_amx);
     }
   }
 
+  int64_t ntiles() const { return static_cast<int64_t>(amx_tiles.size()); }
   bool amx_expert(int64_t e) const { return tile0[static_cast<size_t>(e)] >= 0; }
   // Expert e's token tiles: of x (gate/up) or h (down).
   int8_t* xp(int64_t e) const { return s.at<int8_t>(o_xp + tile0[static_cast<size_t>(e)] * 16 * H); }
@@ -216,6 +217,18 @@ void down_i4(const Plan& pl, const Proj& down, int64_t e, int64_t p0, int64_t r0
 }
 
 // INT8 (without AMX, or for fewer pairs than an AMX tile): the same blocking, exact int32 dots.
+// Two weight rows w[0], w[1] against M pairs, out[i * M + m]; a lone pair takes the rows one at a time
+// (two interleaved row streams measured slower at decode).
+template <int M>
+void i8_rows2(const int8_t* const* w, const int8_t* const* x, int64_t n, int32_t* out) {
+  if (M == 1) {
+    dot_i8_block<1, M>(w, x, n, out);
+    dot_i8_block<1, M>(w + 1, x, n, out + M);
+  } else {
+    dot_i8_block<2, M>(w, x, n, out);
+  }
+}
+
 template <int M>
 void gate_up_i8(const Plan& pl, const Proj& gate, const Proj& up, int64_t e, int64_t p0, int64_t r0, int64_t r1) {
   const int8_t* x[M];
@@ -223,12 +236,7 @@ void gate_up_i8(const Plan& pl, const Proj& gate, const Proj& up, int64_t e, int
   for (int64_t r = r0; r < r1; ++r) {
     const int8_t* w[2] = {gate.i8_row(e, r), up.i8_row(e, r)};
     int32_t gu[2 * M];
-    if (M == 1) {  // one pair: one row stream at a time (measured faster than two interleaved)
-      dot_i8_block<1, M>(w, x, pl.H, gu);
-      dot_i8_block<1, M>(w + 1, x, pl.H, gu + M);
-    } else {
-      dot_i8_block<2, M>(w, x, pl.H, gu);
-    }
+    i8_rows2<M>(w, x, pl.H, gu);
     const float gs = gate.i8_scale(e, r), us = up.i8_scale(e, r);
     for (int m = 0; m < M; ++m) {
       const float xs = pl.xs()[p0 + m];
@@ -245,12 +253,7 @@ void down_i8(const Plan& pl, const Proj& down, int64_t e, int64_t p0, int64_t r0
   for (int64_t r = r0; r < r1; r += 2) {
     const int8_t* w[2] = {down.i8_row(e, r), down.i8_row(e, r + 1)};
     int32_t d[2 * M];
-    if (M == 1) {
-      dot_i8_block<1, M>(w, x, pl.I, d);
-      dot_i8_block<1, M>(w + 1, x, pl.I, d + M);
-    } else {
-      dot_i8_block<2, M>(w, x, pl.I, d);
-    }
+    i8_rows2<M>(w, x, pl.I, d);
     for (int i = 0; i < 2; ++i)
       for (int m = 0; m < M; ++m)
         pl.out(p0 + m)[r + i] = pl.finish_down(
@@ -296,13 +299,9 @@ void prepare(const Plan& pl, int64_t p, const float* v, int64_t n, int8_t* q, fl
 
 // The token tiles of every AMX expert, from x (gate/up: down = false) or h, once per call.
 void pack_amx(const Plan& pl, bool down, int threads) {
-  std::vector<std::pair<int64_t, int64_t>> tiles;  // (expert, tile)
-  for (int64_t e : pl.r.active)
-    if (pl.amx_expert(e))
-      for (int64_t t = 0; 16 * t < pl.r.expert_begin[e + 1] - pl.r.expert_begin[e]; ++t) tiles.emplace_back(e, t);
   const int64_t K = down ? pl.I : pl.H;
-  parallel_for(static_cast<int64_t>(tiles.size()), threads, [&](int64_t i, int) {
-    const int64_t e = tiles[i].first, t = tiles[i].second;
+  parallel_for(pl.ntiles(), threads, [&](int64_t i, int) {
+    const int64_t e = pl.amx_tiles[i].first, t = pl.amx_tiles[i].second;
     const int64_t p0 = pl.r.expert_begin[e] + 16 * t, rows = std::min<int64_t>(16, pl.r.expert_begin[e + 1] - p0);
     const int8_t* x = down ? pl.hq(p0) : pl.xq(p0);
     int8_t* tile = (down ? pl.hp(e) : pl.xp(e)) + t * 16 * K;
@@ -405,7 +404,7 @@ int moe_forward(const kt_moe_args* args, char* err, size_t err_len) {
   for (int64_t e : pl.r.active)
     for (int64_t r0 = 0; r0 < pl.I; r0 += rows_a) items.emplace_back(e, r0);
 
-  if (pl.ntiles > 0) pack_amx(pl, false, threads);
+  if (pl.ntiles() > 0) pack_amx(pl, false, threads);
 
   // 2. h = silu(gate x) * (up x) per pair.
   parallel_for(static_cast<int64_t>(items.size()), threads, [&](int64_t it, int tid) {
@@ -420,7 +419,7 @@ int moe_forward(const kt_moe_args* args, char* err, size_t err_len) {
     prepare(pl, p, pl.h(p), pl.I, pl.hq(p), pl.hs(), pl.int_groups ? pl.hi(p) : nullptr);
   });
 
-  if (pl.ntiles > 0) pack_amx(pl, true, threads);
+  if (pl.ntiles() > 0) pack_amx(pl, true, threads);
 
   // 3. down projection per pair.
   items.clear();
