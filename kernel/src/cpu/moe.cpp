@@ -34,8 +34,7 @@ constexpr int64_t kAmxMinPairs = 16;  // AMX pays off from one full tile of toke
 
 // Symmetric per-row int8 quantization; returns the scale (0 for an all-zero row).
 float quantize_i8(const float* v, int64_t n, int8_t* q) {
-  float amax = 0.f;
-  for (int64_t i = 0; i < n; ++i) amax = std::fmax(amax, std::fabs(v[i]));
+  const float amax = absmax_f32(v, n);
   if (amax == 0.f) {
     std::memset(q, 0, static_cast<size_t>(n));
     return 0.f;
