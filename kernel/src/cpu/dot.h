@@ -308,6 +308,22 @@ static inline float hsum_ps(__m256 v) {
   return _mm_cvtss_f32(s);
 }
 
+// The lane sums of M int32 accumulators into out[0, M): for four, one transposing reduction, as the
+// ZMM hsum_epi32_m (integer sums: the same values in any order).
+template <int M>
+static inline void hsum_epi32_m(const __m256i* acc, int32_t* out) {
+  if constexpr (M == 4) {
+    const __m256i ab = _mm256_add_epi32(_mm256_unpacklo_epi32(acc[0], acc[1]), _mm256_unpackhi_epi32(acc[0], acc[1]));
+    const __m256i cd = _mm256_add_epi32(_mm256_unpacklo_epi32(acc[2], acc[3]), _mm256_unpackhi_epi32(acc[2], acc[3]));
+    const __m256i q = _mm256_add_epi32(_mm256_unpacklo_epi64(ab, cd), _mm256_unpackhi_epi64(ab, cd));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out),
+                     _mm_add_epi32(_mm256_castsi256_si128(q), _mm256_extracti128_si256(q, 1)));
+  } else {
+    KT_UNROLL
+    for (int m = 0; m < M; ++m) out[m] = hsum_epi32(acc[m]);
+  }
+}
+
 // INT8: R weight rows x M activation rows per pass, out[r * M + m] = the exact int32 dot; |w| once
 // per row step, x with w's sign per (row, activation) (vpmaddubsw takes unsigned x signed).
 template <int R, int M>
@@ -333,21 +349,7 @@ static inline void dot_i8_block(const int8_t* const* w, const int8_t* const* x, 
     }
   }
   KT_UNROLL
-  for (int r = 0; r < R; ++r) {
-    if constexpr (M == 4) {
-      // One transposing reduction for the four (as the ZMM hsum_epi32_m): integer sums, any order.
-      const __m256i ab = _mm256_add_epi32(_mm256_unpacklo_epi32(acc[r][0], acc[r][1]),
-                                          _mm256_unpackhi_epi32(acc[r][0], acc[r][1]));
-      const __m256i cd = _mm256_add_epi32(_mm256_unpacklo_epi32(acc[r][2], acc[r][3]),
-                                          _mm256_unpackhi_epi32(acc[r][2], acc[r][3]));
-      const __m256i q = _mm256_add_epi32(_mm256_unpacklo_epi64(ab, cd), _mm256_unpackhi_epi64(ab, cd));
-      const __m128i v = _mm_add_epi32(_mm256_castsi256_si128(q), _mm256_extracti128_si256(q, 1));
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(out + r * M), v);
-    } else {
-      KT_UNROLL
-      for (int m = 0; m < M; ++m) out[r * M + m] = hsum_epi32(acc[r][m]);
-    }
-  }
+  for (int r = 0; r < R; ++r) hsum_epi32_m<M>(acc[r], out + r * M);
 }
 
 // RAWINT4 x int8 activations. 32 packed bytes (two 32-element blocks) are loaded as one register;
