@@ -37,6 +37,13 @@ bool Scratch::allocate() {
     owned_size_ = t_cached.size;
     return true;
   }
+  // Too small for this call: a larger block that the cache will keep replaces it when this call
+  // ends (a training step's forward then borrows its backward's block instead of mapping its own).
+  if (t_cached.ptr && size_ <= kKeep) {
+    std::free(t_cached.ptr);
+    t_cached.ptr = nullptr;
+    t_cached.size = 0;
+  }
   base_ = static_cast<unsigned char*>(std::aligned_alloc(kScratchAlign, size_));
   owned_size_ = size_;
   return base_ != nullptr;
