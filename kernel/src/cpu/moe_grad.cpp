@@ -15,7 +15,7 @@
 //   avx512_bf16          the block and the vectors rounded to bf16, vdpbf16ps into fp32
 //   amx                  the same in AMX-BF16 tiles (tdpbf16ps) for 16 pairs at a time
 // The bf16 paths round the dequantized weights and dy, dg, du to bf16 (as torch's bf16 autograd
-// does); accumulation stays fp32.
+// does; the vectors once per call, not per work item); accumulation stays fp32.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -106,9 +106,9 @@ inline void tile(const float* const* v, int64_t r0, int64_t r1, const float* buf
 constexpr int64_t kPairBlock = kRows / 2 * kCols;  // uint32 elements
 static_assert((kPairBlock * 4 + 16 * kRows * 2 + 16 * kCols * 4) <= kRows * kCols * 4, "bf16 pieces fit the block");
 
-// out_m[0, kCols) += sum_k vb_m[k] . blk[k][...] for M vectors; vb_m holds bf16 pairs (v[2k], v[2k+1]).
+// out_m[0, kCols) += sum_k vb_m[k] . blk[k][...] for M vectors; vb_m points at bf16 pairs (v[2k], v[2k+1]).
 template <int M>
-inline void tile_bf16(const uint32_t* vb, int64_t ldv, int64_t kpairs, const uint32_t* blk, float* const* out) {
+inline void tile_bf16(const uint32_t* const* vb, int64_t kpairs, const uint32_t* blk, float* const* out) {
   __m512 acc[M][4];
   for (int m = 0; m < M; ++m)
     for (int c = 0; c < 4; ++c) acc[m][c] = _mm512_loadu_ps(out[m] + 16 * c);
@@ -117,7 +117,7 @@ inline void tile_bf16(const uint32_t* vb, int64_t ldv, int64_t kpairs, const uin
     const __m512i w0 = _mm512_loadu_si512(wr), w1 = _mm512_loadu_si512(wr + 16);
     const __m512i w2 = _mm512_loadu_si512(wr + 32), w3 = _mm512_loadu_si512(wr + 48);
     for (int m = 0; m < M; ++m) {
-      const __m512bh a = as_bh(_mm512_set1_epi32(static_cast<int>(vb[m * ldv + k])));
+      const __m512bh a = as_bh(_mm512_set1_epi32(static_cast<int>(vb[m][k])));
       acc[m][0] = _mm512_dpbf16_ps(acc[m][0], a, as_bh(w0));
       acc[m][1] = _mm512_dpbf16_ps(acc[m][1], a, as_bh(w1));
       acc[m][2] = _mm512_dpbf16_ps(acc[m][2], a, as_bh(w2));
@@ -129,13 +129,14 @@ inline void tile_bf16(const uint32_t* vb, int64_t ldv, int64_t kpairs, const uin
 }
 
 // accumulate_wt's bf16 form: AMX tiles for each full group of 16 vectors (amx variant), vdpbf16ps
-// register tiles for the rest.
-void accumulate_wt_bf16(const QView& w, int64_t e, int64_t c0, const float* const* v, float* const* out, int64_t n,
+// register tiles for the rest. vb: the vectors already rounded to bf16 (once per call, by the caller).
+void accumulate_wt_bf16(const QView& w, int64_t e, int64_t c0, const uint16_t* const* vb, float* const* out, int64_t n,
                         float* buf) {
   uint32_t* blk = reinterpret_cast<uint32_t*>(buf);
-  uint16_t* vb = reinterpret_cast<uint16_t*>(blk + kPairBlock);  // [16][kRows] bf16
-  float* ctile = reinterpret_cast<float*>(vb + 16 * kRows);      // [16][kCols] fp32
+  uint16_t* at = reinterpret_cast<uint16_t*>(blk + kPairBlock);  // [16][kRows] bf16: the AMX A tile rows
+  float* ctile = reinterpret_cast<float*>(at + 16 * kRows);      // [16][kCols] fp32
   alignas(64) float two[2][kCols];
+  const uint32_t* vp[16];
   for (int64_t r0 = 0; r0 < w.rows; r0 += kRows) {
     const int64_t r1 = std::min(w.rows, r0 + kRows), kp = (r1 - r0) / 2;
     for (int64_t k = 0; k < kp; ++k) {
@@ -145,27 +146,27 @@ void accumulate_wt_bf16(const QView& w, int64_t e, int64_t c0, const float* cons
         blk[k * kCols + j] = static_cast<uint32_t>(f32_to_bf16(two[0][j])) |
                              (static_cast<uint32_t>(f32_to_bf16(two[1][j])) << 16);
     }
-    // vb[m][0, r1 - r0) = bf16(v_{i+m}[r0, r1)) for m < M
-    auto round = [&](int64_t i, int64_t M) {
-      for (int64_t m = 0; m < M; ++m)
-        for (int64_t r = r0; r < r1; ++r) vb[m * kRows + (r - r0)] = f32_to_bf16(v[i + m][r]);
+    // vp[m] = the pairs of vector i + m from row r0 on, for m < M
+    auto pairs = [&](int64_t i, int64_t M) {
+      for (int64_t m = 0; m < M; ++m) vp[m] = reinterpret_cast<const uint32_t*>(vb[i + m] + r0);
     };
-    const uint32_t* vp = reinterpret_cast<const uint32_t*>(vb);
     int64_t i = 0;
     if (amx_bf16_available())
       for (; i + 16 <= n; i += 16) {
-        round(i, 16);
-        for (int64_t m = 0; m < 16; ++m) std::memcpy(ctile + m * kCols, out[i + m], kCols * 4);
-        amx_gemm_bf16_cols64(vb, kRows * 2, blk, r1 - r0, ctile);
+        for (int64_t m = 0; m < 16; ++m) {
+          std::memcpy(at + m * kRows, vb[i + m] + r0, static_cast<size_t>(r1 - r0) * 2);
+          std::memcpy(ctile + m * kCols, out[i + m], kCols * 4);
+        }
+        amx_gemm_bf16_cols64(at, kRows * 2, blk, r1 - r0, ctile);
         for (int64_t m = 0; m < 16; ++m) std::memcpy(out[i + m], ctile + m * kCols, kCols * 4);
       }
     for (; i + kTile <= n; i += kTile) {
-      round(i, kTile);
-      tile_bf16<kTile>(vp, kRows / 2, kp, blk, out + i);
+      pairs(i, kTile);
+      tile_bf16<kTile>(vp, kp, blk, out + i);
     }
     for (; i < n; ++i) {
-      round(i, 1);
-      tile_bf16<1>(vp, kRows / 2, kp, blk, out + i);
+      pairs(i, 1);
+      tile_bf16<1>(vp, kp, blk, out + i);
     }
   }
 }
@@ -173,11 +174,15 @@ void accumulate_wt_bf16(const QView& w, int64_t e, int64_t c0, const float* cons
 
 // out_i[0, kCols) += sum_r v_i[r] * W[e][r, c0 + ...) for the n rows (i < n) given by pointers; each
 // out_i is 64-byte aligned. The weight block is dequantized once per item, then a register-tiled GEMM.
-// `buf` is the calling thread's kRows x kCols block.
-void accumulate_wt(const QView& w, int64_t e, int64_t c0, const float* const* v, float* const* out, int64_t n,
-                   float* buf) {
+// `buf` is the calling thread's kRows x kCols block. vb: the same vectors in bf16 where the variant
+// computes in bf16 (KT_BF16_DOT), else unused.
+void accumulate_wt(const QView& w, int64_t e, int64_t c0, const float* const* v, const uint16_t* const* vb,
+                   float* const* out, int64_t n, float* buf) {
 #if KT_BF16_DOT
-  return accumulate_wt_bf16(w, e, c0, v, out, n, buf);
+  (void)v;
+  return accumulate_wt_bf16(w, e, c0, vb, out, n, buf);
+#else
+  (void)vb;
 #endif
   for (int64_t r0 = 0; r0 < w.rows; r0 += kRows) {
     const int64_t r1 = std::min(w.rows, r0 + kRows);
@@ -231,6 +236,10 @@ int moe_backward(const kt_moe_args* args, const kt_moe_grad_args* gr, char* err,
   const size_t o_q = sc.reserve(P * ldI), o_dg = sc.reserve(P * ldI), o_du = sc.reserve(P * ldI);
   const size_t o_dx = sc.reserve(P * ldH), o_bv = sc.reserve(P * ldR);
   const size_t o_blk = sc.reserve(static_cast<size_t>(threads) * kRows * kCols * 4);  // dequantized weight blocks
+  // The bf16 variants' copies of dy (per token) and dg, du (per pair), rounded once per call.
+  const size_t ldHb = align_up(2 * H), ldIb = align_up(2 * I);
+  const size_t o_dyb = KT_BF16_DOT ? sc.reserve(T * ldHb) : 0;
+  const size_t o_dgb = KT_BF16_DOT ? sc.reserve(P * ldIb) : 0, o_dub = KT_BF16_DOT ? sc.reserve(P * ldIb) : 0;
   if (!sc.allocate()) return fail(err, err_len, "out of memory allocating MoE backward scratch buffers");
   auto dy = [&](int64_t t) {
     return dy_bf16 ? sc.at<float>(o_dy + t * ldH) : static_cast<const float*>(gr->dy) + t * H;
@@ -239,6 +248,12 @@ int moe_backward(const kt_moe_args* args, const kt_moe_grad_args* gr, char* err,
   auto dg = [&](int64_t p) { return sc.at<float>(o_dg + p * ldI); };
   auto du = [&](int64_t p) { return sc.at<float>(o_du + p * ldI); };
   auto dxp = [&](int64_t p) { return sc.at<float>(o_dx + p * ldH); };
+  auto dyb = [&](int64_t t) { return sc.at<uint16_t>(o_dyb + t * ldHb); };
+  auto dgb = [&](int64_t p) { return sc.at<uint16_t>(o_dgb + p * ldIb); };
+  auto dub = [&](int64_t p) { return sc.at<uint16_t>(o_dub + p * ldIb); };
+  auto to_bf16 = [](const float* src, int64_t n, uint16_t* dst) {
+    for (int64_t i = 0; i < n; ++i) dst[i] = f32_to_bf16(src[i]);
+  };
   auto block = [&](int tid) { return sc.at<float>(o_blk + static_cast<size_t>(tid) * kRows * kCols * 4); };
   auto bv = [&](int64_t p) { return sc.at<float>(o_bv + p * ldR); };  // Bd^T dy, Bg^T dg, Bu^T du
   auto lsaved = [&](int64_t p) { return a.saved.lora + orig[p] * 3 * R; };  // Ag x, Au x, Ad h
@@ -262,6 +277,7 @@ int moe_backward(const kt_moe_args* args, const kt_moe_grad_args* gr, char* err,
       float* d = sc.at<float>(o_dy + t * ldH);
       for (int64_t i = 0; i < H; ++i) d[i] = bf16_to_f32(src[i]);
     });
+  if (KT_BF16_DOT) parallel_for(T, threads, [&](int64_t t, int) { to_bf16(dy(t), H, dyb(t)); });
   const int gsz = a.group_size > 0 ? a.group_size : 1;
   const QView gate{a.gate, I, H, a.wfmt, gsz}, up{a.up, I, H, a.wfmt, gsz}, down{a.down, H, I, a.wfmt, gsz};
 
@@ -279,13 +295,15 @@ int moe_backward(const kt_moe_args* args, const kt_moe_grad_args* gr, char* err,
     const int64_t e = items[it].first, c0 = items[it].second, c1 = c0 + kCols;
     const int64_t b = rt.expert_begin[e], n = rt.expert_begin[e + 1] - b;
     std::vector<const float*> v(static_cast<size_t>(n));
+    std::vector<const uint16_t*> vb(static_cast<size_t>(n));
     std::vector<float*> out(static_cast<size_t>(n));
     for (int64_t i = 0; i < n; ++i) {
       v[i] = dy(rt.pair_token[b + i]);
+      vb[i] = KT_BF16_DOT ? dyb(rt.pair_token[b + i]) : nullptr;
       out[i] = q(b + i) + c0;
       std::fill(out[i], out[i] + (c1 - c0), 0.f);
     }
-    accumulate_wt(down, e, c0, v.data(), out.data(), n, block(tid));
+    accumulate_wt(down, e, c0, v.data(), vb.data(), out.data(), n, block(tid));
     if (R > 0)
       for (int64_t i = 0; i < n; ++i)
         for (int j = 0; j < R; ++j) axpy_f32(s * bv(b + i)[j], a.lora.down_a + (e * R + j) * I + c0, out[i], c1 - c0);
@@ -310,6 +328,10 @@ int moe_backward(const kt_moe_args* args, const kt_moe_grad_args* gr, char* err,
       dup[i] = dh * act;
     }
     gr->dweights[row] = dw;
+    if (KT_BF16_DOT) {
+      to_bf16(dgp, I, dgb(p));
+      to_bf16(dup, I, dub(p));
+    }
     if (R > 0) {
       const int64_t e = expert_of[p];
       bt(a.lora.gate_b + e * I * R, dgp, I, bv(p) + R);
@@ -325,15 +347,18 @@ int moe_backward(const kt_moe_args* args, const kt_moe_grad_args* gr, char* err,
     const int64_t e = items[it].first, c0 = items[it].second, c1 = c0 + kCols;
     const int64_t b = rt.expert_begin[e], n = rt.expert_begin[e + 1] - b;
     std::vector<const float*> vg(static_cast<size_t>(n)), vu(static_cast<size_t>(n));
+    std::vector<const uint16_t*> vgb(static_cast<size_t>(n)), vub(static_cast<size_t>(n));
     std::vector<float*> out(static_cast<size_t>(n));
     for (int64_t i = 0; i < n; ++i) {
       vg[i] = dg(b + i);
       vu[i] = du(b + i);
+      vgb[i] = KT_BF16_DOT ? dgb(b + i) : nullptr;
+      vub[i] = KT_BF16_DOT ? dub(b + i) : nullptr;
       out[i] = dxp(b + i) + c0;
       std::fill(out[i], out[i] + (c1 - c0), 0.f);
     }
-    accumulate_wt(gate, e, c0, vg.data(), out.data(), n, block(tid));
-    accumulate_wt(up, e, c0, vu.data(), out.data(), n, block(tid));
+    accumulate_wt(gate, e, c0, vg.data(), vgb.data(), out.data(), n, block(tid));
+    accumulate_wt(up, e, c0, vu.data(), vub.data(), out.data(), n, block(tid));
     if (R > 0)
       for (int64_t i = 0; i < n; ++i)
         for (int j = 0; j < R; ++j) {
