@@ -104,7 +104,8 @@ def line(variant: str, r: dict[str, Any], rows: list[dict[str, Any]]) -> str:
     """One printed result row."""
     head = f"{variant:<12} {r['fmt']:<7} T={r['tokens']:<5}"
     if r["tp"] > 1:
-        tp1 = next(x for x in rows if (x["fmt"], x["tokens"], x["tp"]) == (r["fmt"], r["tokens"], 1))
+        key = (r["variant"], r["fmt"], r["tokens"], 1)
+        tp1 = next(x for x in rows if (x["variant"], x["fmt"], x["tokens"], x["tp"]) == key)
         return f"{head} TP{r['tp']} {r['kt_s'] * 1e3:8.1f} ms  (TP1/TP{r['tp']} x{tp1['kt_s'] / r['kt_s']:4.2f})"
     return (
         f"{head} kt {r['kt_s'] * 1e3:8.1f} ms  torch-bf16 {r['torch_bf16_s'] * 1e3:8.1f} ms  x{r['speedup']:4.2f}  "
