@@ -78,8 +78,10 @@ constexpr int64_t kStep = 64;  // int8 elements per vector step
 // RAWINT4 x int8 activations, R weight rows x M activation rows per pass (dot_i4_block). A packed
 // 32-element block is 16 bytes, byte j holding elements j (low nibble) and j + 16 (high nibble).
 // Offset nibbles u = n ^ 8 = value + 8 are unsigned for vpdpbusd/vpmaddubsw;
-//   sum value * x = sum u * x - 8 * sum x,
-// with sum x per group (`xg`) computed once per activation row.
+//   sum value * x = sum u * x - 8 * sum x.
+// The -8 * sum x of every int32 lane of every step is computed once per activation row (the row's
+// side data, i4_prepare) and is where each step's integer sums start: every lane then holds its exact
+// sum value * x, and a row's dot needs nothing after its steps but one reduction.
 //
 // A step takes 128 elements: 64 packed bytes (four blocks) in one load; their low nibbles are
 // [block 0 elements 0-15 | block 1 elements 0-15 | block 2 ... | block 3 ...] and their high nibbles
@@ -195,9 +197,14 @@ static inline void dot_i8_block(const int8_t* const* w, const int8_t* const* x, 
 #endif
 }
 
-// The order the steps read: per 128 elements [blocks 0-3 elements 0-15 | blocks 0-3 elements 16-31],
-// a final 64 as [block 0 elements 0-15 | block 1 elements 0-15 | block 0 16-31 | block 1 16-31].
-static inline void i4_activation_order(int8_t* x, int64_t n) {
+// int32 side data per activation row of n (i4_prepare): 16 lanes per step.
+static inline int64_t i4_side_len(int64_t n, int /*g*/) { return (n + 127) / 128 * 16; }
+
+// Puts an int8 activation row in the order the steps read (per 128 elements [blocks 0-3 elements
+// 0-15 | blocks 0-3 elements 16-31], a final 64 as [block 0 elements 0-15 | block 1 elements 0-15 |
+// block 0 16-31 | block 1 16-31]) and writes its side data: for the step at element i, lane l starts
+// at -8 * (the 4 activations its low-nibble product covers + the 4 its high-nibble product covers).
+static inline void i4_prepare(int8_t* x, int64_t n, int /*g*/, int32_t* side) {
   int64_t i = 0;
   for (; i + 128 <= n; i += 128) {
     alignas(64) int8_t t[128];
@@ -206,14 +213,26 @@ static inline void i4_activation_order(int8_t* x, int64_t n) {
       std::memcpy(t + 64 + 16 * b, x + i + 32 * b + 16, 16);
     }
     std::memcpy(x + i, t, 128);
+    for (int l = 0; l < 16; ++l) {
+      int32_t sum = 0;
+      for (int j = 0; j < 4; ++j) sum += t[4 * l + j] + t[64 + 4 * l + j];
+      side[(i >> 3) + l] = -8 * sum;
+    }
   }
-  if (i < n) i4_order64(x + i);
+  if (i < n) {
+    i4_order64(x + i);
+    for (int l = 0; l < 16; ++l) {
+      int32_t sum = 0;
+      for (int j = 0; j < 4; ++j) sum += x[i + 4 * l + j];
+      side[(i >> 3) + l] = -8 * sum;
+    }
+  }
 }
 
 // R weight rows against M activation rows, as the AVX2 dot_i4_block below (same contract).
 template <int R, int M>
 static inline void dot_i4_block(const uint8_t* const* w, const float* const* s, const int8_t* const* x,
-                                const int32_t* const* xg, int64_t n, int g, float* out) {
+                                const int32_t* const* side, int64_t n, int g, float* out) {
   // g is 32, 64 or 128. (Not __builtin_ctz: GCC emits it as rep bsf, which decodes as BMI1 tzcnt.)
   const int gshift = g == 32 ? 5 : g == 64 ? 6 : 7;
   // Lane l of a 128-element step holds block l / 4: scale s[l / 4], s[l / 8] or s[0] of the step's.
@@ -247,7 +266,7 @@ static inline void dot_i4_block(const uint8_t* const* w, const float* const* s, 
       const __m512 sc = _mm512_permutexvar_ps(lanes, _mm512_castps128_ps512(sv));
       KT_UNROLL
       for (int m = 0; m < M; ++m) {
-        __m512i p = dot_step_u(_mm512_setzero_si512(), lo, _mm512_loadu_si512(x[m] + i));
+        __m512i p = dot_step_u(_mm512_loadu_si512(side[m] + (i >> 3)), lo, _mm512_loadu_si512(x[m] + i));
         p = dot_step_u(p, hi, _mm512_loadu_si512(x[m] + i + 64));
         facc[r][m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), sc, facc[r][m]);
       }
@@ -268,25 +287,15 @@ static inline void dot_i4_block(const uint8_t* const* w, const float* const* s, 
       }
       KT_UNROLL
       for (int m = 0; m < M; ++m) {
-        const __m512i p = dot_step_u(_mm512_setzero_si512(), u, _mm512_loadu_si512(x[m] + i));
+        const __m512i p = dot_step_u(_mm512_loadu_si512(side[m] + (i >> 3)), u, _mm512_loadu_si512(x[m] + i));
         facc[r][m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), sc, facc[r][m]);
       }
     }
   }
-  // - 8 * sum_g s[g] * xg[g], sixteen groups at a time
-  const int64_t ng = n >> gshift;
   KT_UNROLL
   for (int r = 0; r < R; ++r) {
     KT_UNROLL
-    for (int m = 0; m < M; ++m) {
-      __m512 corr = _mm512_setzero_ps();
-      int64_t k = 0;
-      for (; k + 16 <= ng; k += 16)
-        corr = _mm512_fmadd_ps(_mm512_loadu_ps(s[r] + k), _mm512_cvtepi32_ps(_mm512_loadu_si512(xg[m] + k)), corr);
-      float tail = 0.f;
-      for (; k < ng; ++k) tail += s[r][k] * static_cast<float>(xg[m][k]);
-      out[r * M + m] = _mm512_reduce_add_ps(facc[r][m]) - 8.f * (_mm512_reduce_add_ps(corr) + tail);
-    }
+    for (int m = 0; m < M; ++m) out[r * M + m] = _mm512_reduce_add_ps(facc[r][m]);
   }
 }
 
@@ -355,9 +364,18 @@ static inline void dot_i8_block(const int8_t* const* w, const int8_t* const* x, 
 // RAWINT4 x int8 activations. 32 packed bytes (two 32-element blocks) are loaded as one register;
 // their low nibbles are [block 0 elements 0-15 | block 1 elements 0-15] and their high nibbles
 // [block 0 elements 16-31 | block 1 elements 16-31]. The activations are stored in that order once
-// per row (i4_activation_order), so unpacking is two masks and a shift, with no lane crossing.
-// Offset nibbles u = n ^ 8 = value + 8 are unsigned for vpmaddubsw; sum value * x = sum u * x - 8 * sum x.
-static inline void i4_activation_order(int8_t* x, int64_t n) {
+// per row (i4_prepare), so unpacking is two masks and a shift, with no lane crossing.
+// Offset nibbles u = n ^ 8 = value + 8 are unsigned for vpmaddubsw; sum value * x = sum u * x - 8 * sum x,
+// the sum x per group being the row's side data. (Starting the steps at -8 * sum x, as on ZMM, costs
+// an add per step here: the int32 lanes come out of vpmaddwd, not out of an accumulating instruction.)
+// int32 side data per activation row of n (i4_prepare): its group sums.
+static inline int64_t i4_side_len(int64_t n, int g) { return n / g; }
+static inline void i4_prepare(int8_t* x, int64_t n, int g, int32_t* side) {
+  for (int64_t i = 0; i < n; i += g) {
+    int32_t sum = 0;
+    for (int64_t j = i; j < i + g; ++j) sum += x[j];
+    side[i / g] = sum;
+  }
   for (int64_t i = 0; i < n; i += 64) i4_order64(x + i);
 }
 
@@ -368,7 +386,7 @@ static inline void i4_activation_order(int8_t* x, int64_t n) {
 // has in the batch (KT_UNROLL keeps the accumulators in registers).
 template <int R, int M>
 static inline void dot_i4_block(const uint8_t* const* w, const float* const* s, const int8_t* const* x,
-                                const int32_t* const* xg, int64_t n, int g, float* out) {
+                                const int32_t* const* side, int64_t n, int g, float* out) {
   const __m256i mask = _mm256_set1_epi8(0x0F), flip = _mm256_set1_epi8(-120), ones = _mm256_set1_epi16(1);
   const __m256i lanes = _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1);
   // g is 32, 64 or 128. (Not __builtin_ctz: GCC emits it as rep bsf, which decodes as BMI1 tzcnt.)
@@ -403,7 +421,7 @@ static inline void dot_i4_block(const uint8_t* const* w, const float* const* s, 
       }
     }
   }
-  // - 8 * sum_g s[g] * xg[g], eight groups at a time
+  // - 8 * sum_g s[g] * side[g] (the group sums), eight groups at a time
   const int64_t ng = n >> gshift;
   KT_UNROLL
   for (int r = 0; r < R; ++r) {
@@ -413,9 +431,9 @@ static inline void dot_i4_block(const uint8_t* const* w, const float* const* s, 
       int64_t k = 0;
       for (; k + 8 <= ng; k += 8)
         corr = _mm256_fmadd_ps(_mm256_loadu_ps(s[r] + k),
-                               _mm256_cvtepi32_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(xg[m] + k))), corr);
+                               _mm256_cvtepi32_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(side[m] + k))), corr);
       float tail = 0.f;
-      for (; k < ng; ++k) tail += s[r][k] * static_cast<float>(xg[m][k]);
+      for (; k < ng; ++k) tail += s[r][k] * static_cast<float>(side[m][k]);
       out[r * M + m] = hsum_ps(facc[r][m]) - 8.f * (hsum_ps(corr) + tail);
     }
   }

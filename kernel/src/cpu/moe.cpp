@@ -47,14 +47,14 @@ float quantize_i8(const float* v, int64_t n, int8_t* q) {
 struct Plan {
   const kt_moe_args& a;
   Routing r;
-  int64_t P, H, I, ngh, ngi;
+  int64_t P, H, I, ngh, ngi;  // ngh, ngi: int32 side data per RAWINT4 activation row of x, of h
   size_t ldx, ldxg, ldh, ldhq, ldhg, ldo, ld_amx = 0;
   std::vector<int64_t> tile0;  // per expert: its first AMX token tile, -1 where it does not use AMX
   std::vector<std::pair<int64_t, int64_t>> amx_tiles;  // every AMX token tile: (expert, tile of that expert)
   size_t o_xp = 0, o_hp = 0;
   Scratch s;
   size_t o_xq, o_xs, o_xi, o_h, o_hq, o_hs, o_hi, o_out, o_amx = 0, o_la = 0, ldla = 0;
-  bool int_groups;  // RAWINT4 on int8 activations: int32 group sums of the activations
+  bool int_groups;  // RAWINT4 on int8 activations: each row's int32 side data (dot.h, i4_prepare)
   int rank = 0;     // LoRA rank (0: none)
   float lscale = 0.f;
   std::vector<int64_t> expert_of;  // sorted pair -> expert (training forward only)
@@ -66,8 +66,8 @@ struct Plan {
     P = a.tokens * a.topk;
     H = a.hidden;
     I = a.inter;
-    ngh = a.wfmt == KT_RAWINT4 ? H / a.group_size : 0;
-    ngi = a.wfmt == KT_RAWINT4 ? I / a.group_size : 0;
+    ngh = a.wfmt == KT_RAWINT4 ? i4_side_len(H, a.group_size) : 0;
+    ngi = a.wfmt == KT_RAWINT4 ? i4_side_len(I, a.group_size) : 0;
     int_groups = a.wfmt == KT_RAWINT4;
     // Every per-pair row is rounded up to 64 bytes.
     ldx = align_up(H);
@@ -179,12 +179,12 @@ void i4_block(const Plan& pl, const Proj* const* proj, const int64_t* row, int64
     s[i] = proj[i]->i4_scale(e, row[i]);
   }
   const int8_t* x[M];
-  const int32_t* xg[M];
+  const int32_t* side[M];
   for (int m = 0; m < M; ++m) {
     x[m] = down ? pl.hq(p0 + m) : pl.xq(p0 + m);
-    xg[m] = down ? pl.hi(p0 + m) : pl.xi(p0 + m);
+    side[m] = down ? pl.hi(p0 + m) : pl.xi(p0 + m);
   }
-  dot_i4_block<R, M>(w, s, x, xg, proj[0]->cols, proj[0]->g, out);
+  dot_i4_block<R, M>(w, s, x, side, proj[0]->cols, proj[0]->g, out);
   const float* qs = down ? pl.hs() : pl.xs();
   for (int i = 0; i < R; ++i)
     for (int m = 0; m < M; ++m) out[i * M + m] *= qs[p0 + m];
@@ -285,15 +285,7 @@ void down_all(const Plan& pl, const Proj& down, int64_t e, int64_t b, int64_t en
 
 void prepare(const Plan& pl, int64_t p, const float* v, int64_t n, int8_t* q, float* qs, int32_t* qg) {
   qs[p] = quantize_i8(v, n, q);
-  if (pl.int_groups) {
-    const int g = pl.a.group_size;
-    for (int64_t i = 0; i < n; i += g) {
-      int32_t sum = 0;
-      for (int64_t j = i; j < i + g; ++j) sum += q[j];
-      qg[i / g] = sum;
-    }
-    i4_activation_order(q, n);  // the order this variant's RAWINT4 dot reads
-  }
+  if (pl.int_groups) i4_prepare(q, n, pl.a.group_size, qg);  // the order and side data this variant's RAWINT4 dot reads
 }
 
 // The token tiles of every AMX expert, from x (gate/up: down = false) or h, once per call.
