@@ -142,9 +142,11 @@ static inline void hsum_epi32_m(const __m512i* acc, int32_t bias, int32_t* out) 
 }
 
 // INT8: R weight rows x M activation rows per pass, out[r * M + m] = the exact int32 dot (integer
-// sums: the result does not depend on R, M or the order).
+// sums: the result does not depend on R, M or the order). xsum[m]: the sum of activation row m (the
+// VNNI form needs it; prepared once per row).
 template <int R, int M>
-static inline void dot_i8_block(const int8_t* const* w, const int8_t* const* x, int64_t n, int32_t* out) {
+static inline void dot_i8_block(const int8_t* const* w, const int8_t* const* x, const int32_t* xsum, int64_t n,
+                                int32_t* out) {
   __m512i acc[R][M];
   KT_UNROLL
   for (int r = 0; r < R; ++r) {
@@ -152,30 +154,31 @@ static inline void dot_i8_block(const int8_t* const* w, const int8_t* const* x, 
     for (int m = 0; m < M; ++m) acc[r][m] = _mm512_setzero_si512();
   }
 #if defined(KT_ISA_AVX512_VNNI)
-  // vpdpbusd takes unsigned x signed with no int16 step to saturate, so the activations go in as
-  // x + 128 (x ^ 0x80, once per step for all R rows) and the weights as they are:
-  //   sum x * w = sum (x + 128) * w - 128 * sum w,  sum w from the same instruction on 0x01 bytes.
-  // One vpdpbusd per (row, activation) instead of a sign fix-up and a vpdpbusd.
-  const __m512i flip = _mm512_set1_epi8(-128), ones = _mm512_set1_epi8(1);
-  __m512i wsum[R];
-  KT_UNROLL
-  for (int r = 0; r < R; ++r) wsum[r] = _mm512_setzero_si512();
+  // vpdpbusd takes unsigned x signed with no int16 step to saturate, so the weights go in as
+  // w + 128 (w ^ 0x80, once per row step for all M activations) and the activations as they are:
+  //   sum x * w = sum (w + 128) * x - 128 * sum x,  sum x once per activation row (xsum).
+  // One vpdpbusd per (row, activation) and nothing per weight row beyond its flip.
+  const __m512i flip = _mm512_set1_epi8(-128);
   for (int64_t i = 0; i < n; i += kStep) {
-    __m512i xu[M];
+    __m512i xv[M];
     KT_UNROLL
-    for (int m = 0; m < M; ++m) xu[m] = _mm512_xor_si512(_mm512_loadu_si512(x[m] + i), flip);
+    for (int m = 0; m < M; ++m) xv[m] = _mm512_loadu_si512(x[m] + i);
     KT_UNROLL
     for (int r = 0; r < R; ++r) {
       _mm_prefetch(reinterpret_cast<const char*>(w[r] + i + kPrefetchI8), _MM_HINT_T0);
-      const __m512i wv = _mm512_loadu_si512(w[r] + i);
-      wsum[r] = _mm512_dpbusd_epi32(wsum[r], ones, wv);
+      const __m512i wu = _mm512_xor_si512(_mm512_loadu_si512(w[r] + i), flip);
       KT_UNROLL
-      for (int m = 0; m < M; ++m) acc[r][m] = _mm512_dpbusd_epi32(acc[r][m], xu[m], wv);
+      for (int m = 0; m < M; ++m) acc[r][m] = _mm512_dpbusd_epi32(acc[r][m], wu, xv[m]);
     }
   }
   KT_UNROLL
-  for (int r = 0; r < R; ++r) hsum_epi32_m<M>(acc[r], -128 * _mm512_reduce_add_epi32(wsum[r]), out + r * M);
+  for (int r = 0; r < R; ++r) {
+    hsum_epi32_m<M>(acc[r], 0, out + r * M);
+    KT_UNROLL
+    for (int m = 0; m < M; ++m) out[r * M + m] -= 128 * xsum[m];
+  }
 #else
+  (void)xsum;
   // vpmaddubsw would saturate on x + 128: |w| (once per row step) times x with w's sign.
   for (int64_t i = 0; i < n; i += kStep) {
     KT_UNROLL
@@ -336,7 +339,8 @@ static inline void hsum_epi32_m(const __m256i* acc, int32_t* out) {
 // INT8: R weight rows x M activation rows per pass, out[r * M + m] = the exact int32 dot; |w| once
 // per row step, x with w's sign per (row, activation) (vpmaddubsw takes unsigned x signed).
 template <int R, int M>
-static inline void dot_i8_block(const int8_t* const* w, const int8_t* const* x, int64_t n, int32_t* out) {
+static inline void dot_i8_block(const int8_t* const* w, const int8_t* const* x, const int32_t* /*xsum*/, int64_t n,
+                                int32_t* out) {
   const __m256i ones = _mm256_set1_epi16(1);
   __m256i acc[R][M];
   KT_UNROLL

@@ -53,7 +53,7 @@ struct Plan {
   std::vector<std::pair<int64_t, int64_t>> amx_tiles;  // every AMX token tile: (expert, tile of that expert)
   size_t o_xp = 0, o_hp = 0;
   Scratch s;
-  size_t o_xq, o_xs, o_xi, o_h, o_hq, o_hs, o_hi, o_out, o_amx = 0, o_la = 0, ldla = 0;
+  size_t o_xq, o_xs, o_xi, o_xsum, o_h, o_hq, o_hs, o_hi, o_hsum, o_out, o_amx = 0, o_la = 0, ldla = 0;
   bool int_groups;  // RAWINT4 on int8 activations: each row's int32 side data (dot.h, i4_prepare)
   int rank = 0;     // LoRA rank (0: none)
   float lscale = 0.f;
@@ -79,10 +79,12 @@ struct Plan {
     o_xq = s.reserve(P * ldx);
     o_xs = s.reserve(4 * P);
     o_xi = int_groups ? s.reserve(P * ldxg) : 0;
+    o_xsum = s.reserve(4 * P);
     o_h = s.reserve(P * ldh);
     o_hq = s.reserve(P * ldhq);
     o_hs = s.reserve(4 * P);
     o_hi = int_groups ? s.reserve(P * ldhg) : 0;
+    o_hsum = s.reserve(4 * P);
     o_out = s.reserve(P * ldo);
     rank = a.lora.rank;
     lscale = a.lora.scale;
@@ -129,6 +131,9 @@ struct Plan {
   int8_t* hq(int64_t p) const { return s.at<int8_t>(o_hq + p * ldhq); }
   float* hs() const { return s.at<float>(o_hs); }
   int32_t* xi(int64_t p) const { return s.at<int32_t>(o_xi + p * ldxg); }
+  // INT8: the sum of each pair's int8 x, of its int8 h (dot_i8_block's xsum), indexed by pair
+  int32_t* xsum() const { return s.at<int32_t>(o_xsum); }
+  int32_t* hsum() const { return s.at<int32_t>(o_hsum); }
   int32_t* hi(int64_t p) const { return s.at<int32_t>(o_hi + p * ldhg); }
   float* out(int64_t p) const { return s.at<float>(o_out + p * ldo); }
   // A_gate x, A_up x, A_down h of pair p: [3, rank]
@@ -219,12 +224,12 @@ void down_i4(const Plan& pl, const Proj& down, int64_t e, int64_t p0, int64_t r0
 // Two weight rows w[0], w[1] against M pairs, out[i * M + m]; a lone pair takes the rows one at a time
 // (two interleaved row streams measured slower at decode).
 template <int M>
-void i8_rows2(const int8_t* const* w, const int8_t* const* x, int64_t n, int32_t* out) {
+void i8_rows2(const int8_t* const* w, const int8_t* const* x, const int32_t* xsum, int64_t n, int32_t* out) {
   if (M == 1) {
-    dot_i8_block<1, M>(w, x, n, out);
-    dot_i8_block<1, M>(w + 1, x, n, out + M);
+    dot_i8_block<1, M>(w, x, xsum, n, out);
+    dot_i8_block<1, M>(w + 1, x, xsum, n, out + M);
   } else {
-    dot_i8_block<2, M>(w, x, n, out);
+    dot_i8_block<2, M>(w, x, xsum, n, out);
   }
 }
 
@@ -235,7 +240,7 @@ void gate_up_i8(const Plan& pl, const Proj& gate, const Proj& up, int64_t e, int
   for (int64_t r = r0; r < r1; ++r) {
     const int8_t* w[2] = {gate.i8_row(e, r), up.i8_row(e, r)};
     int32_t gu[2 * M];
-    i8_rows2<M>(w, x, pl.H, gu);
+    i8_rows2<M>(w, x, pl.xsum() + p0, pl.H, gu);
     const float gs = gate.i8_scale(e, r), us = up.i8_scale(e, r);
     for (int m = 0; m < M; ++m) {
       const float xs = pl.xs()[p0 + m];
@@ -252,7 +257,7 @@ void down_i8(const Plan& pl, const Proj& down, int64_t e, int64_t p0, int64_t r0
   for (int64_t r = r0; r < r1; r += 2) {
     const int8_t* w[2] = {down.i8_row(e, r), down.i8_row(e, r + 1)};
     int32_t d[2 * M];
-    i8_rows2<M>(w, x, pl.I, d);
+    i8_rows2<M>(w, x, pl.hsum() + p0, pl.I, d);
     for (int i = 0; i < 2; ++i)
       for (int m = 0; m < M; ++m)
         pl.out(p0 + m)[r + i] = pl.finish_down(
@@ -283,9 +288,17 @@ void down_all(const Plan& pl, const Proj& down, int64_t e, int64_t b, int64_t en
   pair_blocks(b, end, [&](auto M, int64_t p) { down_i8<decltype(M)::value>(pl, down, e, p, r0, r1); });
 }
 
-void prepare(const Plan& pl, int64_t p, const float* v, int64_t n, int8_t* q, float* qs, int32_t* qg) {
+// Pair p's int8 row q of v, its scale qs[p], and what this variant's dot reads beside it: RAWINT4's
+// order and side data (qg), INT8's sum (qsum[p]).
+void prepare(const Plan& pl, int64_t p, const float* v, int64_t n, int8_t* q, float* qs, int32_t* qg, int32_t* qsum) {
   qs[p] = quantize_i8(v, n, q);
-  if (pl.int_groups) i4_prepare(q, n, pl.a.group_size, qg);  // the order and side data this variant's RAWINT4 dot reads
+  if (pl.int_groups) {
+    i4_prepare(q, n, pl.a.group_size, qg);
+  } else {
+    int32_t sum = 0;
+    for (int64_t i = 0; i < n; ++i) sum += q[i];
+    qsum[p] = sum;
+  }
 }
 
 // The token tiles of every AMX expert, from x (gate/up: down = false) or h, once per call.
@@ -386,7 +399,7 @@ int moe_forward(const kt_moe_args* args, char* err, size_t err_len) {
       lora_a(a.lora.gate_a + e * pl.rank * pl.H, row, pl.H, pl.rank, pl.la(p));
       lora_a(a.lora.up_a + e * pl.rank * pl.H, row, pl.H, pl.rank, pl.la(p) + pl.rank);
     }
-    prepare(pl, p, row, pl.H, pl.xq(p), pl.xs(), pl.int_groups ? pl.xi(p) : nullptr);
+    prepare(pl, p, row, pl.H, pl.xq(p), pl.xs(), pl.int_groups ? pl.xi(p) : nullptr, pl.xsum());
   });
 
   // Work items: (active expert, row block).
@@ -407,7 +420,7 @@ int moe_forward(const kt_moe_args* args, char* err, size_t err_len) {
   parallel_for(pl.P, threads, [&](int64_t p, int) {
     if (pl.rank > 0)
       lora_a(a.lora.down_a + pl.expert_of[p] * pl.rank * pl.I, pl.h(p), pl.I, pl.rank, pl.la(p) + 2 * pl.rank);
-    prepare(pl, p, pl.h(p), pl.I, pl.hq(p), pl.hs(), pl.int_groups ? pl.hi(p) : nullptr);
+    prepare(pl, p, pl.h(p), pl.I, pl.hq(p), pl.hs(), pl.int_groups ? pl.hi(p) : nullptr, pl.hsum());
   });
 
   if (pl.ntiles() > 0) pack_amx(pl, true, threads);
