@@ -179,7 +179,8 @@ static inline void dot_i8_block(const int8_t* const* w, const int8_t* const* x, 
   }
 #else
   (void)xsum;
-  // vpmaddubsw would saturate on x + 128: |w| (once per row step) times x with w's sign.
+  // vpmaddubsw would saturate on w + 128 (two products of up to 255 * 128 in int16): |w| (once per row
+  // step) times x with w's sign.
   for (int64_t i = 0; i < n; i += kStep) {
     KT_UNROLL
     for (int r = 0; r < R; ++r) {

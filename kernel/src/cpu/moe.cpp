@@ -378,9 +378,9 @@ int moe_forward(const kt_moe_args* args, char* err, size_t err_len) {
     for (int64_t i = 0; i < pl.P; ++i) pl.orig[pl.r.pair_of[i]] = i;
   }
 
-  // 1. Activations per sorted pair: int8 + scale (+ group sums for RAWINT4). A token with a NaN or an
-  // infinity is marked: quantization would turn it into finite numbers (silent corruption in a
-  // training loop), so its output row becomes NaN, as a float matmul would make it.
+  // 1. Activations per sorted pair: int8 + scale + what the dot reads beside them (prepare). A token
+  // with a NaN or an infinity is marked: quantization would turn it into finite numbers (silent
+  // corruption in a training loop), so its output row becomes NaN, as a float matmul would make it.
   std::vector<uint8_t> nonfinite(static_cast<size_t>(pl.P), 0);
   parallel_for(pl.P, threads, [&](int64_t p, int) {
     const int64_t t = pl.r.pair_token[p];
