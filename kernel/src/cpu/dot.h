@@ -121,12 +121,12 @@ static inline __m512i dot_step_u(__m512i acc, __m512i u, __m512i x) {
 }
 
 
-// The lane sums of M int32 accumulators plus `bias` into out[0, M). For four, one transposing
+// The lane sums of M int32 accumulators into out[0, M). For four, one transposing
 // reduction serves all of them (about 13 instructions instead of four reductions of 9): a down row of
 // 768 bytes is only 12 steps, so at prefill the reductions were a large share of the down pass.
 // Integer sums: the same values in any order.
 template <int M>
-static inline void hsum_epi32_m(const __m512i* acc, int32_t bias, int32_t* out) {
+static inline void hsum_epi32_m(const __m512i* acc, int32_t* out) {
   if constexpr (M == 4) {
     // Per 128-bit lane: [a0+a2, b0+b2, a1+a3, b1+b3], then [sum a, sum b, sum c, sum d].
     const __m512i ab = _mm512_add_epi32(_mm512_unpacklo_epi32(acc[0], acc[1]), _mm512_unpackhi_epi32(acc[0], acc[1]));
@@ -134,10 +134,10 @@ static inline void hsum_epi32_m(const __m512i* acc, int32_t bias, int32_t* out) 
     const __m512i q = _mm512_add_epi32(_mm512_unpacklo_epi64(ab, cd), _mm512_unpackhi_epi64(ab, cd));
     const __m256i h = _mm256_add_epi32(_mm512_castsi512_si256(q), _mm512_extracti64x4_epi64(q, 1));
     const __m128i v = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(out), _mm_add_epi32(v, _mm_set1_epi32(bias)));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out), v);
   } else {
     KT_UNROLL
-    for (int m = 0; m < M; ++m) out[m] = _mm512_reduce_add_epi32(acc[m]) + bias;
+    for (int m = 0; m < M; ++m) out[m] = _mm512_reduce_add_epi32(acc[m]);
   }
 }
 
@@ -173,7 +173,7 @@ static inline void dot_i8_block(const int8_t* const* w, const int8_t* const* x, 
   }
   KT_UNROLL
   for (int r = 0; r < R; ++r) {
-    hsum_epi32_m<M>(acc[r], 0, out + r * M);
+    hsum_epi32_m<M>(acc[r], out + r * M);
     KT_UNROLL
     for (int m = 0; m < M; ++m) out[r * M + m] -= 128 * xsum[m];
   }
@@ -197,7 +197,7 @@ static inline void dot_i8_block(const int8_t* const* w, const int8_t* const* x, 
     }
   }
   KT_UNROLL
-  for (int r = 0; r < R; ++r) hsum_epi32_m<M>(acc[r], 0, out + r * M);
+  for (int r = 0; r < R; ++r) hsum_epi32_m<M>(acc[r], out + r * M);
 #endif
 }
 

@@ -47,7 +47,7 @@ float quantize_i8(const float* v, int64_t n, int8_t* q) {
 struct Plan {
   const kt_moe_args& a;
   Routing r;
-  int64_t P, H, I, ngh, ngi;  // ngh, ngi: int32 side data per RAWINT4 activation row of x, of h
+  int64_t P, H, I;
   size_t ldx, ldxg, ldh, ldhq, ldhg, ldo, ld_amx = 0;
   std::vector<int64_t> tile0;  // per expert: its first AMX token tile, -1 where it does not use AMX
   std::vector<std::pair<int64_t, int64_t>> amx_tiles;  // every AMX token tile: (expert, tile of that expert)
@@ -66,15 +66,13 @@ struct Plan {
     P = a.tokens * a.topk;
     H = a.hidden;
     I = a.inter;
-    ngh = a.wfmt == KT_RAWINT4 ? i4_side_len(H, a.group_size) : 0;
-    ngi = a.wfmt == KT_RAWINT4 ? i4_side_len(I, a.group_size) : 0;
     int_groups = a.wfmt == KT_RAWINT4;
     // Every per-pair row is rounded up to 64 bytes.
     ldx = align_up(H);
-    ldxg = align_up(4 * ngh);
+    ldxg = int_groups ? align_up(4 * i4_side_len(H, a.group_size)) : 0;  // RAWINT4 side data of x, of h
     ldh = align_up(4 * I);
     ldhq = align_up(I);
-    ldhg = align_up(4 * ngi);
+    ldhg = int_groups ? align_up(4 * i4_side_len(I, a.group_size)) : 0;
     ldo = align_up(4 * H);
     o_xq = s.reserve(P * ldx);
     o_xs = s.reserve(4 * P);
