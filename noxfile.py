@@ -413,7 +413,11 @@ def bench(session: nox.Session) -> None:
     # A CPU-only kt-kernel of its own: build/kt-kernel/out holds the release's input (CUDA included),
     # which a bench run must not replace (a later assemble would refuse it as a partial build).
     session.run("python", "kernel/tools/build_wheel.py", "--dist", str(paths.BENCH_KERNEL), "--if-stale")
-    (wheel,) = paths.BENCH_KERNEL.glob("kt_kernel-*.whl")
+    wheels = sorted(paths.BENCH_KERNEL.glob("kt_kernel-*.whl"))
+    if not wheels:  # only under --install-only, which skips the build above: the venv is ready, nothing to time
+        session.log(f"no kt_kernel wheel in {paths.BENCH_KERNEL} (its build did not run); stopping after the install")
+        return
+    wheel = wheels[-1]
     session.install("--no-deps", "--force-reinstall", str(wheel))
     if args.only in (None, "kernel"):
         session.run(
