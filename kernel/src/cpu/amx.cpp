@@ -28,6 +28,7 @@ bool amx_available() { return true; }
 // 16 rows x 64 int8 of the chunk; tmm6/tmm7: the chunk of each token tile (16 rows of 4 bytes x 16
 // tokens). Each tile loaded serves two products. (Tile numbers are immediates: hence the template.)
 namespace {
+constexpr int64_t kAmxPrefetch = 4;
 template <bool Two>
 void pass_w32(const int8_t* W0, const int8_t* W1, int64_t K, const int8_t* x0, int64_t tile_bytes, int32_t* C0,
               int32_t* C1, int64_t ldc) {
@@ -38,6 +39,11 @@ void pass_w32(const int8_t* W0, const int8_t* W1, int64_t K, const int8_t* x0, i
     _tile_zero(3);
   }
   for (int64_t c = 0; c < K / 64; ++c) {
+    if (c + kAmxPrefetch < K / 64)
+      for (int r = 0; r < 16; ++r) {
+        _mm_prefetch(reinterpret_cast<const char*>(W0 + r * K + (c + kAmxPrefetch) * 64), _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(W1 + r * K + (c + kAmxPrefetch) * 64), _MM_HINT_T0);
+      }
     _tile_loadd(4, W0 + c * 64, K);
     _tile_loadd(5, W1 + c * 64, K);
     _tile_loadd(6, x0 + c * 1024, 64);

@@ -30,7 +30,7 @@ constexpr int64_t kRowsC = 32;        // down rows per work item (INT8; RAWINT4 
 // ~80% (2 threads, one token, groups of 64).
 // (hidden and inter are multiples of 64, so either row count divides them.)
 int64_t rows_per_item(int wfmt, int64_t int8_rows) { return wfmt == KT_RAWINT4 ? 2 * int8_rows : int8_rows; }
-constexpr int64_t kAmxMinPairs = 16;  // AMX pays off from one full tile of tokens
+constexpr int64_t kAmxMinPairs = 8;  // AMX pays off from half a tile of tokens (64 tokens, top-8 of 64: ~15% faster than VNNI)
 
 // Symmetric per-row int8 quantization; returns the scale (0 for an all-zero row).
 float quantize_i8(const float* v, int64_t n, int8_t* q) {
@@ -320,14 +320,16 @@ void gate_up_amx(const Plan& pl, int64_t e, int64_t r0, int thread) {
   const int8_t* gw = static_cast<const int8_t*>(a.gate.q) + (e * pl.I + r0) * H;
   const int8_t* uw = static_cast<const int8_t*>(a.up.q) + (e * pl.I + r0) * H;
   amx_gemm_i8_w32(gw, uw, H, pl.xp(e), tiles, ws.c0, ws.c1);
-  for (int64_t n = 0; n < 16; ++n) {
-    const int64_t row = e * pl.I + r0 + n;
-    const float gs = a.gate.scale[row], us = a.up.scale[row];
-    for (int64_t i = 0; i < m; ++i) {
-      const float xs = pl.xs()[b + i];
-      const float g = static_cast<float>(ws.c0[n * ldc + i]) * xs * gs;
-      const float u = static_cast<float>(ws.c1[n * ldc + i]) * xs * us;
-      pl.h(b + i)[r0 + n] = pl.finish_gate_up(e, b + i, r0 + n, g, u);
+  // Pair by pair, so that each pair's 16 outputs are one contiguous store (C is the small, cached side).
+  const float* gs = a.gate.scale + e * pl.I + r0;
+  const float* us = a.up.scale + e * pl.I + r0;
+  for (int64_t i = 0; i < m; ++i) {
+    const float xs = pl.xs()[b + i];
+    float* h = pl.h(b + i) + r0;
+    for (int64_t n = 0; n < 16; ++n) {
+      const float g = static_cast<float>(ws.c0[n * ldc + i]) * xs * gs[n];
+      const float u = static_cast<float>(ws.c1[n * ldc + i]) * xs * us[n];
+      h[n] = pl.finish_gate_up(e, b + i, r0 + n, g, u);
     }
   }
 }
@@ -341,12 +343,14 @@ void down_amx(const Plan& pl, int64_t e, int64_t r0, int64_t rows, int thread) {
   for (int64_t rr = r0; rr < r0 + rows; rr += 32) {
     const int8_t* dw = static_cast<const int8_t*>(a.down.q) + (e * pl.H + rr) * I;
     amx_gemm_i8_w32(dw, dw + 16 * I, I, pl.hp(e), tiles, ws.c0, ws.c1);
-    for (int64_t n = 0; n < 32; ++n) {
-      const int32_t* c = (n < 16 ? ws.c0 : ws.c1) + (n % 16) * ldc;
-      const float ds = a.down.scale[e * pl.H + rr + n];
-      for (int64_t i = 0; i < m; ++i)
-        pl.out(b + i)[rr + n] =
-            pl.finish_down(e, b + i, rr + n, static_cast<float>(c[i]) * pl.hs()[b + i] * ds);
+    const float* ds = a.down.scale + e * pl.H + rr;
+    for (int64_t i = 0; i < m; ++i) {  // pair by pair, as in gate_up_amx
+      const float hs = pl.hs()[b + i];
+      float* o = pl.out(b + i) + rr;
+      for (int64_t n = 0; n < 32; ++n) {
+        const int32_t c = (n < 16 ? ws.c0 : ws.c1)[(n % 16) * ldc + i];
+        o[n] = pl.finish_down(e, b + i, rr + n, static_cast<float>(c) * hs * ds[n]);
+      }
     }
   }
 }
