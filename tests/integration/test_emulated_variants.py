@@ -178,8 +178,9 @@ def test_a_wrong_amx_bf16_tile_is_caught(simde: Path, tmp_path: Path, fresh_venv
 
 def test_a_wrong_amx_int8_tile_is_caught(simde: Path, tmp_path: Path, fresh_venv: Venv) -> None:
     """The forward's AMX-INT8 product (amx variant, INT8 experts with >= 8 pairs) taking the first
-    token tile where the second belongs for the up (or second down) rows: INT8 cases with that many
-    pairs leave their bounds; RAWINT4 and the few-token cases, which never reach the tiles, stay within."""
+    token tile where the second belongs for the up (or second down) rows: INT8 cases with more than 16
+    pairs an expert leave their bounds; RAWINT4 and the few-token cases, which never reach a second
+    tile, stay within."""
     good = "_tile_dpbssd(3, 5, 7);"
     lib = _mutant(simde, tmp_path, "src/cpu/amx.cpp", good, "_tile_dpbssd(3, 5, 6);", "amx")
     broken = out_of_bounds(_numerics(fresh_venv, lib, "--quick")["cases"])

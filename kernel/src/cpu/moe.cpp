@@ -30,7 +30,8 @@ constexpr int64_t kRowsC = 32;        // down rows per work item (INT8; RAWINT4 
 // ~80% (2 threads, one token, groups of 64).
 // (hidden and inter are multiples of 64, so either row count divides them.)
 int64_t rows_per_item(int wfmt, int64_t int8_rows) { return wfmt == KT_RAWINT4 ? 2 * int8_rows : int8_rows; }
-constexpr int64_t kAmxMinPairs = 8;  // AMX pays off from half a tile of tokens (64 tokens, top-8 of 64: ~15% faster than VNNI)
+// AMX pays off from half a tile of tokens (64 tokens, top-8 of 64 experts: ~15% faster than VNNI).
+constexpr int64_t kAmxMinPairs = 8;
 
 // Symmetric per-row int8 quantization; returns the scale (0 for an all-zero row).
 float quantize_i8(const float* v, int64_t n, int8_t* q) {
