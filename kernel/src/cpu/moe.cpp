@@ -312,6 +312,18 @@ void pack_amx(const Plan& pl, bool down, int threads) {
   });
 }
 
+#if defined(KT_ISA_AMX_TILE) && defined(KT_ISA_AMX_INT8)
+// The activation scales of pairs [p0, p0 + count), count <= 16, zero beyond.
+inline __m512 load_scales(const float* s, int64_t p0, int64_t count) {
+  alignas(64) float v[16] = {};
+  std::memcpy(v, s + p0, static_cast<size_t>(count) * 4);
+  return _mm512_load_ps(v);
+}
+
+// The epilogues work on one token tile at a time: C holds a weight row's 16 pairs side by side, so
+// the scaling (and, at inference, silu) run 16 pairs to a vector; a [row][pair] block of floats is then
+// stored pair by pair (each pair's outputs one contiguous run).
+
 // Gate/up rows [r0, r0 + 16) of expert e for all its pairs, through AMX.
 void gate_up_amx(const Plan& pl, int64_t e, int64_t r0, int thread) {
   const auto& a = pl.a;
@@ -321,16 +333,32 @@ void gate_up_amx(const Plan& pl, int64_t e, int64_t r0, int thread) {
   const int8_t* gw = static_cast<const int8_t*>(a.gate.q) + (e * pl.I + r0) * H;
   const int8_t* uw = static_cast<const int8_t*>(a.up.q) + (e * pl.I + r0) * H;
   amx_gemm_i8_w32(gw, uw, H, pl.xp(e), tiles, ws.c0, ws.c1);
-  // Pair by pair, so that each pair's 16 outputs are one contiguous store (C is the small, cached side).
   const float* gs = a.gate.scale + e * pl.I + r0;
   const float* us = a.up.scale + e * pl.I + r0;
-  for (int64_t i = 0; i < m; ++i) {
-    const float xs = pl.xs()[b + i];
-    float* h = pl.h(b + i) + r0;
+  // Inference: h = silu(g) * u here; training adds LoRA and keeps g and u (finish_gate_up, per element).
+  const bool plain = pl.rank == 0 && a.saved.gate == nullptr;
+  alignas(64) float gb[16][16], ub[16][16];  // [row][pair of the tile]
+  for (int64_t i0 = 0; i0 < m; i0 += 16) {
+    const int64_t count = std::min<int64_t>(16, m - i0);
+    const __m512 xs = load_scales(pl.xs(), b + i0, count);
     for (int64_t n = 0; n < 16; ++n) {
-      const float g = static_cast<float>(ws.c0[n * ldc + i]) * xs * gs[n];
-      const float u = static_cast<float>(ws.c1[n * ldc + i]) * xs * us[n];
-      h[n] = pl.finish_gate_up(e, b + i, r0 + n, g, u);
+      const __m512 g = _mm512_mul_ps(
+          _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_loadu_si512(ws.c0 + n * ldc + i0)), xs), _mm512_set1_ps(gs[n]));
+      const __m512 u = _mm512_mul_ps(
+          _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_loadu_si512(ws.c1 + n * ldc + i0)), xs), _mm512_set1_ps(us[n]));
+      if (plain) {
+        _mm512_store_ps(gb[n], _mm512_mul_ps(silu16(g), u));  // = finish_gate_up's silu(g) * u
+      } else {
+        _mm512_store_ps(gb[n], g);
+        _mm512_store_ps(ub[n], u);
+      }
+    }
+    for (int64_t j = 0; j < count; ++j) {
+      float* h = pl.h(b + i0 + j) + r0;
+      if (plain)
+        for (int64_t n = 0; n < 16; ++n) h[n] = gb[n][j];
+      else
+        for (int64_t n = 0; n < 16; ++n) h[n] = pl.finish_gate_up(e, b + i0 + j, r0 + n, gb[n][j], ub[n][j]);
     }
   }
 }
@@ -341,20 +369,33 @@ void down_amx(const Plan& pl, int64_t e, int64_t r0, int64_t rows, int thread) {
   const int64_t b = pl.r.expert_begin[e], m = pl.r.expert_begin[e + 1] - b, I = pl.I;
   const int64_t tiles = (m + 15) / 16, ldc = 16 * tiles;
   const Plan::AmxWorkspace ws = pl.amx(thread);
+  alignas(64) float ob[32][16];  // [row][pair of the tile]
   for (int64_t rr = r0; rr < r0 + rows; rr += 32) {
     const int8_t* dw = static_cast<const int8_t*>(a.down.q) + (e * pl.H + rr) * I;
     amx_gemm_i8_w32(dw, dw + 16 * I, I, pl.hp(e), tiles, ws.c0, ws.c1);
     const float* ds = a.down.scale + e * pl.H + rr;
-    for (int64_t i = 0; i < m; ++i) {  // pair by pair, as in gate_up_amx
-      const float hs = pl.hs()[b + i];
-      float* o = pl.out(b + i) + rr;
+    for (int64_t i0 = 0; i0 < m; i0 += 16) {
+      const int64_t count = std::min<int64_t>(16, m - i0);
+      const __m512 hs = load_scales(pl.hs(), b + i0, count);
       for (int64_t n = 0; n < 32; ++n) {
-        const int32_t c = (n < 16 ? ws.c0 : ws.c1)[(n % 16) * ldc + i];
-        o[n] = pl.finish_down(e, b + i, rr + n, static_cast<float>(c) * hs * ds[n]);
+        const __m512i c = _mm512_loadu_si512((n < 16 ? ws.c0 : ws.c1) + (n % 16) * ldc + i0);
+        _mm512_store_ps(ob[n], _mm512_mul_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(c), hs), _mm512_set1_ps(ds[n])));
+      }
+      for (int64_t j = 0; j < count; ++j) {
+        float* o = pl.out(b + i0 + j) + rr;
+        if (pl.rank == 0)
+          for (int64_t n = 0; n < 32; ++n) o[n] = ob[n][j];
+        else
+          for (int64_t n = 0; n < 32; ++n) o[n] = pl.finish_down(e, b + i0 + j, rr + n, ob[n][j]);
       }
     }
   }
 }
+#else
+// Never called: amx_available() is false without AMX-INT8, so no expert takes the AMX path.
+void gate_up_amx(const Plan&, int64_t, int64_t, int) {}
+void down_amx(const Plan&, int64_t, int64_t, int64_t, int) {}
+#endif
 
 int moe_forward(const kt_moe_args* args, char* err, size_t err_len) {
   const kt_moe_args& a = *args;
