@@ -422,12 +422,14 @@ int moe_forward(const kt_moe_args* args, char* err, size_t err_len) {
     for (int64_t i = 0; i < pl.P; ++i) pl.orig[pl.r.pair_of[i]] = i;
   }
 
-  // 1. Activations per sorted pair: int8 + scale + what the dot reads beside them (prepare). A token
-  // with a NaN or an infinity is marked: quantization would turn it into finite numbers (silent
-  // corruption in a training loop), so its output row becomes NaN, as a float matmul would make it.
+  // 1. Activations per sorted pair: int8 + scale + what the dot reads beside them (prepare), made once
+  // per token and copied to its other pairs (the same x each). A token with a NaN or an infinity is
+  // marked: quantization would turn it into finite numbers (silent corruption in a training loop), so
+  // its output row becomes NaN, as a float matmul would make it.
   std::vector<uint8_t> nonfinite(static_cast<size_t>(pl.P), 0);
-  parallel_for(pl.P, threads, [&](int64_t p, int) {
-    const int64_t t = pl.r.pair_token[p];
+  parallel_for(a.tokens, threads, [&](int64_t t, int) {
+    const int64_t* pairs = pl.r.pair_of.data() + t * a.topk;
+    const int64_t p = pairs[0];
     float* row = pl.out(p);  // scratch row, overwritten in step 3
     if (a.x_dtype == KT_BF16) {
       const uint16_t* x = static_cast<const uint16_t*>(a.x) + t * pl.H;
@@ -437,13 +439,23 @@ int moe_forward(const kt_moe_args* args, char* err, size_t err_len) {
     }
     bool finite = true;
     for (int64_t i = 0; i < pl.H; ++i) finite &= std::isfinite(row[i]);
-    nonfinite[static_cast<size_t>(p)] = finite ? 0 : 1;
-    if (pl.rank > 0) {
-      const int64_t e = pl.expert_of[p];
-      lora_a(a.lora.gate_a + e * pl.rank * pl.H, row, pl.H, pl.rank, pl.la(p));
-      lora_a(a.lora.up_a + e * pl.rank * pl.H, row, pl.H, pl.rank, pl.la(p) + pl.rank);
-    }
     prepare(pl, p, row, pl.H, pl.xq(p), pl.xs(), pl.int_groups ? pl.xi(p) : nullptr, pl.xsum());
+    for (int64_t k = 0; k < a.topk; ++k) {
+      const int64_t q = pairs[k];
+      nonfinite[static_cast<size_t>(q)] = finite ? 0 : 1;
+      if (pl.rank > 0) {
+        const int64_t e = pl.expert_of[q];
+        lora_a(a.lora.gate_a + e * pl.rank * pl.H, row, pl.H, pl.rank, pl.la(q));
+        lora_a(a.lora.up_a + e * pl.rank * pl.H, row, pl.H, pl.rank, pl.la(q) + pl.rank);
+      }
+      if (k == 0) continue;
+      std::memcpy(pl.xq(q), pl.xq(p), static_cast<size_t>(pl.H));
+      pl.xs()[q] = pl.xs()[p];
+      if (pl.int_groups)
+        std::memcpy(pl.xi(q), pl.xi(p), static_cast<size_t>(i4_side_len(pl.H, a.group_size)) * 4);
+      else
+        pl.xsum()[q] = pl.xsum()[p];
+    }
   });
 
   // Work items: (active expert, row block).
