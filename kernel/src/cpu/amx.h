@@ -13,9 +13,11 @@ void amx_pack_tokens(const int8_t* X, int64_t ld, int64_t rows, int64_t K, int8_
 // C0[r][j] = sum_k W0[r][k] * X[j][k] and C1 the same with W1, for weight rows r < 16 and tokens
 // j < 16 * tiles; int8 x int8 -> int32. W0, W1: 16 rows of K int8 each, K bytes apart, read in place
 // (the weights are the A tiles: no packing). Xp: `tiles` token tiles (amx_pack_tokens). C0, C1: 16 rows
-// of 16 * tiles int32. K % 64 == 0.
+// of 16 * tiles int32. K % 64 == 0. `next`: the caller's next call reads the 16 rows after W0 and after
+// W1 (one thread takes the work items in order), so each pass prefetches their first chunks after its
+// last (with two threads the next item is usually the other thread's: measured ~3% slower at T=256).
 void amx_gemm_i8_w32(const int8_t* W0, const int8_t* W1, int64_t K, const int8_t* Xp, int64_t tiles, int32_t* C0,
-                     int32_t* C1);
+                     int32_t* C1, bool next);
 // True in the amx variant, where amx_gemm_bf16_cols64 is real.
 bool amx_bf16_available();
 // C[m][0, 64) += sum_k A[m][k] * W[k][0, 64) for m < 16; bf16 x bf16 -> fp32 (the backward's products
