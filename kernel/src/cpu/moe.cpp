@@ -302,6 +302,16 @@ void prepare(const Plan& pl, int64_t p, const float* v, int64_t n, int8_t* q, fl
   }
 }
 
+// Pair q's activations from pair p's, which prepare made (both pairs of one token: the same x).
+void copy_prepared_x(const Plan& pl, int64_t p, int64_t q) {
+  std::memcpy(pl.xq(q), pl.xq(p), static_cast<size_t>(pl.H));
+  pl.xs()[q] = pl.xs()[p];
+  if (pl.int_groups)
+    std::memcpy(pl.xi(q), pl.xi(p), static_cast<size_t>(i4_side_len(pl.H, pl.a.group_size)) * 4);
+  else
+    pl.xsum()[q] = pl.xsum()[p];
+}
+
 // The token tiles of every AMX expert, from x (gate/up: down = false) or h, once per call.
 void pack_amx(const Plan& pl, bool down, int threads) {
   const int64_t K = down ? pl.I : pl.H;
@@ -428,7 +438,7 @@ int moe_forward(const kt_moe_args* args, char* err, size_t err_len) {
   // per token and copied to its other pairs (the same x each). A token with a NaN or an infinity is
   // marked: quantization would turn it into finite numbers (silent corruption in a training loop), so
   // its output row becomes NaN, as a float matmul would make it.
-  std::vector<uint8_t> nonfinite(static_cast<size_t>(pl.P), 0);
+  std::vector<uint8_t> nonfinite(static_cast<size_t>(a.tokens), 0);  // per token
   parallel_for(a.tokens, threads, [&](int64_t t, int) {
     const int64_t* pairs = pl.r.pair_of.data() + t * a.topk;
     const int64_t p = pairs[0];
@@ -441,22 +451,16 @@ int moe_forward(const kt_moe_args* args, char* err, size_t err_len) {
     }
     bool finite = true;
     for (int64_t i = 0; i < pl.H; ++i) finite &= std::isfinite(row[i]);
+    nonfinite[static_cast<size_t>(t)] = finite ? 0 : 1;
     prepare(pl, p, row, pl.H, pl.xq(p), pl.xs(), pl.int_groups ? pl.xi(p) : nullptr, pl.xsum());
     for (int64_t k = 0; k < a.topk; ++k) {
       const int64_t q = pairs[k];
-      nonfinite[static_cast<size_t>(q)] = finite ? 0 : 1;
       if (pl.rank > 0) {
         const int64_t e = pl.expert_of[q];
         lora_a(a.lora.gate_a + e * pl.rank * pl.H, row, pl.H, pl.rank, pl.la(q));
         lora_a(a.lora.up_a + e * pl.rank * pl.H, row, pl.H, pl.rank, pl.la(q) + pl.rank);
       }
-      if (k == 0) continue;
-      std::memcpy(pl.xq(q), pl.xq(p), static_cast<size_t>(pl.H));
-      pl.xs()[q] = pl.xs()[p];
-      if (pl.int_groups)
-        std::memcpy(pl.xi(q), pl.xi(p), static_cast<size_t>(i4_side_len(pl.H, a.group_size)) * 4);
-      else
-        pl.xsum()[q] = pl.xsum()[p];
+      if (k > 0) copy_prepared_x(pl, p, q);
     }
   });
 
@@ -501,7 +505,7 @@ int moe_forward(const kt_moe_args* args, char* err, size_t err_len) {
     parallel_for(pl.P, threads, [&](int64_t p, int) {
       const int64_t row = pl.orig[p];
       if (nl > 0) std::memcpy(a.saved.lora + row * nl, pl.la(p), static_cast<size_t>(nl) * 4);
-      if (!nonfinite[static_cast<size_t>(p)]) return;
+      if (!nonfinite[static_cast<size_t>(pl.r.pair_token[p])]) return;
       std::fill(a.saved.gate + row * pl.I, a.saved.gate + (row + 1) * pl.I, nan);
       std::fill(a.saved.up + row * pl.I, a.saved.up + (row + 1) * pl.I, nan);
       if (nl > 0) std::fill(a.saved.lora + row * nl, a.saved.lora + (row + 1) * nl, nan);
@@ -520,8 +524,7 @@ int moe_forward(const kt_moe_args* args, char* err, size_t err_len) {
       acc = big.data();
     }
     std::memset(acc, 0, static_cast<size_t>(pl.H) * 4);
-    bool poisoned = false;
-    for (int64_t k = 0; k < a.topk; ++k) poisoned |= nonfinite[static_cast<size_t>(pl.r.pair_of[t * a.topk + k])] != 0;
+    const bool poisoned = nonfinite[static_cast<size_t>(t)] != 0;
     for (int64_t k = 0; k < a.topk && !poisoned; ++k) {
       const float wk = a.weights[t * a.topk + k];
       const float* o = pl.out(pl.r.pair_of[t * a.topk + k]);
