@@ -335,6 +335,14 @@ inline __m512 load_scales(const float* s, int64_t p0, int64_t count) {
 // The epilogues work on one token tile at a time: C holds a weight row's 16 pairs side by side, so
 // the scaling (and, at inference, silu) run 16 pairs to a vector; a [row][pair] block of floats is then
 // stored pair by pair (each pair's outputs one contiguous run).
+// out[n][j] = C[n][i0 + j] * qs[j] * rs[n] for 16 rows n of C (ldc int32 apart): the pairs' activation
+// scales qs and each row's weight scale rs.
+inline void scale_tile(const int32_t* c, int64_t ldc, int64_t i0, __m512 qs, const float* rs, float (*out)[16]) {
+  for (int64_t n = 0; n < 16; ++n) {
+    const __m512 v = _mm512_cvtepi32_ps(_mm512_loadu_si512(c + n * ldc + i0));
+    _mm512_store_ps(out[n], _mm512_mul_ps(_mm512_mul_ps(v, qs), _mm512_set1_ps(rs[n])));
+  }
+}
 
 // Gate/up rows [r0, r0 + 16) of expert e for all its pairs, through AMX.
 void gate_up_amx(const Plan& pl, int64_t e, int64_t r0, int thread) {
@@ -353,18 +361,11 @@ void gate_up_amx(const Plan& pl, int64_t e, int64_t r0, int thread) {
   for (int64_t i0 = 0; i0 < m; i0 += 16) {
     const int64_t count = std::min<int64_t>(16, m - i0);
     const __m512 xs = load_scales(pl.xs(), b + i0, count);
-    for (int64_t n = 0; n < 16; ++n) {
-      const __m512 g = _mm512_mul_ps(
-          _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_loadu_si512(ws.c0 + n * ldc + i0)), xs), _mm512_set1_ps(gs[n]));
-      const __m512 u = _mm512_mul_ps(
-          _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_loadu_si512(ws.c1 + n * ldc + i0)), xs), _mm512_set1_ps(us[n]));
-      if (plain) {
-        _mm512_store_ps(gb[n], _mm512_mul_ps(silu16(g), u));  // = finish_gate_up's silu(g) * u
-      } else {
-        _mm512_store_ps(gb[n], g);
-        _mm512_store_ps(ub[n], u);
-      }
-    }
+    scale_tile(ws.c0, ldc, i0, xs, gs, gb);
+    scale_tile(ws.c1, ldc, i0, xs, us, ub);
+    if (plain)  // gb = finish_gate_up's silu(g) * u
+      for (int64_t n = 0; n < 16; ++n)
+        _mm512_store_ps(gb[n], _mm512_mul_ps(silu16(_mm512_load_ps(gb[n])), _mm512_load_ps(ub[n])));
     for (int64_t j = 0; j < count; ++j) {
       float* h = pl.h(b + i0 + j) + r0;
       if (plain)
@@ -389,10 +390,8 @@ void down_amx(const Plan& pl, int64_t e, int64_t r0, int64_t rows, int thread) {
     for (int64_t i0 = 0; i0 < m; i0 += 16) {
       const int64_t count = std::min<int64_t>(16, m - i0);
       const __m512 hs = load_scales(pl.hs(), b + i0, count);
-      for (int64_t n = 0; n < 32; ++n) {
-        const __m512i c = _mm512_loadu_si512((n < 16 ? ws.c0 : ws.c1) + (n % 16) * ldc + i0);
-        _mm512_store_ps(ob[n], _mm512_mul_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(c), hs), _mm512_set1_ps(ds[n])));
-      }
+      scale_tile(ws.c0, ldc, i0, hs, ds, ob);
+      scale_tile(ws.c1, ldc, i0, hs, ds + 16, ob + 16);
       for (int64_t j = 0; j < count; ++j) {
         float* o = pl.out(b + i0 + j) + rr;
         if (pl.rank == 0)
