@@ -2,6 +2,7 @@
 
 #include <pthread.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <mutex>
@@ -161,7 +162,7 @@ bool spin_until(Done done, int micros) {
 // Workers and the caller spin briefly (spin_until) before they park. A job is announced by one
 // release store of job_ (generation << 16 | threads taking part), which a worker acquires in one load:
 // a worker that sits a job out can lag behind and still never pair one job's generation with another's
-// thread count. fn_ and n_ are written before that store and read only by the job's own threads.
+// thread count. fn_, n_ and share_ are written before that store and read only by the job's own threads.
 class Pool {
  public:
   static Pool& get(int threads) {
@@ -183,6 +184,7 @@ class Pool {
       std::lock_guard<std::mutex> g(m_);
       fn_ = &fn;
       n_ = n;
+      share_ = 2 * static_cast<int64_t>(threads);
       next_.store(0, std::memory_order_relaxed);
       pending_.store(threads - 1, std::memory_order_relaxed);
       const uint64_t generation = (job_.load(std::memory_order_relaxed) >> 16) + 1;
@@ -203,10 +205,20 @@ class Pool {
   }
   int size() const { return size_; }
 
+  // Guided scheduling: each claim takes 1/(2 * threads) of the items left (at least one), so a thread
+  // runs long runs of neighbouring items and the last claims are single items. Neighbouring work items
+  // are neighbouring weight rows: with one item per claim, two threads took turns along the same
+  // weight streams, and each core's prefetchers fetched rows the other core read (two-thread decode
+  // ~15% slower, prefill 3-8%, the SFT step up to 18%). Items still run exactly once each.
   void work(int tid) {
-    for (int64_t i = next_.fetch_add(1, std::memory_order_relaxed); i < n_;
-         i = next_.fetch_add(1, std::memory_order_relaxed))
-      (*fn_)(i, tid);
+    const int64_t n = n_, share = share_;
+    int64_t i = next_.load(std::memory_order_relaxed);
+    while (i < n) {
+      const int64_t take = std::max<int64_t>(1, (n - i) / share);
+      if (!next_.compare_exchange_weak(i, i + take, std::memory_order_relaxed)) continue;  // i reloaded
+      for (const int64_t end = i + take; i < end; ++i) (*fn_)(i, tid);
+      i = next_.load(std::memory_order_relaxed);
+    }
   }
 
   void loop(int tid) {
@@ -237,7 +249,7 @@ class Pool {
   std::mutex m_, run_;
   CondVar cv_start_, cv_done_;
   const std::function<void(int64_t, int)>* fn_ = nullptr;
-  int64_t n_ = 0;
+  int64_t n_ = 0, share_ = 2;  // share_: work()'s claim divisor, 2 * the job's threads
   std::atomic<int64_t> next_{0};
   int size_ = 0, sleepers_ = 0;  // sleepers_: workers parked on cv_start_ (under m_)
   std::atomic<int> pending_{0};

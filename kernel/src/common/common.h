@@ -47,8 +47,9 @@ bool build_routing(const kt_moe_args& a, Routing* r, char* err, size_t err_len);
 // Validates shapes and pointers that the variant code relies on.
 bool validate_args(const kt_moe_args& a, char* err, size_t err_len);
 
-// Runs fn(i, thread) for i in [0, n) on up to `threads` threads (dynamic
-// scheduling); `thread` in [0, threads) identifies per-thread scratch.
+// Runs fn(i, thread) for i in [0, n) on up to `threads` threads (guided scheduling: each claim
+// takes a run of neighbouring items, shrinking to single items); `thread` in [0, threads)
+// identifies per-thread scratch.
 void parallel_for(int64_t n, int threads, const std::function<void(int64_t, int)>& fn);
 
 // bf16 <-> f32 (round to nearest even), scalar.
