@@ -222,11 +222,12 @@ void down_i4(const Plan& pl, const Proj& down, int64_t e, int64_t p0, int64_t r0
 }
 
 // INT8 (without AMX, or for fewer pairs than an AMX tile): the same blocking, exact int32 dots.
-// Two weight rows w[0], w[1] against M pairs, out[i * M + m]; a lone pair takes the rows one at a time
-// (two interleaved row streams measured slower at decode).
+// Two weight rows w[0], w[1] against M pairs, out[i * M + m]; one or two pairs take the rows one at a
+// time (two interleaved row streams measured slower at decode: a lone pair; two pairs 4-9% at 4-8
+// tokens, in-process A/B on avx2 and avx512_bf16).
 template <int M>
 void i8_rows2(const int8_t* const* w, const int8_t* const* x, const int32_t* xsum, int64_t n, int32_t* out) {
-  if (M == 1) {
+  if (M <= 2) {
     dot_i8_block<1, M>(w, x, xsum, n, out);
     dot_i8_block<1, M>(w + 1, x, xsum, n, out + M);
   } else {
