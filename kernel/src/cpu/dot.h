@@ -144,6 +144,12 @@ static inline void hsum_epi32_m(const __m512i* acc, int32_t* out) {
 // INT8: R weight rows x M activation rows per pass, out[r * M + m] = the exact int32 dot (integer
 // sums: the result does not depend on R, M or the order). xsum[m]: the sum of activation row m (the
 // VNNI form needs it; prepared once per row).
+// VNNI, decode-shaped blocks (fewer than four (row, activation) pairs: one weight row against one or
+// two pairs): the row streams from memory once, the hardware prefetcher alone serves it, and two
+// accumulator chains keep vpdpbusd's latency off the stream. On a Zen 4 core that ran 7-18% faster
+// at 1-8 tokens than the prefetching single-chain loop the blocked prefill form keeps (in-process
+// A/B, one and two threads; without the prefetch, prefill was 6-16% slower: it re-reads its rows
+// from L2 for every block of four pairs). The non-VNNI form measured mixed either way; it prefetches.
 template <int R, int M>
 static inline void dot_i8_block(const int8_t* const* w, const int8_t* const* x, const int32_t* xsum, int64_t n,
                                 int32_t* out) {
@@ -159,16 +165,57 @@ static inline void dot_i8_block(const int8_t* const* w, const int8_t* const* x, 
   //   sum x * w = sum (w + 128) * x - 128 * sum x,  sum x once per activation row (xsum).
   // One vpdpbusd per (row, activation) and nothing per weight row beyond its flip.
   const __m512i flip = _mm512_set1_epi8(-128);
-  for (int64_t i = 0; i < n; i += kStep) {
-    __m512i xv[M];
-    KT_UNROLL
-    for (int m = 0; m < M; ++m) xv[m] = _mm512_loadu_si512(x[m] + i);
+  if constexpr (R * M < 4) {  // decode-shaped (above)
+    __m512i acc2[R][M];
     KT_UNROLL
     for (int r = 0; r < R; ++r) {
-      _mm_prefetch(reinterpret_cast<const char*>(w[r] + i + kPrefetchI8), _MM_HINT_T0);
-      const __m512i wu = _mm512_xor_si512(_mm512_loadu_si512(w[r] + i), flip);
       KT_UNROLL
-      for (int m = 0; m < M; ++m) acc[r][m] = _mm512_dpbusd_epi32(acc[r][m], wu, xv[m]);
+      for (int m = 0; m < M; ++m) acc2[r][m] = _mm512_setzero_si512();
+    }
+    int64_t i = 0;
+    for (; i + 2 * kStep <= n; i += 2 * kStep) {
+      __m512i x0[M], x1[M];
+      KT_UNROLL
+      for (int m = 0; m < M; ++m) {
+        x0[m] = _mm512_loadu_si512(x[m] + i);
+        x1[m] = _mm512_loadu_si512(x[m] + i + kStep);
+      }
+      KT_UNROLL
+      for (int r = 0; r < R; ++r) {
+        const __m512i w0 = _mm512_xor_si512(_mm512_loadu_si512(w[r] + i), flip);
+        const __m512i w1 = _mm512_xor_si512(_mm512_loadu_si512(w[r] + i + kStep), flip);
+        KT_UNROLL
+        for (int m = 0; m < M; ++m) {
+          acc[r][m] = _mm512_dpbusd_epi32(acc[r][m], w0, x0[m]);
+          acc2[r][m] = _mm512_dpbusd_epi32(acc2[r][m], w1, x1[m]);
+        }
+      }
+    }
+    for (; i < n; i += kStep) {
+      KT_UNROLL
+      for (int r = 0; r < R; ++r) {
+        const __m512i wu = _mm512_xor_si512(_mm512_loadu_si512(w[r] + i), flip);
+        KT_UNROLL
+        for (int m = 0; m < M; ++m) acc[r][m] = _mm512_dpbusd_epi32(acc[r][m], wu, _mm512_loadu_si512(x[m] + i));
+      }
+    }
+    KT_UNROLL
+    for (int r = 0; r < R; ++r) {
+      KT_UNROLL
+      for (int m = 0; m < M; ++m) acc[r][m] = _mm512_add_epi32(acc[r][m], acc2[r][m]);
+    }
+  } else {
+    for (int64_t i = 0; i < n; i += kStep) {
+      __m512i xv[M];
+      KT_UNROLL
+      for (int m = 0; m < M; ++m) xv[m] = _mm512_loadu_si512(x[m] + i);
+      KT_UNROLL
+      for (int r = 0; r < R; ++r) {
+        _mm_prefetch(reinterpret_cast<const char*>(w[r] + i + kPrefetchI8), _MM_HINT_T0);
+        const __m512i wu = _mm512_xor_si512(_mm512_loadu_si512(w[r] + i), flip);
+        KT_UNROLL
+        for (int m = 0; m < M; ++m) acc[r][m] = _mm512_dpbusd_epi32(acc[r][m], wu, xv[m]);
+      }
     }
   }
   KT_UNROLL
