@@ -146,8 +146,8 @@ static inline void hsum_epi32_m(const __m512i* acc, int32_t* out) {
 // VNNI form needs it; prepared once per row).
 // VNNI, decode-shaped blocks (fewer than four (row, activation) pairs: one weight row against one or
 // two pairs): the row streams from memory once, the hardware prefetcher alone serves it, and two
-// accumulator chains keep vpdpbusd's latency off the stream. On a Zen 4 core that ran 7-18% faster
-// at 1-8 tokens than the prefetching single-chain loop the blocked prefill form keeps (in-process
+// accumulator chains keep vpdpbusd's latency off the stream. On a Zen 4 core that took 7-26% less
+// time at 1-8 tokens than the prefetching single-chain loop the blocked prefill form keeps (in-process
 // A/B, one and two threads; without the prefetch, prefill was 6-16% slower: it re-reads its rows
 // from L2 for every block of four pairs). The non-VNNI form measured mixed either way; it prefetches.
 template <int R, int M>
