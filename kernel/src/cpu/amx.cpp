@@ -28,10 +28,9 @@ bool amx_available() { return true; }
 // 16 rows x 64 int8 of the chunk; tmm6/tmm7: the chunk of each token tile (16 rows of 4 bytes x 16
 // tokens). Each tile loaded serves two products. (Tile numbers are immediates: hence the template.)
 namespace {
-constexpr int64_t kAmxPrefetch = 4;
 template <bool Two>
 void pass_w32(const int8_t* W0, const int8_t* W1, int64_t K, const int8_t* x0, int64_t tile_bytes, int32_t* C0,
-              int32_t* C1, int64_t ldc, bool next) {
+              int32_t* C1, int64_t ldc, const int8_t* N0, const int8_t* N1) {
   _tile_zero(0);
   _tile_zero(1);
   if (Two) {
@@ -39,14 +38,11 @@ void pass_w32(const int8_t* W0, const int8_t* W1, int64_t K, const int8_t* x0, i
     _tile_zero(3);
   }
   for (int64_t c = 0; c < K / 64; ++c) {
-    const int64_t ahead = (c + kAmxPrefetch) * 64;
-    if (ahead < K || next) {
-      const int64_t at = ahead < K ? ahead : ahead + 15 * K;  // past the last chunk: the next 16 rows' first
-      for (int r = 0; r < 16; ++r) {
-        _mm_prefetch(reinterpret_cast<const char*>(W0 + r * K + at), _MM_HINT_T0);
-        _mm_prefetch(reinterpret_cast<const char*>(W1 + r * K + at), _MM_HINT_T0);
+    if (N0)  // the next call's blocks into L2, in address order: 16 of each block's 16 * K / 64 lines a chunk
+      for (int j = 0; j < 16; ++j) {
+        _mm_prefetch(reinterpret_cast<const char*>(N0 + (c * 16 + j) * 64), _MM_HINT_T1);
+        _mm_prefetch(reinterpret_cast<const char*>(N1 + (c * 16 + j) * 64), _MM_HINT_T1);
       }
-    }
     _tile_loadd(4, W0 + c * 64, K);
     _tile_loadd(5, W1 + c * 64, K);
     _tile_loadd(6, x0 + c * 1024, 64);
@@ -68,7 +64,7 @@ void pass_w32(const int8_t* W0, const int8_t* W1, int64_t K, const int8_t* x0, i
 }  // namespace
 
 void amx_gemm_i8_w32(const int8_t* W0, const int8_t* W1, int64_t K, const int8_t* Xp, int64_t tiles, int32_t* C0,
-                     int32_t* C1, bool next) {
+                     int32_t* C1, const int8_t* N0, const int8_t* N1) {
   TileConfig cfg{};
   cfg.palette_id = 1;
   for (int t = 0; t < 8; ++t) {
@@ -79,8 +75,9 @@ void amx_gemm_i8_w32(const int8_t* W0, const int8_t* W1, int64_t K, const int8_t
   const int64_t ldc = 16 * tiles * 4, tile_bytes = 16 * K;  // C row stride in bytes; bytes per token tile
   int64_t t = 0;
   for (; t + 2 <= tiles; t += 2)
-    pass_w32<true>(W0, W1, K, Xp + t * tile_bytes, tile_bytes, C0 + 16 * t, C1 + 16 * t, ldc, next);
-  if (t < tiles) pass_w32<false>(W0, W1, K, Xp + t * tile_bytes, tile_bytes, C0 + 16 * t, C1 + 16 * t, ldc, next);
+    pass_w32<true>(W0, W1, K, Xp + t * tile_bytes, tile_bytes, C0 + 16 * t, C1 + 16 * t, ldc, t ? nullptr : N0, N1);
+  if (t < tiles)
+    pass_w32<false>(W0, W1, K, Xp + t * tile_bytes, tile_bytes, C0 + 16 * t, C1 + 16 * t, ldc, t ? nullptr : N0, N1);
   _tile_release();
 }
 
@@ -90,7 +87,8 @@ void amx_gemm_i8_w32(const int8_t* W0, const int8_t* W1, int64_t K, const int8_t
 
 namespace kt {
 bool amx_available() { return false; }
-void amx_gemm_i8_w32(const int8_t*, const int8_t*, int64_t, const int8_t*, int64_t, int32_t*, int32_t*, bool) {}
+void amx_gemm_i8_w32(const int8_t*, const int8_t*, int64_t, const int8_t*, int64_t, int32_t*, int32_t*, const int8_t*,
+                     const int8_t*) {}
 }  // namespace kt
 
 #endif

@@ -13,11 +13,12 @@ void amx_pack_tokens(const int8_t* X, int64_t ld, int64_t rows, int64_t K, int8_
 // C0[r][j] = sum_k W0[r][k] * X[j][k] and C1 the same with W1, for weight rows r < 16 and tokens
 // j < 16 * tiles; int8 x int8 -> int32. W0, W1: 16 rows of K int8 each, K bytes apart, read in place
 // (the weights are the A tiles: no packing). Xp: `tiles` token tiles (amx_pack_tokens). C0, C1: 16 rows
-// of 16 * tiles int32. K % 64 == 0. `next`: the caller's next call reads the 16 rows after W0 and after
-// W1 (one thread takes the work items in order), so each pass prefetches their first chunks after its
-// last (with two threads the next item is usually the other thread's: measured ~3% slower at T=256).
+// of 16 * tiles int32. K % 64 == 0. N0, N1: the 16-row blocks (16 * K contiguous bytes each) that the
+// caller's next call reads as W0 and W1, or null: the first pass prefetches them into L2 in address
+// order, 1 / (K / 64) of each block per chunk, so that call's tile loads hit L2 rather than wait on 32
+// strided row streams (nothing else prefetches: a block's rows are read at L2 latency once it is there).
 void amx_gemm_i8_w32(const int8_t* W0, const int8_t* W1, int64_t K, const int8_t* Xp, int64_t tiles, int32_t* C0,
-                     int32_t* C1, bool next);
+                     int32_t* C1, const int8_t* N0, const int8_t* N1);
 // True in the amx variant, where amx_gemm_bf16_cols64 is real.
 bool amx_bf16_available();
 // C[m][0, 64) += sum_k A[m][k] * W[k][0, 64) for m < 16; bf16 x bf16 -> fp32 (the backward's products

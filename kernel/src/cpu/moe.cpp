@@ -57,7 +57,7 @@ struct Plan {
   size_t o_xq, o_xs, o_xi, o_xsum, o_h, o_hq, o_hs, o_hi, o_hsum, o_out, o_amx = 0, o_la = 0, ldla = 0;
   bool int_groups;  // RAWINT4 on int8 activations: each row's int32 side data (dot.h, i4_prepare)
   int rank = 0;     // LoRA rank (0: none)
-  int threads = 1;  // one: the work items run in order (amx_gemm_i8_w32's `next`)
+  int threads = 1;
   float lscale = 0.f;
   std::vector<int64_t> expert_of;  // sorted pair -> expert (training forward only)
   std::vector<int64_t> orig;       // sorted pair -> row t * topk + k (training forward only)
@@ -353,7 +353,10 @@ void gate_up_amx(const Plan& pl, int64_t e, int64_t r0, int thread) {
   const Plan::AmxWorkspace ws = pl.amx(thread);
   const int8_t* gw = static_cast<const int8_t*>(a.gate.q) + (e * pl.I + r0) * H;
   const int8_t* uw = static_cast<const int8_t*>(a.up.q) + (e * pl.I + r0) * H;
-  amx_gemm_i8_w32(gw, uw, H, pl.xp(e), tiles, ws.c0, ws.c1, pl.threads == 1);
+  // The next 16 rows (this expert's or the next one's): the item after this one, which a thread's run of
+  // neighbouring items usually holds; none past the last expert's last rows.
+  const bool last = e + 1 == a.experts && r0 + 16 == pl.I;
+  amx_gemm_i8_w32(gw, uw, H, pl.xp(e), tiles, ws.c0, ws.c1, last ? nullptr : gw + 16 * H, uw + 16 * H);
   const float* gs = a.gate.scale + e * pl.I + r0;
   const float* us = a.up.scale + e * pl.I + r0;
   // Inference: h = silu(g) * u here; training adds LoRA and keeps g and u (finish_gate_up, per element).
@@ -386,7 +389,8 @@ void down_amx(const Plan& pl, int64_t e, int64_t r0, int64_t rows, int thread) {
   alignas(64) float ob[32][16];  // [row][pair of the tile]
   for (int64_t rr = r0; rr < r0 + rows; rr += 32) {
     const int8_t* dw = static_cast<const int8_t*>(a.down.q) + (e * pl.H + rr) * I;
-    amx_gemm_i8_w32(dw, dw + 16 * I, I, pl.hp(e), tiles, ws.c0, ws.c1, pl.threads == 1);
+    const bool last = e + 1 == a.experts && rr + 32 == pl.H;  // else the next 32 rows, as in gate_up_amx
+    amx_gemm_i8_w32(dw, dw + 16 * I, I, pl.hp(e), tiles, ws.c0, ws.c1, last ? nullptr : dw + 32 * I, dw + 48 * I);
     const float* ds = a.down.scale + e * pl.H + rr;
     for (int64_t i0 = 0; i0 < m; i0 += 16) {
       const int64_t count = std::min<int64_t>(16, m - i0);
