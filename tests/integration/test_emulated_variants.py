@@ -177,7 +177,7 @@ def test_a_wrong_amx_bf16_tile_is_caught(simde: Path, tmp_path: Path, fresh_venv
 
 
 def test_a_wrong_amx_int8_tile_is_caught(simde: Path, tmp_path: Path, fresh_venv: Venv) -> None:
-    """The forward's AMX-INT8 product (amx variant, INT8 experts with >= 8 pairs) taking the first
+    """The forward's AMX-INT8 product (amx variant, INT8 experts with >= 6 pairs) taking the first
     token tile where the second belongs for the up (or second down) rows: INT8 cases with more than 16
     pairs an expert leave their bounds; RAWINT4 and the few-token cases, which never reach a second
     tile, stay within."""
