@@ -386,7 +386,7 @@ def bench(session: nox.Session) -> None:
     p.add_argument("--assembly", action="store_true", help="payload: also time a cold and a warm assembly")
     p.add_argument("--scenario", action="append", default=[], help="release: cold, no-op, reference, kernel line")
     p.add_argument("--no-verify", action="store_true", help="release: build_all and audit only")
-    p.add_argument("--variant", action="append", default=[], help="anchor: only these CPU variants")
+    p.add_argument("--variant", action="append", default=[], help="anchor, sft: only these CPU variants")
     args = p.parse_args(session.posargs)
     _install_lock(session, "test")
     if args.only == "release":  # not part of a plain `nox -s bench`: it builds and verifies a release, several times
@@ -427,7 +427,8 @@ def bench(session: nox.Session) -> None:
         session.run("python", "-m", "bench.anchor", *(f"--variant={v}" for v in args.variant))
         return
     if args.only in (None, "sft"):
-        session.run("python", "-m", "bench.sft", "--json", str(paths.BENCH_JSON["sft"]))
+        only = [f"--variant={v}" for v in args.variant]
+        session.run("python", "-m", "bench.sft", "--json", str(paths.BENCH_JSON["sft"]), *only)
     if args.only in (None, "data_prep"):
         _install_lock(session, "sft-test")  # transformers and tokenizers, the pins the tests use
         session.run("python", "-m", "bench.data_prep", "--json", str(paths.BENCH_JSON["data_prep"]))

@@ -119,6 +119,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.sft")
     p.add_argument("--json", type=Path, default=paths.BENCH_JSON["sft"])
     p.add_argument("--formats", nargs="+", default=["int8", "rawint4"])
+    p.add_argument("--variant", action="append", default=[], help="only these CPU variants (default: every usable one)")
     p.add_argument("--worker", nargs=3, metavar=("FMT", "TOKENS", "TP"), help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.worker:
@@ -128,11 +129,17 @@ def main(argv: list[str] | None = None) -> int:
     report = json.loads(
         subprocess.run([sys.executable, "-c", report_cmd], check=True, capture_output=True, text=True).stdout
     )
+    unknown = sorted(set(args.variant) - set(report["variants"]))
+    if unknown:
+        known = ", ".join(report["variants"])
+        p.error(f"--variant {', '.join(unknown)}: not a CPU variant of kt-kernel (known: {known})")
     rows = []
     print(
         f"sft: one MoE layer (hidden {HIDDEN}, inter {INTER}, {EXPERTS} experts, top-{TOPK}, LoRA rank {RANK}), fwd+bwd"
     )
     for name, st in report["variants"].items():
+        if args.variant and name not in args.variant:
+            continue
         if not st["usable"]:
             print(f"{name}: skipped ({st['why']})")
             continue
