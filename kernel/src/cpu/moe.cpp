@@ -142,12 +142,20 @@ struct Plan {
   // A_gate x, A_up x, A_down h of pair p: [3, rank]
   float* la(int64_t p) const { return s.at<float>(o_la + p * ldla); }
 
+  // LoRA B's term for one element: x + scale * sum_k b[k] * l[k], the k in order, one rounding per
+  // step (fma); the AMX epilogues (lora_b_tile) do exactly this 16 pairs to a vector, so a pair's
+  // result does not depend on the path its expert took.
+  float lora_b(float x, const float* b, const float* l) const {
+    float sum = 0.f;
+    for (int k = 0; k < rank; ++k) sum = std::fma(b[k], l[k], sum);
+    return std::fma(lscale, sum, x);
+  }
   // The gate/up projections of pair p (expert e), row r, from the base weights' dot products:
   // adds the LoRA terms, keeps them for the backward when asked, returns h = silu(g) * u.
   float finish_gate_up(int64_t e, int64_t p, int64_t r, float g, float u) const {
     if (rank > 0) {
-      g += lscale * dot_f32(a.lora.gate_b + (e * I + r) * rank, la(p), rank);
-      u += lscale * dot_f32(a.lora.up_b + (e * I + r) * rank, la(p) + rank, rank);
+      g = lora_b(g, a.lora.gate_b + (e * I + r) * rank, la(p));
+      u = lora_b(u, a.lora.up_b + (e * I + r) * rank, la(p) + rank);
     }
     if (a.saved.gate) {
       a.saved.gate[orig[p] * I + r] = g;
@@ -156,8 +164,7 @@ struct Plan {
     return silu(g) * u;
   }
   float finish_down(int64_t e, int64_t p, int64_t r, float o) const {
-    if (rank > 0) o += lscale * dot_f32(a.lora.down_b + (e * H + r) * rank, la(p) + 2 * rank, rank);
-    return o;
+    return rank > 0 ? lora_b(o, a.lora.down_b + (e * H + r) * rank, la(p) + 2 * rank) : o;
   }
 };
 
@@ -347,6 +354,26 @@ inline void scale_tile(const int32_t* c, int64_t ldc, int64_t i0, __m512 qs, con
   }
 }
 
+// out[n][j] = Plan::lora_b(out[n][j], B + n * rank, la(p0 + j) + off) for `rows` rows n and the tile's
+// `count` pairs j, 16 pairs to a vector: the same fma steps in the same order as the scalar form.
+inline void lora_b_tile(const Plan& pl, const float* B, int64_t p0, int64_t count, int off, int rows,
+                        float (*out)[16]) {
+  const int rank = pl.rank;
+  const __mmask16 live = static_cast<__mmask16>((1u << count) - 1u);
+  const __m512i at = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
+                                        _mm512_set1_epi32(static_cast<int>(pl.ldla / 4)));
+  const float* l0 = pl.la(p0) + off;
+  alignas(64) float sum[32][16] = {};
+  for (int k = 0; k < rank; ++k) {
+    const __m512 lk = _mm512_mask_i32gather_ps(_mm512_setzero_ps(), live, at, l0 + k, 4);  // la(p0 + j)[off + k]
+    for (int n = 0; n < rows; ++n)
+      _mm512_store_ps(sum[n], _mm512_fmadd_ps(_mm512_set1_ps(B[n * rank + k]), lk, _mm512_load_ps(sum[n])));
+  }
+  const __m512 ls = _mm512_set1_ps(pl.lscale);
+  for (int n = 0; n < rows; ++n)
+    _mm512_store_ps(out[n], _mm512_fmadd_ps(ls, _mm512_load_ps(sum[n]), _mm512_load_ps(out[n])));
+}
+
 // Gate/up rows [r0, r0 + 16) of expert e for all its pairs, through AMX.
 void gate_up_amx(const Plan& pl, int64_t e, int64_t r0, int thread) {
   const auto& a = pl.a;
@@ -361,23 +388,31 @@ void gate_up_amx(const Plan& pl, int64_t e, int64_t r0, int thread) {
   amx_gemm_i8_w32(gw, uw, H, pl.xp(e), tiles, ws.c0, ws.c1, last ? nullptr : gw + 16 * H, uw + 16 * H);
   const float* gs = a.gate.scale + e * pl.I + r0;
   const float* us = a.up.scale + e * pl.I + r0;
-  // Inference: h = silu(g) * u here; training adds LoRA and keeps g and u (finish_gate_up, per element).
-  const bool plain = pl.rank == 0 && a.saved.gate == nullptr;
-  alignas(64) float gb[16][16], ub[16][16];  // [row][pair of the tile]
+  // h = silu(g) * u, 16 pairs to a vector, as finish_gate_up: in training after the LoRA terms
+  // (lora_b_tile), g and u kept for the backward.
+  alignas(64) float gb[16][16], ub[16][16], hb[16][16];  // [row][pair of the tile]
   for (int64_t i0 = 0; i0 < m; i0 += 16) {
     const int64_t count = std::min<int64_t>(16, m - i0);
     const __m512 xs = load_scales(pl.xs(), b + i0, count);
     scale_tile(ws.c0, ldc, i0, xs, gs, gb);
     scale_tile(ws.c1, ldc, i0, xs, us, ub);
-    if (plain)  // gb = finish_gate_up's silu(g) * u
-      for (int64_t n = 0; n < 16; ++n)
-        _mm512_store_ps(gb[n], _mm512_mul_ps(silu16(_mm512_load_ps(gb[n])), _mm512_load_ps(ub[n])));
+    if (pl.rank > 0) {
+      lora_b_tile(pl, a.lora.gate_b + (e * pl.I + r0) * pl.rank, b + i0, count, 0, 16, gb);
+      lora_b_tile(pl, a.lora.up_b + (e * pl.I + r0) * pl.rank, b + i0, count, pl.rank, 16, ub);
+    }
+    for (int64_t n = 0; n < 16; ++n)
+      _mm512_store_ps(hb[n], _mm512_mul_ps(silu16(_mm512_load_ps(gb[n])), _mm512_load_ps(ub[n])));
     for (int64_t j = 0; j < count; ++j) {
       float* h = pl.h(b + i0 + j) + r0;
-      if (plain)
-        for (int64_t n = 0; n < 16; ++n) h[n] = gb[n][j];
-      else
-        for (int64_t n = 0; n < 16; ++n) h[n] = pl.finish_gate_up(e, b + i0 + j, r0 + n, gb[n][j], ub[n][j]);
+      for (int64_t n = 0; n < 16; ++n) h[n] = hb[n][j];
+      if (a.saved.gate) {
+        float* sg = a.saved.gate + pl.orig[b + i0 + j] * pl.I + r0;
+        float* su = a.saved.up + pl.orig[b + i0 + j] * pl.I + r0;
+        for (int64_t n = 0; n < 16; ++n) {
+          sg[n] = gb[n][j];
+          su[n] = ub[n][j];
+        }
+      }
     }
   }
 }
@@ -399,12 +434,11 @@ void down_amx(const Plan& pl, int64_t e, int64_t r0, int64_t rows, int thread) {
       const __m512 hs = load_scales(pl.hs(), b + i0, count);
       scale_tile(ws.c0, ldc, i0, hs, ds, ob);
       scale_tile(ws.c1, ldc, i0, hs, ds + 16, ob + 16);
+      if (pl.rank > 0)  // finish_down, 16 pairs to a vector
+        lora_b_tile(pl, a.lora.down_b + (e * pl.H + rr) * pl.rank, b + i0, count, 2 * pl.rank, 32, ob);
       for (int64_t j = 0; j < count; ++j) {
         float* o = pl.out(b + i0 + j) + rr;
-        if (pl.rank == 0)
-          for (int64_t n = 0; n < 32; ++n) o[n] = ob[n][j];
-        else
-          for (int64_t n = 0; n < 32; ++n) o[n] = pl.finish_down(e, b + i0 + j, rr + n, ob[n][j]);
+        for (int64_t n = 0; n < 32; ++n) o[n] = ob[n][j];
       }
     }
   }
