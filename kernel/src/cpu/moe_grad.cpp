@@ -65,11 +65,18 @@ struct QView {
       const uint8_t* by = q + (b >> 1);
       const float sc = sr[b / g];
       float* d = dst + (b - c0);
+#if KT_ZMM  // the loop below, 16 bytes at a time (GCC vectorized it on xmm)
+      const __m512i v = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(by)));
+      const __m512 s = _mm512_set1_ps(sc);
+      _mm512_storeu_ps(d, _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_srai_epi32(_mm512_slli_epi32(v, 28), 28)), s));
+      _mm512_storeu_ps(d + 16, _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_srai_epi32(v, 4)), s));
+#else
 #pragma omp simd
       for (int j = 0; j < 16; ++j) {
         d[j] = static_cast<float>(static_cast<int8_t>(static_cast<uint8_t>(by[j] << 4)) >> 4) * sc;
         d[j + 16] = static_cast<float>(static_cast<int8_t>(by[j]) >> 4) * sc;
       }
+#endif
     }
   }
 };
@@ -128,6 +135,17 @@ inline void tile_bf16(const uint32_t* const* vb, int64_t kpairs, const uint32_t*
     for (int c = 0; c < 4; ++c) _mm512_storeu_ps(out[m] + 16 * c, acc[m][c]);
 }
 
+// f32_to_bf16 (common.h) of 16 floats, each in the low half of its int32 lane: the same bits.
+inline __m512i bf16_bits16(__m512 f) {
+  const __m512i u = _mm512_castps_si512(f);
+  const __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff)),
+                                                _mm512_set1_epi32(0x7f800000));
+  const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+  const __m512i rounded = _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), odd)), 16);
+  const __m512i quiet = _mm512_or_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x40));
+  return _mm512_mask_mov_epi32(rounded, nan, quiet);
+}
+
 // accumulate_wt's bf16 form: AMX tiles for each full group of 16 vectors (amx variant), vdpbf16ps
 // register tiles for the rest. vb: the vectors already rounded to bf16 (once per call, by the caller).
 void accumulate_wt_bf16(const QView& w, int64_t e, int64_t c0, const uint16_t* const* vb, float* const* out, int64_t n,
@@ -142,9 +160,10 @@ void accumulate_wt_bf16(const QView& w, int64_t e, int64_t c0, const uint16_t* c
     for (int64_t k = 0; k < kp; ++k) {
       w.row(e, r0 + 2 * k, c0, c0 + kCols, two[0]);
       w.row(e, r0 + 2 * k + 1, c0, c0 + kCols, two[1]);
-      for (int64_t j = 0; j < kCols; ++j)
-        blk[k * kCols + j] = static_cast<uint32_t>(f32_to_bf16(two[0][j])) |
-                             (static_cast<uint32_t>(f32_to_bf16(two[1][j])) << 16);
+      for (int64_t j = 0; j < kCols; j += 16)  // f32_to_bf16 of both rows, 16 lanes at a time
+        _mm512_storeu_si512(blk + k * kCols + j,
+                            _mm512_or_si512(bf16_bits16(_mm512_load_ps(two[0] + j)),
+                                            _mm512_slli_epi32(bf16_bits16(_mm512_load_ps(two[1] + j)), 16)));
     }
     // vp[m] = the pairs of vector i + m from row r0 on, for m < M
     auto pairs = [&](int64_t i, int64_t M) {
