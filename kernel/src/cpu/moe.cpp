@@ -359,13 +359,10 @@ inline void scale_tile(const int32_t* c, int64_t ldc, int64_t i0, __m512 qs, con
 inline void lora_b_tile(const Plan& pl, const float* B, int64_t p0, int64_t count, int off, int rows,
                         float (*out)[16]) {
   const int rank = pl.rank;
-  const __mmask16 live = static_cast<__mmask16>((1u << count) - 1u);
-  const __m512i at = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
-                                        _mm512_set1_epi32(static_cast<int>(pl.ldla / 4)));
-  const float* l0 = pl.la(p0) + off;
-  alignas(64) float sum[32][16] = {};
+  alignas(64) float sum[32][16] = {}, lk16[16] = {};
   for (int k = 0; k < rank; ++k) {
-    const __m512 lk = _mm512_mask_i32gather_ps(_mm512_setzero_ps(), live, at, l0 + k, 4);  // la(p0 + j)[off + k]
+    for (int64_t j = 0; j < count; ++j) lk16[j] = pl.la(p0 + j)[off + k];
+    const __m512 lk = _mm512_load_ps(lk16);  // la(p0 + j)[off + k], zero past count
     for (int n = 0; n < rows; ++n)
       _mm512_store_ps(sum[n], _mm512_fmadd_ps(_mm512_set1_ps(B[n * rank + k]), lk, _mm512_load_ps(sum[n])));
   }

@@ -66,7 +66,8 @@ struct QView {
       const float sc = sr[b / g];
       float* d = dst + (b - c0);
 #if KT_ZMM  // the loop below, 16 bytes at a time (GCC vectorized it on xmm)
-      const __m512i v = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(by)));
+      const __m512i v =  // sign-extended bytes (two steps: SIMDe, for the emulated builds, has no one-step form)
+          _mm512_cvtepi16_epi32(_mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(by))));
       const __m512 s = _mm512_set1_ps(sc);
       _mm512_storeu_ps(d, _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_srai_epi32(_mm512_slli_epi32(v, 28), 28)), s));
       _mm512_storeu_ps(d + 16, _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_srai_epi32(v, 4)), s));
@@ -138,8 +139,8 @@ inline void tile_bf16(const uint32_t* const* vb, int64_t kpairs, const uint32_t*
 // f32_to_bf16 (common.h) of 16 floats, each in the low half of its int32 lane: the same bits.
 inline __m512i bf16_bits16(__m512 f) {
   const __m512i u = _mm512_castps_si512(f);
-  const __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff)),
-                                                _mm512_set1_epi32(0x7f800000));
+  const __mmask16 nan = _mm512_cmp_epu32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff)),
+                                              _mm512_set1_epi32(0x7f800000), _MM_CMPINT_NLE);  // unsigned >
   const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
   const __m512i rounded = _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), odd)), 16);
   const __m512i quiet = _mm512_or_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x40));
