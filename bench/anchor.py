@@ -307,6 +307,12 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.worker:
         return ours_worker(args.worker)
+    import kt_kernel
+
+    known = list(kt_kernel.cpu_report().as_dict()["variants"])
+    unknown = sorted(set(args.variant) - set(known))
+    if unknown:
+        p.error(f"--variant {', '.join(unknown)}: not a CPU variant of kt-kernel (known: {', '.join(known)})")
     cpus = len(os.sched_getaffinity(0))
     result = run(args.variant, sorted({1, cpus}), args.rounds, args.min_time)
     args.json.parent.mkdir(parents=True, exist_ok=True)
