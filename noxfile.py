@@ -386,7 +386,9 @@ def bench(session: nox.Session) -> None:
     p.add_argument("--assembly", action="store_true", help="payload: also time a cold and a warm assembly")
     p.add_argument("--scenario", action="append", default=[], help="release: cold, no-op, reference, kernel line")
     p.add_argument("--no-verify", action="store_true", help="release: build_all and audit only")
-    p.add_argument("--variant", action="append", default=[], help="anchor, sft: only these CPU variants")
+    p.add_argument(
+        "--variant", action="append", default=[], choices=CPU_VARIANTS, help="anchor, sft: only these CPU variants"
+    )
     args = p.parse_args(session.posargs)
     _install_lock(session, "test")
     if args.only == "release":  # not part of a plain `nox -s bench`: it builds and verifies a release, several times
