@@ -13,6 +13,7 @@
 
 #include <cpuid.h>
 
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 
@@ -299,11 +300,12 @@ static inline void i4_prepare(int8_t* x, int64_t n, int /*g*/, int32_t* side) {
 }
 
 // R weight rows against M activation rows, as the AVX2 dot_i4_block below (same contract).
-template <int R, int M>
+template <int R, int M, int G>
 static inline void dot_i4_block(const uint8_t* const* w, const float* const* s, const int8_t* const* x,
-                                const int32_t* const* side, int64_t n, int g, float* out) {
-  // g is 32, 64 or 128. (Not __builtin_ctz: GCC emits it as rep bsf, which decodes as BMI1 tzcnt.)
-  const int gshift = g == 32 ? 5 : g == 64 ? 6 : 7;
+                                const int32_t* const* side, int64_t n, float* out) {
+  static_assert(G == 32 || G == 64 || G == 128, "RAWINT4 groups are 32, 64 or 128 elements");
+  constexpr int g = G;
+  constexpr int gshift = G == 32 ? 5 : G == 64 ? 6 : 7;
   // Lane l of a 128-element step holds block l / 4: scale s[l / 4], s[l / 8] or s[0] of the step's.
   const __m512i lanes = g == 32   ? _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3)
                         : g == 64 ? _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1)
@@ -454,13 +456,14 @@ static inline void i4_prepare(int8_t* x, int64_t n, int g, int32_t* side) {
 // neighbouring down rows, against the pairs routed to that expert). Every (r, m) accumulates in the
 // same order whatever R and M are, so a pair's result does not depend on how many pairs its expert
 // has in the batch (KT_UNROLL keeps the accumulators in registers).
-template <int R, int M>
+template <int R, int M, int G>
 static inline void dot_i4_block(const uint8_t* const* w, const float* const* s, const int8_t* const* x,
-                                const int32_t* const* side, int64_t n, int g, float* out) {
+                                const int32_t* const* side, int64_t n, float* out) {
+  static_assert(G == 32 || G == 64 || G == 128, "RAWINT4 groups are 32, 64 or 128 elements");
+  constexpr int g = G;
+  constexpr int gshift = G == 32 ? 5 : G == 64 ? 6 : 7;
   const __m256i mask = _mm256_set1_epi8(0x0F), flip = _mm256_set1_epi8(-120), ones = _mm256_set1_epi16(1);
   const __m256i lanes = _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1);
-  // g is 32, 64 or 128. (Not __builtin_ctz: GCC emits it as rep bsf, which decodes as BMI1 tzcnt.)
-  const int gshift = g == 32 ? 5 : g == 64 ? 6 : 7;
   __m256 facc[R][M];
   KT_UNROLL
   for (int r = 0; r < R; ++r) {

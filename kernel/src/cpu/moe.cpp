@@ -182,51 +182,64 @@ struct Proj {
   const float* i4_scale(int64_t e, int64_t r) const { return w.scale + (e * rows + r) * groups; }
 };
 
-// RAWINT4 on int8 activations: R weight rows x M pairs per pass over the weights (dot.h),
-// out[r * M + m]. The pairs' activations are x (gate/up) or h (down).
-template <int R, int M>
-void i4_block(const Plan& pl, const Proj* const* proj, const int64_t* row, int64_t e, int64_t p0, bool down,
-              float* out) {
-  const uint8_t* w[R];
-  const float* s[R];
-  for (int i = 0; i < R; ++i) {
-    w[i] = proj[i]->i4_row(e, row[i]);
-    s[i] = proj[i]->i4_scale(e, row[i]);
-  }
+// RAWINT4 on int8 activations: the activations of pairs [p0, p0 + M), x (gate/up) or h (down), as
+// dot_i4_block reads them (the int8 rows, their side data) and their scales. Set up once per work
+// item, not per weight row.
+template <int M>
+struct I4Pairs {
   const int8_t* x[M];
   const int32_t* side[M];
-  for (int m = 0; m < M; ++m) {
-    x[m] = down ? pl.hq(p0 + m) : pl.xq(p0 + m);
-    side[m] = down ? pl.hi(p0 + m) : pl.xi(p0 + m);
+  float qs[M];
+  I4Pairs(const Plan& pl, int64_t p0, bool down) {
+    for (int m = 0; m < M; ++m) {
+      x[m] = down ? pl.hq(p0 + m) : pl.xq(p0 + m);
+      side[m] = down ? pl.hi(p0 + m) : pl.xi(p0 + m);
+      qs[m] = (down ? pl.hs() : pl.xs())[p0 + m];
+    }
   }
-  dot_i4_block<R, M>(w, s, x, side, proj[0]->cols, proj[0]->g, out);
-  const float* qs = down ? pl.hs() : pl.xs();
-  for (int i = 0; i < R; ++i)
-    for (int m = 0; m < M; ++m) out[i * M + m] *= qs[p0 + m];
-}
+};
 
-// h of pairs [p0, p0 + M) for gate/up rows [r0, r1) of expert e: both projections of a row in one pass.
-template <int M>
+// h of pairs [p0, p0 + M) for gate/up rows [r0, r1) of expert e: both projections of a row in one
+// pass (dot.h), groups of G elements. The row loop holds the dot inlined, its pointers stepping row
+// by row: a call, the group-size dispatch and the pairs' pointers per row took a fifth of a
+// one-token forward.
+template <int M, int G>
 void gate_up_i4(const Plan& pl, const Proj& gate, const Proj& up, int64_t e, int64_t p0, int64_t r0, int64_t r1) {
-  const Proj* both[2] = {&gate, &up};
+  const I4Pairs<M> a(pl, p0, false);
   for (int64_t r = r0; r < r1; ++r) {
-    const int64_t rows[2] = {r, r};
+    const uint8_t* w[2] = {gate.i4_row(e, r), up.i4_row(e, r)};
+    const float* s[2] = {gate.i4_scale(e, r), up.i4_scale(e, r)};
     float gu[2 * M];
-    i4_block<2, M>(pl, both, rows, e, p0, false, gu);
-    for (int m = 0; m < M; ++m) pl.h(p0 + m)[r] = pl.finish_gate_up(e, p0 + m, r, gu[m], gu[M + m]);
+    dot_i4_block<2, M, G>(w, s, a.x, a.side, gate.cols, gu);
+    for (int m = 0; m < M; ++m)
+      pl.h(p0 + m)[r] = pl.finish_gate_up(e, p0 + m, r, gu[m] * a.qs[m], gu[M + m] * a.qs[m]);
   }
 }
 
 // out of pairs [p0, p0 + M) for down rows [r0, r1) of expert e, two rows per pass.
-template <int M>
+template <int M, int G>
 void down_i4(const Plan& pl, const Proj& down, int64_t e, int64_t p0, int64_t r0, int64_t r1) {
-  const Proj* two[2] = {&down, &down};
+  const I4Pairs<M> a(pl, p0, true);
   for (int64_t r = r0; r < r1; r += 2) {
-    const int64_t rows[2] = {r, r + 1};
+    const uint8_t* w[2] = {down.i4_row(e, r), down.i4_row(e, r + 1)};
+    const float* s[2] = {down.i4_scale(e, r), down.i4_scale(e, r + 1)};
     float d[2 * M];
-    i4_block<2, M>(pl, two, rows, e, p0, true, d);
+    dot_i4_block<2, M, G>(w, s, a.x, a.side, down.cols, d);
     for (int i = 0; i < 2; ++i)
-      for (int m = 0; m < M; ++m) pl.out(p0 + m)[r + i] = pl.finish_down(e, p0 + m, r + i, d[i * M + m]);
+      for (int m = 0; m < M; ++m) pl.out(p0 + m)[r + i] = pl.finish_down(e, p0 + m, r + i, d[i * M + m] * a.qs[m]);
+  }
+}
+
+// f(std::integral_constant<int, G>{}) for the RAWINT4 group size g (32, 64 or 128).
+template <typename F>
+void with_group(int g, F&& f) {
+  switch (g) {
+    case 32:
+      return f(std::integral_constant<int, 32>{});
+    case 64:
+      return f(std::integral_constant<int, 64>{});
+    default:
+      return f(std::integral_constant<int, 128>{});
   }
 }
 
@@ -290,12 +303,20 @@ void pair_blocks(int64_t b, int64_t end, F&& f) {
 void gate_up_all(const Plan& pl, const Proj& gate, const Proj& up, int64_t e, int64_t b, int64_t end, int64_t r0,
                  int64_t r1) {
   if (gate.wfmt == KT_RAWINT4)
-    return pair_blocks(b, end, [&](auto M, int64_t p) { gate_up_i4<decltype(M)::value>(pl, gate, up, e, p, r0, r1); });
+    return with_group(gate.g, [&](auto G) {
+      pair_blocks(b, end, [&](auto M, int64_t p) {
+        gate_up_i4<decltype(M)::value, decltype(G)::value>(pl, gate, up, e, p, r0, r1);
+      });
+    });
   pair_blocks(b, end, [&](auto M, int64_t p) { gate_up_i8<decltype(M)::value>(pl, gate, up, e, p, r0, r1); });
 }
 void down_all(const Plan& pl, const Proj& down, int64_t e, int64_t b, int64_t end, int64_t r0, int64_t r1) {
   if (down.wfmt == KT_RAWINT4)
-    return pair_blocks(b, end, [&](auto M, int64_t p) { down_i4<decltype(M)::value>(pl, down, e, p, r0, r1); });
+    return with_group(down.g, [&](auto G) {
+      pair_blocks(b, end, [&](auto M, int64_t p) {
+        down_i4<decltype(M)::value, decltype(G)::value>(pl, down, e, p, r0, r1);
+      });
+    });
   pair_blocks(b, end, [&](auto M, int64_t p) { down_i8<decltype(M)::value>(pl, down, e, p, r0, r1); });
 }
 
