@@ -13,7 +13,17 @@ command -v nvidia-smi >/dev/null || { echo "gpu_check: no nvidia-smi: not a GPU 
 nvidia-smi --query-gpu=name,compute_cap,driver_version --format=csv
 venv=/tmp/kt-gpu-venv
 python3 -m venv --system-site-packages "$venv"
-kernel=$(ls "$dist"/kt_kernel-*.whl build/kt-kernel/out/kt_kernel-*.whl 2>/dev/null | head -1)
+# A python3 that is itself a venv (torch installed into it, not into the base interpreter) lends the
+# new venv nothing through --system-site-packages: its site-packages then join by a .pth file.
+if ! "$venv/bin/python" -c "import torch" 2>/dev/null; then
+  site() { "$1" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])"; }
+  python3 -c "import torch" 2>/dev/null || { echo "gpu_check: python3 cannot import torch" >&2; exit 2; }
+  site python3 >"$(site "$venv/bin/python")/_gpu_check_host.pth"
+fi
+kernel=
+for w in "$dist"/kt_kernel-*.whl build/kt-kernel/out/kt_kernel-*.whl; do  # (ls would fail the script on a missing dist/)
+  [ -e "$w" ] && { kernel=$w; break; }
+done
 [ -n "$kernel" ] || { echo "gpu_check: no kt_kernel wheel in $dist or build/kt-kernel/out" >&2; exit 2; }
 carriers=()
 for name in ktransformers sglang_kt transformers_kt accelerate_kt sglang_kernel_kt; do
