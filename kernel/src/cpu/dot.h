@@ -304,9 +304,12 @@ static inline void i4_prepare(int8_t* x, int64_t n, int /*g*/, int32_t* side) {
 // weight row stream is prefetched into L2 8 KiB ahead (kPrefetchL2): in-process A/B against into L1
 // 4 KiB ahead, 1-8 tokens, one and two threads, 0.86-0.98 of the time on a Zen 4 core (avx512_bf16);
 // on an AMX Xeon (amx, the layer in L3) 0.89-1.03, where keeping the L1 prefetch for Intel measured
-// up to 13% slower at one thread. Its scales are prefetched as far ahead (the same steps): on the
-// Zen 4 core 0.89 of the time at one thread, 0.89-0.97 at two, 0.95 at 64 tokens; a decode profile
-// had the scale loads waiting on memory. (The compute-bound AVX2 loop measured 2-7% slower with it.)
+// up to 13% slower at one thread. In decode-shaped blocks (one or two pairs) the scales are
+// prefetched as far ahead (the same steps): a decode profile had the scale loads waiting on memory;
+// on the Zen 4 core 0.89 of the time at one thread, 0.89-0.97 at two. Blocks of more pairs, which
+// re-read their rows from cache, do without: on the AMX Xeon they measured up to 1.07-1.3x slower
+// with it at 64 and 256 tokens on four threads. (The compute-bound AVX2 loop measured 2-7% slower
+// with it.)
 template <int R, int M, int G>
 static inline void dot_i4_block(const uint8_t* const* w, const float* const* s, const int8_t* const* x,
                                 const int32_t* const* side, int64_t n, float* out) {
@@ -329,7 +332,8 @@ static inline void dot_i4_block(const uint8_t* const* w, const float* const* s, 
     for (int r = 0; r < R; ++r) {
       const uint8_t* wr = w[r] + (i >> 1);
       _mm_prefetch(reinterpret_cast<const char*>(wr + kPrefetchL2), _MM_HINT_T1);
-      _mm_prefetch(reinterpret_cast<const char*>(s[r] + ((i + 2 * kPrefetchL2) >> gshift)), _MM_HINT_T1);
+      if constexpr (M <= 2)  // decode-shaped blocks only (above)
+        _mm_prefetch(reinterpret_cast<const char*>(s[r] + ((i + 2 * kPrefetchL2) >> gshift)), _MM_HINT_T1);
       const __m512i v = _mm512_loadu_si512(wr);
 #if defined(KT_ISA_AVX512_VBMI)
       const __m512i lo = nibbles_u4(v), hi = nibbles_u4(_mm512_srli_epi16(v, 4));
