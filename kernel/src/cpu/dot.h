@@ -307,9 +307,9 @@ static inline void i4_prepare(int8_t* x, int64_t n, int /*g*/, int32_t* side) {
 // up to 13% slower at one thread. In decode-shaped blocks (one or two pairs) the scales are
 // prefetched as far ahead (the same steps): a decode profile had the scale loads waiting on memory;
 // on the Zen 4 core 0.89 of the time at one thread, 0.89-0.97 at two. Blocks of more pairs, which
-// re-read their rows from cache, do without: on the AMX Xeon they measured up to 1.07-1.3x slower
-// with it at 64 and 256 tokens on four threads. (The compute-bound AVX2 loop measured 2-7% slower
-// with it.)
+// re-read their rows from cache, do without: on the AMX Xeon, four threads at 64 and 256 tokens took
+// 1.07-1.31x the time of the build before with it in every block, 1.04-1.10x without (two runs; that
+// host moves by up to 10%). (The compute-bound AVX2 loop measured 2-7% slower with it.)
 template <int R, int M, int G>
 static inline void dot_i4_block(const uint8_t* const* w, const float* const* s, const int8_t* const* x,
                                 const int32_t* const* side, int64_t n, float* out) {
