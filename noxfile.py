@@ -374,22 +374,29 @@ def bench(session: nox.Session) -> None:
     build times; the CUDA payload
     (size, cold/warm materialization, disk, audit, assembly) beside the gzip reference, on dist/; the audit's
     time and peak RSS on the torch wheel and a 2 GiB zip bomb beside auditwheel show. `-- --only release`:
-    the release loop (cold, no-op, --fresh, one kernel line changed) in a clone (bench/release.py)."""
+    the release loop (cold, no-op, --fresh, one kernel line changed) in a clone (bench/release.py). `-- --only ab
+    --against REV`: this tree's CPU kernels against REV's, call by call in one process (bench/ab.py)."""
     p = _parser("bench")
     p.add_argument("--no-build-times", action="store_true", help="skip the cold/incremental build timing")
     p.add_argument("--json", default=str(paths.BENCH_JSON["kernel"]))
     p.add_argument(
         "--only",
-        choices=["kernel", "sft", "data_prep", "payload", "audit", "release", "anchor"],
+        choices=["kernel", "sft", "data_prep", "payload", "audit", "release", "anchor", "ab"],
         help="run one part only",
     )
     p.add_argument("--assembly", action="store_true", help="payload: also time a cold and a warm assembly")
     p.add_argument("--scenario", action="append", default=[], help="release: cold, no-op, reference, kernel line")
     p.add_argument("--no-verify", action="store_true", help="release: build_all and audit only")
     p.add_argument(
-        "--variant", action="append", default=[], choices=CPU_VARIANTS, help="anchor, sft: only these CPU variants"
+        "--variant", action="append", default=[], choices=CPU_VARIANTS, help="anchor, sft, ab: only these CPU variants"
     )
+    p.add_argument("--against", help="ab: the revision whose CPU kernels this tree's are timed against")
+    p.add_argument("--format", action="append", default=[], choices=["int8", "rawint4"], help="ab: only these formats")
+    p.add_argument("--threads", help="ab: thread counts, comma-separated (default: 1 and every CPU)")
+    p.add_argument("--tokens", help="ab: token counts, comma-separated (default: 1,2,4,8,64,256)")
     args = p.parse_args(session.posargs)
+    if (args.only == "ab") != (args.against is not None):
+        session.error("--only ab and --against REV go together: nox -s bench -- --only ab --against REV")
     _install_lock(session, "test")
     if args.only == "release":  # not part of a plain `nox -s bench`: it builds and verifies a release, several times
         extra = [f"--scenario={s}" for s in args.scenario] + (["--no-verify"] if args.no_verify else [])
@@ -399,7 +406,7 @@ def bench(session: nox.Session) -> None:
         session.run("python", "-m", "bench.audit", "--json", str(paths.BENCH_JSON["audit"]))
     if args.only == "audit":
         return
-    if args.only not in ("kernel", "sft", "data_prep", "anchor"):
+    if args.only not in ("kernel", "sft", "data_prep", "anchor", "ab"):
         session.run(
             "python",
             "-m",
@@ -425,6 +432,11 @@ def bench(session: nox.Session) -> None:
         session.run(
             "python", "-m", "bench.kernel", "--json", args.json, *(["--no-build-times"] if args.no_build_times else [])
         )
+    if args.only == "ab":  # this tree's CPU kernels against another revision's, call by call in one process
+        extra = [f"--variant={v}" for v in args.variant] + [f"--format={f}" for f in args.format]
+        extra += [f"--{k}={getattr(args, k)}" for k in ("threads", "tokens") if getattr(args, k)]
+        session.run("python", "-m", "bench.ab", f"--against={args.against}", *extra)
+        return
     if args.only == "anchor":  # not part of a plain `nox -s bench`: KTransformers' kt-kernel needs ~3 GB of wheels
         session.run("python", "-m", "bench.anchor", *(f"--variant={v}" for v in args.variant))
         return

@@ -35,6 +35,7 @@ BENCH_SCRATCH = (BUILD / "bench-build", BUILD / "bench-data-prep")  # the benchm
 BENCH_KERNEL = BUILD / "bench-kernel"  # nox -s bench's CPU-only kt-kernel: never the release's KERNEL_OUT
 BENCH_RELEASE = BUILD / "bench-release"  # nox -s bench -- --only release: its clone and the sessions' logs
 BENCH_ANCHOR = BUILD / "bench"  # nox -s bench -- --only anchor: KTransformers' kt-kernel venv and the numbers
+BENCH_AB = BUILD / "bench-ab"  # nox -s bench -- --only ab: other revisions' sources and kernel builds
 BENCH_JSON = {
     "kernel": BUILD / "bench.json",
     "sft": BUILD / "bench-sft.json",
@@ -43,6 +44,7 @@ BENCH_JSON = {
     "audit": BUILD / "bench-audit.json",
     "release": BUILD / "bench-release.json",
     "anchor": BENCH_ANCHOR / "anchor.json",
+    "ab": BUILD / "bench-ab.json",
 }
 MUTANTS_JSON = BUILD / "mutants.json"
 
@@ -57,6 +59,7 @@ LEFTOVERS = (
     *BENCH_SCRATCH,
     BENCH_KERNEL,
     BENCH_RELEASE,
+    BENCH_AB,
     *KERNEL_SCRATCH,
     KERNEL / "build",
     BUILD / "lib",  # setuptools' (pip install . of the audit)
