@@ -62,10 +62,11 @@ def commit_of(rev: str) -> str:
 
 
 def library_in(wheel: Path, variant: str, into: Path) -> Path:
-    """Unpack a kt-kernel wheel into `into` and return its library of `variant` (the wheel's build manifest
-    says where it lies)."""
-    with zipfile.ZipFile(wheel) as zf:
-        zf.extractall(into)  # noqa: S202 - a wheel this module just built from a commit of this repository
+    """A kt-kernel wheel's library of `variant`, the wheel unpacked into `into` unless it already is there
+    (the wheel's build manifest says where the library lies)."""
+    if not into.is_dir():
+        with zipfile.ZipFile(wheel) as zf:
+            zf.extractall(into)  # noqa: S202 - a wheel this module built from a commit of this repository
     manifest = json.loads((into / "kt_kernel" / "_build.json").read_text())
     entry = manifest["variants"].get(variant)
     if entry is None:
@@ -79,7 +80,7 @@ def revision_library(commit: str, variant: str) -> Path:
     out = root / variant
     unpacked = out / "unpacked"
     wheels = sorted(out.glob("kt_kernel-*.whl"))
-    if wheels and unpacked.is_dir():
+    if wheels:
         say(f"{commit[:12]} {variant}: reusing {wheels[-1].name}")
         return library_in(wheels[-1], variant, unpacked)
     src = root / "src"
@@ -118,29 +119,27 @@ def load(path: Path, what: str) -> Any:
         raise SystemExit(f"{what}: {exc}; compare revisions whose kernels share this tree's CPU ABI") from None
 
 
-LAYERS: dict[str, Any] = {}  # format -> the layer both builds run (build_layers)
-
-
-def build_layers(formats: list[str]) -> None:
+def build_layers(formats: list[str]) -> dict[str, Any]:
+    """Format -> the layer both builds run, on the anchor's weights (bench/anchor_kt.py, one seed)."""
     import kt_kernel
-    import numpy as np
 
-    rng = np.random.default_rng(SEED)
-    shapes = ((INTER, HIDDEN), (INTER, HIDDEN), (HIDDEN, INTER))
-    ws = [rng.standard_normal((EXPERTS, r, c), dtype=np.float32) * np.float32(0.02) for r, c in shapes]
+    from .anchor_kt import weights
+
+    ws = weights(SEED, EXPERTS, HIDDEN, INTER)
+    layers = {}
     for fmt in formats:
         f: Literal["int8", "rawint4"] = "rawint4" if fmt == "rawint4" else "int8"
-        LAYERS[fmt] = kt_kernel.MoE(*(kt_kernel.quantize(w, f, 32 if f == "rawint4" else 64) for w in ws))
+        layers[fmt] = kt_kernel.MoE(*(kt_kernel.quantize(w, f, 32 if f == "rawint4" else 64) for w in ws))
+    return layers
 
 
 def compare(
-    builds: tuple[Any, Any], fmt: str, threads: int, tokens: int, calls: int
+    builds: tuple[Any, Any], layer: Any, threads: int, tokens: int, calls: int
 ) -> tuple[list[float], list[float], bool]:
     """Seconds per call of each build, alternating call by call, and whether their outputs are identical."""
     import kt_kernel
     import numpy as np
 
-    layer = LAYERS[fmt]
     rng = np.random.default_rng(SEED + tokens)
     x = rng.standard_normal((tokens, HIDDEN), dtype=np.float32)
     w = rng.random((tokens, TOPK), dtype=np.float32)
@@ -161,13 +160,24 @@ def compare(
     return times[0], times[1], identical
 
 
+def counts(text: str) -> list[int]:
+    """A comma-separated list of whole numbers of at least 1 (--tokens, --threads)."""
+    try:
+        values = [int(t) for t in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: give comma-separated whole numbers, e.g. 1,8,64") from None
+    if any(v < 1 for v in values):
+        raise argparse.ArgumentTypeError(f"{text!r}: every count must be at least 1")
+    return values
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="nox -s bench -- --only ab --against REV")
     p.add_argument("--against", required=True, help="the revision to compare this tree with (a commit, tag, branch)")
     p.add_argument("--variant", action="append", default=[], help="CPU variants (default: the one this host selects)")
     p.add_argument("--format", action="append", default=[], choices=FORMATS, help="weight formats (default: both)")
-    p.add_argument("--threads", default="", help="thread counts, comma-separated (default: 1 and every CPU)")
-    p.add_argument("--tokens", default=",".join(map(str, TOKENS)), help="token counts, comma-separated")
+    p.add_argument("--threads", type=counts, help="thread counts, comma-separated (default: 1 and every CPU)")
+    p.add_argument("--tokens", type=counts, default=list(TOKENS), help="token counts, comma-separated")
     p.add_argument("--calls", type=int, default=100, help="calls of each build at 8 tokens (more below, fewer above)")
     p.add_argument("--json", type=Path, default=paths.BENCH_JSON["ab"])
     args = p.parse_args(argv)
@@ -179,12 +189,8 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         known = ", ".join(report["variants"])
         p.error(f"--variant {', '.join(unknown)}: not a CPU variant of kt-kernel (known: {known})")
-    try:
-        tokens = [int(t) for t in args.tokens.split(",")]
-        cpus = len(os.sched_getaffinity(0))
-        threads = [int(t) for t in args.threads.split(",")] if args.threads else sorted({1, cpus})
-    except ValueError:
-        p.error("--tokens and --threads take comma-separated whole numbers, e.g. --tokens 1,8,64")
+    tokens: list[int] = args.tokens
+    threads: list[int] = args.threads or sorted({1, len(os.sched_getaffinity(0))})
     commit = commit_of(args.against)
     formats = args.format or list(FORMATS)
     rows: list[dict[str, Any]] = []
@@ -194,14 +200,14 @@ def main(argv: list[str] | None = None) -> int:
     runnable = [v for v in variants if v not in skipped]
     if runnable:
         say(f"layer: hidden {HIDDEN}, intermediate {INTER}, {EXPERTS} experts, top-{TOPK}; quantizing {formats}")
-        build_layers(formats)
+        layers = build_layers(formats)
     for v in runnable:
         builds = (load(revision_library(commit, v), f"{args.against} {v}"), load(this_library(v), f"this tree's {v}"))
         for fmt in formats:
             for n in threads:
                 for t in tokens:
                     calls = max(10, round(args.calls * (8 / t) ** 0.5))
-                    a, b, same = compare(builds, fmt, n, t, calls)
+                    a, b, same = compare(builds, layers[fmt], n, t, calls)
                     row = {
                         "variant": v,
                         "format": fmt,

@@ -1,5 +1,5 @@
-"""bench/ab.py's inputs: a revision that names no commit, and a wheel without the asked variant, are
-usage errors that say what was given and what there is."""
+"""bench/ab.py's inputs: a revision that names no commit, a wheel without the asked variant and a count
+below one are usage errors that say what was given and what there is."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.ab import commit_of, library_in
+from bench.ab import commit_of, library_in, main
 
 
 def test_a_revision_that_is_no_commit_is_named() -> None:
@@ -42,3 +42,17 @@ def test_a_wheel_without_the_variant_says_which_it_has(tmp_path: Path) -> None:
     wheel = wheel_with(tmp_path, {"avx2": "kt_kernel/cpu/libkt_cpu_avx2.so"})
     with pytest.raises(SystemExit, match="holds no amx variant \\(it has avx2\\)"):
         library_in(wheel, "amx", tmp_path / "unpacked")
+
+
+@pytest.mark.parametrize(
+    ("option", "value", "message"),
+    [("--tokens", "0,8", "every count must be at least 1"), ("--threads", "two", "give comma-separated whole numbers")],
+)
+def test_a_count_that_is_no_whole_number_of_at_least_one_is_a_usage_error(
+    option: str, value: str, message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Refused by argparse before anything loads or builds (it was a ZeroDivisionError later for 0 tokens).
+    with pytest.raises(SystemExit) as exc:
+        main(["--against", "HEAD", option, value])
+    assert exc.value.code == 2
+    assert message in capsys.readouterr().err
