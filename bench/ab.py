@@ -23,6 +23,7 @@ import datetime
 import io
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -64,9 +65,12 @@ def commit_of(rev: str) -> str:
 def library_in(wheel: Path, variant: str, into: Path) -> Path:
     """A kt-kernel wheel's library of `variant`, the wheel unpacked into `into` unless it already is there
     (the wheel's build manifest says where the library lies)."""
-    if not into.is_dir():
+    if not into.is_dir():  # unpacked beside it, then renamed: an interrupted run leaves no half-unpacked wheel
+        partial = into.with_name(into.name + ".partial")
+        shutil.rmtree(partial, ignore_errors=True)
         with zipfile.ZipFile(wheel) as zf:
-            zf.extractall(into)  # noqa: S202 - a wheel this module built from a commit of this repository
+            zf.extractall(partial)  # noqa: S202 - a wheel this module built from a commit of this repository
+        partial.rename(into)
     manifest = json.loads((into / "kt_kernel" / "_build.json").read_text())
     entry = manifest["variants"].get(variant)
     if entry is None:

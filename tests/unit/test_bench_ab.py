@@ -56,3 +56,11 @@ def test_a_count_that_is_no_whole_number_of_at_least_one_is_a_usage_error(
         main(["--against", "HEAD", option, value])
     assert exc.value.code == 2
     assert message in capsys.readouterr().err
+
+
+def test_an_unpacking_left_half_done_is_not_taken_for_the_wheel(tmp_path: Path) -> None:
+    wheel = wheel_with(tmp_path, {"avx2": "kt_kernel/cpu/libkt_cpu_avx2.so"})
+    (tmp_path / "unpacked.partial" / "kt_kernel").mkdir(parents=True)  # an earlier run stopped mid-way
+    lib = library_in(wheel, "avx2", tmp_path / "unpacked")
+    assert lib.read_bytes() == b"\x7fELF"
+    assert not (tmp_path / "unpacked.partial").exists()
