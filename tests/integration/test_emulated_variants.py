@@ -221,3 +221,33 @@ def test_emulated_variant_sft_gradients(variant: str, emulated: Path, fresh_venv
     print(report(result))
     bad = sft_problems(result, quick=True)
     assert not bad, "\n".join(bad)
+
+
+def test_every_variant_computes_the_same_outputs(emulated: Path, fresh_venv: Venv) -> None:
+    """silu is the same operations on every variant (moe_grad.h) and INT8's integer sums are exact, so
+    INT8 outputs agree bit for bit across variants, AMX tiles included. With an expert LoRA the outputs
+    depend on every bit of silu (the down projection's A reads h in fp32): the emulated builds other
+    than amx agree (a build whose avx2 silu used std::exp again did not), and so do the native AVX-512
+    ones; amx's LoRA epilogue and avx2's 8-lane fp32 dots round differently. RAWINT4 sums floats 16
+    lanes to a vector on the AVX-512 variants (the same outputs) and 8 on avx2. Emulated and native
+    builds are not compared with each other (no FMA contraction in the emulated builds' scalar code)."""
+    emu = {v: str(emulated / f"libkt_cpu_{v}.so") for v in VARIANTS}
+    native_libs: dict[str, str] = fresh_venv.json(
+        "-c",
+        "import json, pathlib, kt_kernel as k; root = pathlib.Path(k.__file__).resolve().parent.parent; "
+        "print(json.dumps({n: str(root / e['file']) for n, e in k.build_manifest()['variants'].items()}))",
+    )
+    native = {v: native_libs[v] for v in VARIANTS if v in native_libs and not missing_on_host(v)}
+    digests = fresh_venv.json(str(SCRIPTS / "variant_agreement.py"), *emu.values(), *native.values())
+    for kind, group in (("emulated", emu), ("native", native)):
+        by = {v: digests[lib] for v, lib in group.items()}
+        agree = {
+            "int8/64": list(by),
+            "rawint4/32": [v for v in by if v != "avx2"],
+            "rawint4/128": [v for v in by if v != "avx2"],
+            "int8/64+lora": [v for v in by if v != "amx" and (kind == "emulated" or v != "avx2")],
+        }
+        for name, variants in agree.items():
+            values = {v: by[v][name] for v in variants}
+            assert len(set(values.values())) <= 1, (kind, name, values)
+    print(f"compared: emulated {sorted(emu)}, native {sorted(native)}")

@@ -30,6 +30,7 @@ constexpr int64_t kRowsC = 32;        // down rows per work item (INT8; RAWINT4 
 // ~80% (2 threads, one token, groups of 64).
 // (hidden and inter are multiples of 64, so either row count divides them.)
 int64_t rows_per_item(int wfmt, int64_t int8_rows) { return wfmt == KT_RAWINT4 ? 2 * int8_rows : int8_rows; }
+constexpr int64_t kItemRowsMax = 2 * kRowsA;  // gate/up rows of a work item, either format
 // AMX pays off from 6 pairs an expert, a tile of 16 token slots 3/8 full: on an AMX Xeon at 48-64
 // tokens (top-8 of 64 experts) that took 4-9% less time than starting at 8 (in-process A/B, one and
 // two threads), equal at 24 and 96; starting at 4 was no better. Below it the VNNI blocks run.
@@ -150,9 +151,10 @@ struct Plan {
     for (int k = 0; k < rank; ++k) sum = std::fma(b[k], l[k], sum);
     return std::fma(lscale, sum, x);
   }
-  // The gate/up projections of pair p (expert e), row r, from the base weights' dot products:
-  // adds the LoRA terms, keeps them for the backward when asked, returns h = silu(g) * u.
-  float finish_gate_up(int64_t e, int64_t p, int64_t r, float g, float u) const {
+  // The gate/up projections of pair p (expert e), row r, from the base weights' dot products: adds
+  // the LoRA terms and keeps them for the backward when asked. h = silu(g) * u follows for a block of
+  // rows at a time (finish_h).
+  void gate_up_terms(int64_t e, int64_t p, int64_t r, float& g, float& u) const {
     if (rank > 0) {
       g = lora_b(g, a.lora.gate_b + (e * I + r) * rank, la(p));
       u = lora_b(u, a.lora.up_b + (e * I + r) * rank, la(p) + rank);
@@ -161,7 +163,10 @@ struct Plan {
       a.saved.gate[orig[p] * I + r] = g;
       a.saved.up[orig[p] * I + r] = u;
     }
-    return silu(g) * u;
+  }
+  // h of pair p, rows [r0, r0 + n), from its g and u (gate_up_terms).
+  void finish_h(int64_t p, int64_t r0, int64_t n, const float* g, const float* u) const {
+    silu_mul(g, u, h(p) + r0, n);
   }
   float finish_down(int64_t e, int64_t p, int64_t r, float o) const {
     return rank > 0 ? lora_b(o, a.lora.down_b + (e * H + r) * rank, la(p) + 2 * rank) : o;
@@ -206,14 +211,19 @@ struct I4Pairs {
 template <int M, int G>
 void gate_up_i4(const Plan& pl, const Proj& gate, const Proj& up, int64_t e, int64_t p0, int64_t r0, int64_t r1) {
   const I4Pairs<M> a(pl, p0, false);
+  alignas(64) float g[M][kItemRowsMax], u[M][kItemRowsMax];
   for (int64_t r = r0; r < r1; ++r) {
     const uint8_t* w[2] = {gate.i4_row(e, r), up.i4_row(e, r)};
     const float* s[2] = {gate.i4_scale(e, r), up.i4_scale(e, r)};
     float gu[2 * M];
     dot_i4_block<2, M, G>(w, s, a.x, a.side, gate.cols, gu);
-    for (int m = 0; m < M; ++m)
-      pl.h(p0 + m)[r] = pl.finish_gate_up(e, p0 + m, r, gu[m] * a.qs[m], gu[M + m] * a.qs[m]);
+    for (int m = 0; m < M; ++m) {
+      g[m][r - r0] = gu[m] * a.qs[m];
+      u[m][r - r0] = gu[M + m] * a.qs[m];
+      pl.gate_up_terms(e, p0 + m, r, g[m][r - r0], u[m][r - r0]);
+    }
   }
+  for (int m = 0; m < M; ++m) pl.finish_h(p0 + m, r0, r1 - r0, g[m], u[m]);
 }
 
 // out of pairs [p0, p0 + M) for down rows [r0, r1) of expert e, two rows per pass.
@@ -261,6 +271,7 @@ template <int M>
 void gate_up_i8(const Plan& pl, const Proj& gate, const Proj& up, int64_t e, int64_t p0, int64_t r0, int64_t r1) {
   const int8_t* x[M];
   for (int m = 0; m < M; ++m) x[m] = pl.xq(p0 + m);
+  alignas(64) float g[M][kItemRowsMax], u[M][kItemRowsMax];
   for (int64_t r = r0; r < r1; ++r) {
     const int8_t* w[2] = {gate.i8_row(e, r), up.i8_row(e, r)};
     int32_t gu[2 * M];
@@ -268,10 +279,12 @@ void gate_up_i8(const Plan& pl, const Proj& gate, const Proj& up, int64_t e, int
     const float gs = gate.i8_scale(e, r), us = up.i8_scale(e, r);
     for (int m = 0; m < M; ++m) {
       const float xs = pl.xs()[p0 + m];
-      pl.h(p0 + m)[r] = pl.finish_gate_up(e, p0 + m, r, static_cast<float>(gu[m]) * xs * gs,
-                                          static_cast<float>(gu[M + m]) * xs * us);
+      g[m][r - r0] = static_cast<float>(gu[m]) * xs * gs;
+      u[m][r - r0] = static_cast<float>(gu[M + m]) * xs * us;
+      pl.gate_up_terms(e, p0 + m, r, g[m][r - r0], u[m][r - r0]);
     }
   }
+  for (int m = 0; m < M; ++m) pl.finish_h(p0 + m, r0, r1 - r0, g[m], u[m]);
 }
 
 template <int M>
@@ -406,7 +419,7 @@ void gate_up_amx(const Plan& pl, int64_t e, int64_t r0, int thread) {
   amx_gemm_i8_w32(gw, uw, H, pl.xp(e), tiles, ws.c0, ws.c1, last ? nullptr : gw + 16 * H, uw + 16 * H);
   const float* gs = a.gate.scale + e * pl.I + r0;
   const float* us = a.up.scale + e * pl.I + r0;
-  // h = silu(g) * u, 16 pairs to a vector, as finish_gate_up: in training after the LoRA terms
+  // h = silu(g) * u, 16 pairs to a vector, as finish_h: in training after the LoRA terms
   // (lora_b_tile), g and u kept for the backward.
   alignas(64) float gb[16][16], ub[16][16], hb[16][16];  // [row][pair of the tile]
   for (int64_t i0 = 0; i0 < m; i0 += 16) {
@@ -419,7 +432,7 @@ void gate_up_amx(const Plan& pl, int64_t e, int64_t r0, int thread) {
       lora_b_tile(pl, a.lora.up_b + (e * pl.I + r0) * pl.rank, b + i0, count, pl.rank, 16, ub);
     }
     for (int64_t n = 0; n < 16; ++n)
-      _mm512_store_ps(hb[n], _mm512_mul_ps(silu16(_mm512_load_ps(gb[n])), _mm512_load_ps(ub[n])));
+      _mm512_store_ps(hb[n], _mm512_mul_ps(silu_v(_mm512_load_ps(gb[n])), _mm512_load_ps(ub[n])));
     for (int64_t j = 0; j < count; ++j) {
       float* h = pl.h(b + i0 + j) + r0;
       for (int64_t n = 0; n < 16; ++n) h[n] = hb[n][j];

@@ -464,7 +464,7 @@ int moe_backward(const kt_moe_args* args, const kt_moe_grad_args* gr, char* err,
           case 4: {  // dAd [R, I] += s w (Bd^T dy) h^T
             const float* g = a.saved.gate + row * I;
             const float* u = a.saved.up + row * I;
-            for (int64_t i = 0; i < I; ++i) tmp[i] = silu(g[i]) * u[i];
+            silu_mul(g, u, tmp.data(), I);
             float* d = dl[4] + e * R * I;
             const float sw = s * a.weights[row];
             for (int j = 0; j < R; ++j) axpy_f32(sw * bv(p)[j], tmp.data(), d + j * I, I);
