@@ -36,6 +36,7 @@ from typing import Any, Literal
 from base import paths
 from base.paths import ROOT
 
+from . import results
 from .kernel import EXPERTS, HIDDEN, INTER, TOPK
 
 ROUTINGS = 16
@@ -235,8 +236,7 @@ def main(argv: list[str] | None = None) -> int:
         "skipped": skipped,
         "rows": rows,
     }
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(result, indent=2) + "\n")
+    results.write(args.json, result)
     say(f"wrote {args.json} (ratio = this tree's ms / {args.against}'s; below 1 is faster)")
     return 0
 

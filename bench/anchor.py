@@ -41,7 +41,7 @@ from base import paths
 from base.paths import ROOT
 from locks import indexes
 
-from . import anchor_kt
+from . import anchor_kt, results
 from .kernel import EXPERTS, HIDDEN, INTER, TOPK, ReadProbe
 from .timing import median_seconds
 
@@ -315,8 +315,7 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--variant {', '.join(unknown)}: not a CPU variant of kt-kernel (known: {', '.join(known)})")
     cpus = len(os.sched_getaffinity(0))
     result = run(args.variant, sorted({1, cpus}), args.rounds, args.min_time)
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(result, indent=2) + "\n")
+    results.write(args.json, result)
     say(f"wrote {args.json}")
     return 0
 

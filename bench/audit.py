@@ -7,7 +7,6 @@ its own: python -m bench.audit [--wheel PATH] [--json FILE]."""
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import subprocess
 import sys
@@ -20,6 +19,8 @@ from typing import Any
 from base import paths
 from base.paths import ROOT
 from locks import indexes
+
+from . import results as bench_results
 
 TORCH = "torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl"
 
@@ -94,8 +95,7 @@ def main(argv: list[str] | None = None) -> int:
         f"  audit / auditwheel wall time: {results['time_ratio']}x (target <= 0.5x); peak RSS targets <= 256 MiB",
         flush=True,
     )
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(results, indent=2) + "\n")
+    bench_results.write(args.json, results)
     return 0
 
 

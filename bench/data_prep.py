@@ -22,6 +22,7 @@ from base import paths
 from base.errors import StageError, report
 from base.paths import ROOT
 
+from . import results
 from .errors import BenchError
 
 MAKE_TOKENIZER = ROOT / "tests" / "integration" / "scripts" / "make_chat_tokenizer.py"
@@ -130,8 +131,7 @@ def _main(argv: list[str] | None) -> int:
     print(f"  outputs byte-identical across worker counts: {same}")
     if len(rows) > 1:
         print(f"  parallel / serial: {rows[0]['seconds'] / rows[-1]['seconds']:.2f}x")
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps({"examples": args.examples, "cores": cores, "rows": rows, "same": same}, indent=2))
+    results.write(args.json, {"examples": args.examples, "cores": cores, "rows": rows, "same": same})
     return 0 if same else 1
 
 

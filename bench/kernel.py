@@ -28,6 +28,7 @@ from typing import Any, Literal, cast
 from base import paths
 from base.paths import ROOT
 
+from . import results
 from .timing import median_seconds
 
 HIDDEN, INTER, EXPERTS, TOPK = 2048, 768, 64, 8
@@ -274,8 +275,7 @@ def main(argv: list[str] | None = None) -> int:
             f"cold build_cpu {b['cold_build_s']:.1f}s; after touching {b['touched']}: {b['rebuild_s']:.1f}s, "
             f"{len(b['recompiled'])} objects recompiled: {', '.join(b['recompiled'])}"
         )
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(result, indent=2) + "\n")
+    results.write(args.json, result)
     return 0
 
 

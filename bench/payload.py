@@ -32,6 +32,7 @@ from base.errors import StageError, report
 from base.paths import ROOT
 from carriers.inputs import sha256
 
+from . import results
 from .errors import BenchError
 
 RUNTIME = ROOT / "kernel" / "python" / "kt_kernel" / "payload.py"
@@ -294,8 +295,7 @@ def _main(argv: list[str] | None) -> int:
     res["audit"] = audit_numbers(args.dist)
     if args.assembly:
         res["assembly"] = assembly_numbers(args.kernel)
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(res, indent=2) + "\n")
+    results.write(args.json, res)
     pl = res["payload"]
     print(
         f"payload bytes: ours {pl['ours_bytes'] / 1e6:.1f} MB vs gzip {pl['reference_gzip_bytes'] / 1e6:.1f} MB "

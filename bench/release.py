@@ -18,7 +18,6 @@ profiles' fresh venvs). Writes build/bench-release.json.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import re
 import shutil
@@ -31,6 +30,7 @@ from typing import Any
 from base import paths
 from base.errors import StageError, report
 
+from . import results
 from .errors import BenchError
 
 SCENARIOS = ("cold", "no-op", "reference", "kernel line")
@@ -132,8 +132,7 @@ def main(argv: list[str] | None = None) -> int:
             f"{r['scenario']:<12} {r['command']:<{width}} {r['seconds']:8.1f}  "
             f"{', '.join(r['ran']) or '-'} / {', '.join(r['reused']) or '-'}"
         )
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps({"rows": rows}, indent=2) + "\n")
+    results.write(args.json, {"rows": rows})
     return 0
 
 

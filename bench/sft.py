@@ -18,6 +18,7 @@ from typing import Any
 from base import paths
 from base.paths import ROOT
 
+from . import results
 from .timing import median_seconds
 
 HIDDEN, INTER, EXPERTS, TOPK, RANK = 2048, 768, 64, 8, 8
@@ -161,8 +162,7 @@ def main(argv: list[str] | None = None) -> int:
                     r = json.loads(proc.stdout.strip().splitlines()[-1])
                     rows.append(r)
                     print(line(name, r, rows))
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps({"cpu": report["brand"], "rows": rows}, indent=2) + "\n")
+    results.write(args.json, {"cpu": report["brand"], "rows": rows})
     return 0
 
 
