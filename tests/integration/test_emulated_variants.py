@@ -251,3 +251,16 @@ def test_every_variant_computes_the_same_outputs(emulated: Path, fresh_venv: Ven
             values = {v: by[v][name] for v in variants}
             assert len(set(values.values())) <= 1, (kind, name, values)
     print(f"compared: emulated {sorted(emu)}, native {sorted(native)}")
+
+
+def test_a_variant_with_its_own_silu_is_caught(simde: Path, tmp_path: Path, emulated: Path, fresh_venv: Venv) -> None:
+    """avx2's silu through std::exp again (as every variant but amx had it): INT8 without LoRA still
+    agrees (an ulp of h rarely moves its int8 rounding), the LoRA case does not, so that case is what
+    holds every variant to one silu."""
+    good = "  for (; i + kLanes <= n; i += kLanes) vf_store(h + i, mul_v(silu_v(vf_load(g + i)), vf_load(u + i)));\n"
+    good += "  for (; i < n; ++i) h[i] = silu(g[i]) * u[i];"
+    bad = "  for (; i < n; ++i) h[i] = g[i] / (1.f + std::exp(-g[i])) * u[i];"
+    lib = _mutant(simde, tmp_path, "src/cpu/moe_grad.h", good, bad, "avx2")
+    ref = str(emulated / "libkt_cpu_avx512_base.so")
+    digests = fresh_venv.json(str(SCRIPTS / "variant_agreement.py"), ref, str(lib))
+    assert digests[ref]["int8/64+lora"] != digests[str(lib)]["int8/64+lora"], "a second silu went unnoticed"
