@@ -12,6 +12,7 @@
 #ifndef KT_ISA_H
 #define KT_ISA_H
 
+#include <cmath>
 #include <cstdint>
 
 #if defined(KT_EMULATE)
@@ -47,6 +48,33 @@ static inline __m512i kt_emu_cvtepu8_epi16(__m256i v) {
 #define _mm512_reduce_add_epi32 kt_emu_reduce_add_epi32
 #define _mm512_reduce_add_ps kt_emu_reduce_add_ps
 #define _mm512_cvtepu8_epi16 kt_emu_cvtepu8_epi16
+
+// Fused multiply-adds rounded once, as the real instructions: SIMDe's portable forms compute a * b + c
+// with two roundings, so an emulated path that fused in a vector (amx's LoRA epilogue, lora_b_tile)
+// disagreed with the same steps fused one element at a time (std::fma) where real hardware agrees.
+#define KT_EMU_FMA(W, N)                                                                \
+  static inline simde__m##W kt_emu_fmadd_##W(simde__m##W a, simde__m##W b, simde__m##W c) { \
+    float x[N], y[N], z[N];                                                             \
+    simde_mm##W##_storeu_ps(x, a);                                                      \
+    simde_mm##W##_storeu_ps(y, b);                                                      \
+    simde_mm##W##_storeu_ps(z, c);                                                      \
+    for (int i = 0; i < N; ++i) z[i] = std::fma(x[i], y[i], z[i]);                      \
+    return simde_mm##W##_loadu_ps(z);                                                   \
+  }                                                                                     \
+  static inline simde__m##W kt_emu_fnmadd_##W(simde__m##W a, simde__m##W b, simde__m##W c) { \
+    return kt_emu_fmadd_##W(simde_mm##W##_sub_ps(simde_mm##W##_setzero_ps(), a), b, c); \
+  }
+KT_EMU_FMA(512, 16)
+KT_EMU_FMA(256, 8)
+#undef KT_EMU_FMA
+#undef _mm512_fmadd_ps
+#undef _mm512_fnmadd_ps
+#undef _mm256_fmadd_ps
+#undef _mm256_fnmadd_ps
+#define _mm512_fmadd_ps kt_emu_fmadd_512
+#define _mm512_fnmadd_ps kt_emu_fnmadd_512
+#define _mm256_fmadd_ps kt_emu_fmadd_256
+#define _mm256_fnmadd_ps kt_emu_fnmadd_256
 #else
 #include <immintrin.h>
 #if defined(__AVX2__)
