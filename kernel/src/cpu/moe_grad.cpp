@@ -377,16 +377,7 @@ int moe_backward(const kt_moe_args* args, const kt_moe_grad_args* gr, char* err,
     float* qp = q(p);
     float* dgp = dg(p);
     float* dup = du(p);
-    float dw = 0.f;
-    for (int64_t i = 0; i < I; ++i) {
-      const float sg = 1.f / (1.f + std::exp(-g[i]));
-      const float act = g[i] * sg;
-      dw += qp[i] * act * u[i];
-      const float dh = w * qp[i];
-      dgp[i] = dh * u[i] * sg * (1.f + g[i] * (1.f - sg));
-      dup[i] = dh * act;
-    }
-    gr->dweights[row] = dw;
+    gr->dweights[row] = silu_mul_backward(g, u, qp, w, dgp, dup, I);
     if (KT_BF16_DOT) {
       to_bf16(dgp, I, dgb(p));
       to_bf16(dup, I, dub(p));

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 
 #include "isa.h"
 #include "kt_cpu_api.h"
@@ -27,6 +28,11 @@ namespace kt {
   inline vf vf_load(const float* p) { return _mm##W##_loadu_ps(p); }                                         \
   inline void vf_store(float* p, vf v) { _mm##W##_storeu_ps(p, v); }                                         \
   inline vf mul_v(vf a, vf b) { return _mm##W##_mul_ps(a, b); }                                              \
+  inline vf add_v(vf a, vf b) { return _mm##W##_add_ps(a, b); }                                              \
+  inline vf sub_v(vf a, vf b) { return _mm##W##_sub_ps(a, b); }                                              \
+  inline vf div_v(vf a, vf b) { return _mm##W##_div_ps(a, b); }                                              \
+  inline vf set1_v(float v) { return _mm##W##_set1_ps(v); }                                                  \
+  inline vf fmadd_v(vf a, vf b, vf c) { return _mm##W##_fmadd_ps(a, b, c); }                                 \
   inline vf exp_v(vf x) {                                                                                    \
     x = _mm##W##_max_ps(_mm##W##_min_ps(x, _mm##W##_set1_ps(87.f)), _mm##W##_set1_ps(-87.f));                \
     const __m##W##i n = _mm##W##_cvtps_epi32(_mm##W##_mul_ps(x, _mm##W##_set1_ps(1.44269504088896341f)));    \
@@ -44,9 +50,9 @@ namespace kt {
     const __m##W##i e = _mm##W##_slli_epi32(_mm##W##_add_epi32(n, _mm##W##_set1_epi32(127)), 23);            \
     return _mm##W##_mul_ps(p, _mm##W##_castsi##W##_ps(e));                                                   \
   }                                                                                                          \
-  inline vf silu_v(vf g) {                                                                                   \
-    return _mm##W##_div_ps(g, _mm##W##_add_ps(_mm##W##_set1_ps(1.f), exp_v(_mm##W##_sub_ps(_mm##W##_setzero_ps(), g)))); \
-  }
+  /* 1 + e^-g: silu(g) = g / silu_den(g), and the backward's sigmoid is 1 / silu_den(g) */                   \
+  inline vf silu_den(vf g) { return add_v(set1_v(1.f), exp_v(sub_v(_mm##W##_setzero_ps(), g))); }            \
+  inline vf silu_v(vf g) { return div_v(g, silu_den(g)); }
 #if defined(KT_ISA_AVX512F)
 KT_SILU_FOR_WIDTH(512)
 inline float silu(float v) { return _mm_cvtss_f32(_mm512_castps512_ps128(silu_v(_mm512_set1_ps(v)))); }
@@ -63,6 +69,42 @@ __attribute__((noinline)) inline void silu_mul(const float* g, const float* u, f
   int64_t i = 0;
   for (; i + kLanes <= n; i += kLanes) vf_store(h + i, mul_v(silu_v(vf_load(g + i)), vf_load(u + i)));
   for (; i < n; ++i) h[i] = silu(g[i]) * u[i];
+}
+
+// The backward of h = silu(g) * u for one pair's row of n elements, q = dL/dh before the routing weight w:
+// dg = w q u sigma(g) (1 + g (1 - sigma(g))), du = w q silu(g); returns dL/dw = sum q silu(g) u. silu(g) is
+// the forward's to the bit (the same operations, silu_den), kLanes to a vector; a short last vector runs
+// zero-padded through the same operations. dL/dw adds lane by lane, then the lanes in order.
+inline float silu_mul_backward(const float* g, const float* u, const float* q, float w, float* dg, float* du,
+                               int64_t n) {
+  const vf one = set1_v(1.f), wv = set1_v(w);
+  vf dw = set1_v(0.f);
+  for (int64_t i = 0; i < n; i += kLanes) {
+    const int64_t m = n - i < kLanes ? n - i : kLanes;
+    alignas(64) float gb[kLanes] = {}, ub[kLanes] = {}, qb[kLanes] = {}, dgb[kLanes], dub[kLanes];
+    const float *gp = g + i, *up = u + i, *qp = q + i;
+    float *dgp = dg + i, *dup = du + i;
+    if (m < kLanes) {
+      std::memcpy(gb, gp, static_cast<size_t>(m) * 4);
+      std::memcpy(ub, up, static_cast<size_t>(m) * 4);
+      std::memcpy(qb, qp, static_cast<size_t>(m) * 4);
+      gp = gb, up = ub, qp = qb, dgp = dgb, dup = dub;
+    }
+    const vf gv = vf_load(gp), uv = vf_load(up), qv = vf_load(qp);
+    const vf den = silu_den(gv), sg = div_v(one, den), act = div_v(gv, den), dh = mul_v(wv, qv);
+    dw = add_v(dw, mul_v(mul_v(qv, act), uv));
+    vf_store(dgp, mul_v(mul_v(mul_v(dh, uv), sg), fmadd_v(gv, sub_v(one, sg), one)));
+    vf_store(dup, mul_v(dh, act));
+    if (m < kLanes) {
+      std::memcpy(dg + i, dgb, static_cast<size_t>(m) * 4);
+      std::memcpy(du + i, dub, static_cast<size_t>(m) * 4);
+    }
+  }
+  alignas(64) float lanes[kLanes];
+  vf_store(lanes, dw);
+  float sum = 0.f;
+  for (float l : lanes) sum += l;
+  return sum;
 }
 
 inline float dot_f32(const float* a, const float* b, int64_t n) {
