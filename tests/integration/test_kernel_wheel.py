@@ -268,8 +268,9 @@ def test_quantize_refuses_bad_shapes_with_a_clear_error(fresh_venv: Venv) -> Non
 
 
 def test_a_tokens_output_does_not_depend_on_its_batch(fresh_venv: Venv) -> None:
-    """A token alone and the same token among 22 others (so its expert runs the blocked paths: 4 and 2
-    pairs per pass over the weights, AMX tiles) give the same output bit for bit, in every format."""
+    """A token alone and the same token among 22 others (so its expert runs the blocked paths: 4 pairs
+    per pass over the weights, then a rest of 3, 2 or 1; AMX tiles) give the same output bit for bit, in
+    every format."""
     result = fresh_venv.json(str(SCRIPTS / "batch_invariance.py"))
     assert result.pop("variant")
     assert result == {"int8/64": True, "rawint4/32": True, "rawint4/64": True, "rawint4/128": True}

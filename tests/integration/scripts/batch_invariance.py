@@ -26,10 +26,13 @@ for fmt, g in FORMATS:
     q = [kk.quantize(rng.standard_normal(s, dtype=np.float32) * 0.05, fmt, g) for s in ((4, 128, 256),) * 2]
     q.append(kk.quantize(rng.standard_normal((4, 256, 128), dtype=np.float32) * 0.05, fmt, g))
     m = kk.MoE(*q)
-    # 23 tokens over 4 experts, top-2: each expert gets ~11 pairs, so batches take the blocked paths
-    # (4 and 2 pairs per pass, AMX tiles from 16) that a token alone never does.
+    # 23 tokens over 4 experts, top-2, routed so that the experts get 4, 6, 13 and 23 pairs: a batch runs
+    # every pair block (4, and after them a rest of 3, 2 or 1 pairs in one pass) and AMX tiles (from 6
+    # pairs, two tiles at 23), which a token alone never does.
     x = rng.standard_normal((23, 256), dtype=np.float32)
-    ids = np.stack([rng.permutation(4)[:2] for _ in range(23)])
+    others = rng.permutation([0] * 4 + [1] * 6 + [2] * 13)
+    ids = np.stack([rng.permutation([3, o]) for o in others])
+    assert np.bincount(ids.ravel(), minlength=4).tolist() == [4, 6, 13, 23]
     w = rng.random((23, 2), dtype=np.float32)
     full = m(x, ids, w)
     alone = np.concatenate([m(x[i : i + 1], ids[i : i + 1], w[i : i + 1]) for i in range(23)])
