@@ -265,3 +265,18 @@ def test_a_variant_with_its_own_silu_is_caught(simde: Path, tmp_path: Path, emul
     ref = str(emulated / "libkt_cpu_avx512_base.so")
     digests = fresh_venv.json(str(SCRIPTS / "variant_agreement.py"), ref, str(lib))
     assert digests[ref]["int8/64+lora"] != digests[str(lib)]["int8/64+lora"], "a second silu went unnoticed"
+
+
+def test_an_amx_lora_epilogue_that_rounds_twice_is_caught(
+    simde: Path, tmp_path: Path, emulated: Path, fresh_venv: Venv
+) -> None:
+    """amx's vector LoRA epilogue (lora_b_tile) summing B's terms with a multiply, then an add, where every
+    other path fuses the two (std::fma): the LoRA case of the agreement check tells it from the rest. (It
+    could not before the emulated builds fused their multiply-adds: SIMDe rounded them twice everywhere.)"""
+    good = "_mm512_fmadd_ps(_mm512_set1_ps(B[n * rank + k]), lk, _mm512_load_ps(sum[n]))"
+    bad = "_mm512_add_ps(_mm512_mul_ps(_mm512_set1_ps(B[n * rank + k]), lk), _mm512_load_ps(sum[n]))"
+    lib = _mutant(simde, tmp_path, "src/cpu/moe.cpp", good, bad, "amx")
+    ref = str(emulated / "libkt_cpu_amx.so")
+    digests = fresh_venv.json(str(SCRIPTS / "variant_agreement.py"), ref, str(lib))
+    assert digests[ref]["int8/64"] == digests[str(lib)]["int8/64"]  # the mutation is LoRA's alone
+    assert digests[ref]["int8/64+lora"] != digests[str(lib)]["int8/64+lora"], "a twice-rounded epilogue went unnoticed"
