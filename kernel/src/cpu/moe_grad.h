@@ -33,22 +33,23 @@ namespace kt {
   inline vf div_v(vf a, vf b) { return _mm##W##_div_ps(a, b); }                                              \
   inline vf set1_v(float v) { return _mm##W##_set1_ps(v); }                                                  \
   inline vf fmadd_v(vf a, vf b, vf c) { return _mm##W##_fmadd_ps(a, b, c); }                                 \
+  inline vf fnmadd_v(vf a, vf b, vf c) { return _mm##W##_fnmadd_ps(a, b, c); }                               \
   inline vf exp_v(vf x) {                                                                                    \
-    x = _mm##W##_max_ps(_mm##W##_min_ps(x, _mm##W##_set1_ps(87.f)), _mm##W##_set1_ps(-87.f));                \
-    const __m##W##i n = _mm##W##_cvtps_epi32(_mm##W##_mul_ps(x, _mm##W##_set1_ps(1.44269504088896341f)));    \
+    x = _mm##W##_max_ps(_mm##W##_min_ps(x, set1_v(87.f)), set1_v(-87.f));                                    \
+    const __m##W##i n = _mm##W##_cvtps_epi32(mul_v(x, set1_v(1.44269504088896341f)));                        \
     const vf nf = _mm##W##_cvtepi32_ps(n);                                                                   \
     /* ln2 in two parts: n * the first is exact */                                                           \
-    vf r = _mm##W##_fnmadd_ps(nf, _mm##W##_set1_ps(0.693359375f), x);                                        \
-    r = _mm##W##_fnmadd_ps(nf, _mm##W##_set1_ps(-2.12194440e-4f), r);                                        \
-    vf p = _mm##W##_set1_ps(1.9875691500e-4f);                                                               \
-    p = _mm##W##_fmadd_ps(p, r, _mm##W##_set1_ps(1.3981999507e-3f));                                         \
-    p = _mm##W##_fmadd_ps(p, r, _mm##W##_set1_ps(8.3334519073e-3f));                                         \
-    p = _mm##W##_fmadd_ps(p, r, _mm##W##_set1_ps(4.1665795894e-2f));                                         \
-    p = _mm##W##_fmadd_ps(p, r, _mm##W##_set1_ps(1.6666665459e-1f));                                         \
-    p = _mm##W##_fmadd_ps(p, r, _mm##W##_set1_ps(5.0000001201e-1f));                                         \
-    p = _mm##W##_fmadd_ps(_mm##W##_mul_ps(p, r), r, _mm##W##_add_ps(r, _mm##W##_set1_ps(1.f)));              \
+    vf r = fnmadd_v(nf, set1_v(0.693359375f), x);                                                            \
+    r = fnmadd_v(nf, set1_v(-2.12194440e-4f), r);                                                            \
+    vf p = set1_v(1.9875691500e-4f);                                                                         \
+    p = fmadd_v(p, r, set1_v(1.3981999507e-3f));                                                             \
+    p = fmadd_v(p, r, set1_v(8.3334519073e-3f));                                                             \
+    p = fmadd_v(p, r, set1_v(4.1665795894e-2f));                                                             \
+    p = fmadd_v(p, r, set1_v(1.6666665459e-1f));                                                             \
+    p = fmadd_v(p, r, set1_v(5.0000001201e-1f));                                                             \
+    p = fmadd_v(mul_v(p, r), r, add_v(r, set1_v(1.f)));                                                      \
     const __m##W##i e = _mm##W##_slli_epi32(_mm##W##_add_epi32(n, _mm##W##_set1_epi32(127)), 23);            \
-    return _mm##W##_mul_ps(p, _mm##W##_castsi##W##_ps(e));                                                   \
+    return mul_v(p, _mm##W##_castsi##W##_ps(e));                                                             \
   }                                                                                                          \
   /* 1 + e^-g: silu(g) = g / silu_den(g), and the backward's sigmoid is 1 / silu_den(g) */                   \
   inline vf silu_den(vf g) { return add_v(set1_v(1.f), exp_v(sub_v(_mm##W##_setzero_ps(), g))); }            \
@@ -79,12 +80,13 @@ inline float silu_mul_backward(const float* g, const float* u, const float* q, f
                                int64_t n) {
   const vf one = set1_v(1.f), wv = set1_v(w);
   vf dw = set1_v(0.f);
+  alignas(64) float gb[kLanes], ub[kLanes], qb[kLanes], dgb[kLanes], dub[kLanes];  // the short last vector
   for (int64_t i = 0; i < n; i += kLanes) {
     const int64_t m = n - i < kLanes ? n - i : kLanes;
-    alignas(64) float gb[kLanes] = {}, ub[kLanes] = {}, qb[kLanes] = {}, dgb[kLanes], dub[kLanes];
     const float *gp = g + i, *up = u + i, *qp = q + i;
     float *dgp = dg + i, *dup = du + i;
     if (m < kLanes) {
+      for (float* b : {gb, ub, qb}) std::memset(b, 0, sizeof gb);
       std::memcpy(gb, gp, static_cast<size_t>(m) * 4);
       std::memcpy(ub, up, static_cast<size_t>(m) * 4);
       std::memcpy(qb, qp, static_cast<size_t>(m) * 4);
