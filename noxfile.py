@@ -392,7 +392,7 @@ def bench(session: nox.Session) -> None:
     )
     p.add_argument("--against", help="ab: the revision whose CPU kernels this tree's are timed against")
     p.add_argument("--format", action="append", default=[], choices=["int8", "rawint4"], help="ab: only these formats")
-    p.add_argument("--threads", help="ab: thread counts, comma-separated (default: 1 and every CPU)")
+    p.add_argument("--threads", help="ab, anchor: thread counts, comma-separated (default: 1 and every CPU)")
     p.add_argument("--tokens", help="ab: token counts, comma-separated (default: 1,2,4,8,64,256)")
     args = p.parse_args(session.posargs)
     if (args.only == "ab") != (args.against is not None):
@@ -438,7 +438,8 @@ def bench(session: nox.Session) -> None:
         session.run("python", "-m", "bench.ab", f"--against={args.against}", *extra)
         return
     if args.only == "anchor":  # not part of a plain `nox -s bench`: KTransformers' kt-kernel needs ~3 GB of wheels
-        session.run("python", "-m", "bench.anchor", *(f"--variant={v}" for v in args.variant))
+        extra = [f"--variant={v}" for v in args.variant] + ([f"--threads={args.threads}"] if args.threads else [])
+        session.run("python", "-m", "bench.anchor", *extra)
         return
     if args.only in (None, "sft"):
         only = [f"--variant={v}" for v in args.variant]

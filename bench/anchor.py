@@ -30,6 +30,7 @@ import hashlib
 import itertools
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -42,6 +43,7 @@ from base.paths import ROOT
 from locks import indexes
 
 from . import anchor_kt, results
+from .ab import counts
 from .kernel import EXPERTS, HIDDEN, INTER, TOPK, ReadProbe
 from .timing import median_seconds
 
@@ -54,6 +56,7 @@ VENV = paths.BENCH_ANCHOR / "venv"
 LOCK = paths.LOCKFILES / "anchor.txt"
 KT_WORKER = ROOT / "bench" / "anchor_kt.py"
 THEIRS = "kt-kernel 0.7.2"  # the anchor, as the report names it
+THEIRS_VERSION = "0.7.2"
 
 
 def say(msg: str) -> None:
@@ -69,8 +72,6 @@ def anchor_venv() -> Path:
     if python.exists() and stamp.exists() and stamp.read_text().strip() == digest:
         say(f"anchor venv: reused {VENV} (lock sha256 {digest[:16]})")
         return python
-    import shutil
-
     uv = shutil.which("uv")
     if uv is None:
         raise SystemExit("uv is not on PATH: run this through `nox -s bench -- --only anchor`")
@@ -149,11 +150,17 @@ def ours_worker(threads: int) -> int:
     return 0
 
 
+@functools.cache
+def reference_weights() -> list[Any]:
+    """The unquantized fp32 weights, drawn once a run (1.2 GB; each check used to draw them again)."""
+    return anchor_kt.weights(SEED, EXPERTS, HIDDEN, INTER)
+
+
 def reference(fmt_outputs: dict[str, list[float]], tokens: int) -> dict[str, float]:
     """Relative error of each output against the fp32 MoE on the unquantized weights."""
     import numpy as np
 
-    gate, up, down = anchor_kt.weights(SEED, EXPERTS, HIDDEN, INTER)
+    gate, up, down = reference_weights()
     x, routes, w = anchor_kt.inputs(SEED + 1, tokens, EXPERTS, HIDDEN, TOPK, ROUTINGS)
     xs, ids, ws = x.float().numpy(), routes[0].numpy(), w.numpy()
     ref = np.zeros_like(xs)
@@ -191,10 +198,15 @@ def common_variants() -> tuple[list[str], dict[str, str]]:
     return out, skipped
 
 
-def run(variants: list[str], threads_list: list[int], rounds: int, min_time: float) -> dict[str, Any]:
+def run(
+    variants: list[str], threads_list: list[int], rounds: int, min_time: float, kt_python: Path | None = None
+) -> dict[str, Any]:
+    """kt_python: an interpreter that imports KTransformers' kt-kernel 0.7.2 already (a machine where the
+    lock cannot be installed); by default the lock's own venv, made or reused here."""
     import kt_kernel
 
-    kt_python = anchor_venv()
+    source = f"imported by {kt_python}" if kt_python else f"{LOCK.relative_to(ROOT)}"
+    kt_python = kt_python or anchor_venv()
     host = kt_kernel.cpu_report().as_dict()
     common, skipped = common_variants()
     chosen = [v for v in common if not variants or v in variants]
@@ -225,6 +237,11 @@ def run(variants: list[str], threads_list: list[int], rounds: int, min_time: flo
             loaded = {w.name: w.ask(**load) for w in (ours, kt)}
             if loaded["ours"]["digest"] != loaded[THEIRS]["digest"]:
                 raise SystemExit("the two workers drew different weights from one seed (numpy streams differ)")
+            if loaded[THEIRS].get("version") != THEIRS_VERSION:
+                raise SystemExit(
+                    f"{kt_python} imports kt-kernel {loaded[THEIRS].get('version')}, not {THEIRS_VERSION}: "
+                    f"the anchor is {THEIRS} (lockfiles/anchor.txt); give --kt-python an interpreter that has it"
+                )
             for side, reply in loaded.items():
                 if reply["variant"] != variant:
                     raise SystemExit(f"{side} loaded variant {reply['variant']}, not {variant}")
@@ -289,7 +306,7 @@ def run(variants: list[str], threads_list: list[int], rounds: int, min_time: flo
         "threads": threads_list,
         "rounds": rounds,
         "layer": {"hidden": HIDDEN, "intermediate": INTER, "experts": EXPERTS, "topk": TOPK},
-        "anchor": "kt-kernel 0.7.2 (lockfiles/anchor.txt)",
+        "anchor": f"{THEIRS} ({source})",
         "formats": formats,
         "skipped": skipped,
         "checks": checks,
@@ -303,6 +320,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--variant", action="append", default=[], help="only these CPU variants (default: every common one)")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--min-time", type=float, default=0.3, help="seconds of calls per timing")
+    p.add_argument("--threads", type=counts, help="thread counts, comma-separated (default: 1 and every CPU)")
+    p.add_argument(
+        "--kt-python",
+        type=Path,
+        help="a Python that imports KTransformers' kt-kernel 0.7.2 already, instead of the lock's venv "
+        "(for a machine that cannot install lockfiles/anchor.txt, e.g. one offline)",
+    )
     p.add_argument("--worker", type=int, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.worker:
@@ -313,8 +337,10 @@ def main(argv: list[str] | None = None) -> int:
     unknown = sorted(set(args.variant) - set(known))
     if unknown:
         p.error(f"--variant {', '.join(unknown)}: not a CPU variant of kt-kernel (known: {', '.join(known)})")
-    cpus = len(os.sched_getaffinity(0))
-    result = run(args.variant, sorted({1, cpus}), args.rounds, args.min_time)
+    if args.kt_python is not None and shutil.which(str(args.kt_python)) is None:
+        p.error(f"--kt-python {args.kt_python}: no such executable")
+    threads = sorted(set(args.threads or {1, len(os.sched_getaffinity(0))}))
+    result = run(args.variant, threads, args.rounds, args.min_time, args.kt_python)
     results.write(args.json, result)
     say(f"wrote {args.json}")
     return 0

@@ -165,7 +165,12 @@ def main() -> int:
         cmd = json.loads(line)
         if cmd["op"] == "load":
             ws = weights(cmd["seed"], cmd["experts"], cmd["hidden"], cmd["inter"])
-            reply: dict[str, Any] = {"digest": digest(ws), "variant": kt_kernel.__cpu_variant__, "formats": {}}
+            reply: dict[str, Any] = {
+                "digest": digest(ws),
+                "variant": kt_kernel.__cpu_variant__,
+                "version": getattr(kt_kernel, "__version__", None),
+                "formats": {},
+            }
             for fmt in cmd["formats"]:
                 layers[fmt] = Layer(ext, cpu, fmt, ws, cmd["topk"], cmd["max_len"])
                 reply["formats"][fmt] = layers[fmt].format
