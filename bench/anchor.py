@@ -198,6 +198,16 @@ def common_variants() -> tuple[list[str], dict[str, str]]:
     return out, skipped
 
 
+def check_theirs(reply: dict[str, Any], kt_python: Path) -> None:
+    """KT's worker must have imported the anchor's own version (an interpreter given by --kt-python may
+    hold another, or a kt_kernel without its metadata, which reports 0.6.1)."""
+    if reply.get("version") != THEIRS_VERSION:
+        raise SystemExit(
+            f"{kt_python} imports kt-kernel {reply.get('version')}, not {THEIRS_VERSION}: the anchor is "
+            f"{THEIRS} (lockfiles/anchor.txt); give --kt-python an interpreter that has it"
+        )
+
+
 def run(
     variants: list[str], threads_list: list[int], rounds: int, min_time: float, kt_python: Path | None = None
 ) -> dict[str, Any]:
@@ -237,11 +247,7 @@ def run(
             loaded = {w.name: w.ask(**load) for w in (ours, kt)}
             if loaded["ours"]["digest"] != loaded[THEIRS]["digest"]:
                 raise SystemExit("the two workers drew different weights from one seed (numpy streams differ)")
-            if loaded[THEIRS].get("version") != THEIRS_VERSION:
-                raise SystemExit(
-                    f"{kt_python} imports kt-kernel {loaded[THEIRS].get('version')}, not {THEIRS_VERSION}: "
-                    f"the anchor is {THEIRS} (lockfiles/anchor.txt); give --kt-python an interpreter that has it"
-                )
+            check_theirs(loaded[THEIRS], kt_python)
             for side, reply in loaded.items():
                 if reply["variant"] != variant:
                     raise SystemExit(f"{side} loaded variant {reply['variant']}, not {variant}")
@@ -331,14 +337,14 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.worker:
         return ours_worker(args.worker)
+    if args.kt_python is not None and shutil.which(str(args.kt_python)) is None:
+        p.error(f"--kt-python {args.kt_python}: no such executable")
     import kt_kernel
 
     known = list(kt_kernel.cpu_report().as_dict()["variants"])
     unknown = sorted(set(args.variant) - set(known))
     if unknown:
         p.error(f"--variant {', '.join(unknown)}: not a CPU variant of kt-kernel (known: {', '.join(known)})")
-    if args.kt_python is not None and shutil.which(str(args.kt_python)) is None:
-        p.error(f"--kt-python {args.kt_python}: no such executable")
     threads = sorted(set(args.threads or {1, len(os.sched_getaffinity(0))}))
     result = run(args.variant, threads, args.rounds, args.min_time, args.kt_python)
     results.write(args.json, result)
