@@ -392,7 +392,10 @@ def bench(session: nox.Session) -> None:
     )
     p.add_argument("--against", help="ab: the revision whose CPU kernels this tree's are timed against")
     p.add_argument("--format", action="append", default=[], choices=["int8", "rawint4"], help="ab: only these formats")
-    p.add_argument("--threads", help="ab, anchor: thread counts, comma-separated (default: 1 and every CPU)")
+    p.add_argument(
+        "--threads",
+        help="ab, anchor: thread counts, comma-separated (default: 1 and every CPU; anchor: half the CPUs too)",
+    )
     p.add_argument("--tokens", help="ab: token counts, comma-separated (default: 1,2,4,8,64,256)")
     args = p.parse_args(session.posargs)
     if (args.only == "ab") != (args.against is not None):
