@@ -482,16 +482,28 @@ static inline void dot_i4_block(const uint8_t* const* w, const float* const* s, 
     KT_UNROLL
     for (int m = 0; m < M; ++m) facc[r][m] = _mm256_setzero_ps();
   }
+  // The row, scale and activation pointers step in locals: indexed through w, s and x inside the
+  // row loops, GCC reloaded them from the stack and re-added the offsets every step (42 instructions a
+  // one-pair step, 34 now; 0.97-1.00 of the time in-process, outputs bit-identical).
+  const uint8_t* wp[R];
+  const float* sp[R];
+  const int8_t* xp[M];
+  KT_UNROLL
+  for (int r = 0; r < R; ++r) wp[r] = w[r], sp[r] = s[r];
+  KT_UNROLL
+  for (int m = 0; m < M; ++m) xp[m] = x[m];
   for (int64_t i = 0; i < n; i += 64) {
     KT_UNROLL
     for (int r = 0; r < R; ++r) {
-      const uint8_t* wr = w[r] + (i >> 1);
+      const uint8_t* wr = wp[r];
+      wp[r] += 32;
       _mm_prefetch(reinterpret_cast<const char*>(wr + kPrefetch), _MM_HINT_T0);
       const __m256i v = _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(wr)), flip);
       const __m256i lo = _mm256_and_si256(v, mask), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), mask);
       __m256 sc;  // lanes 0-3 hold block 0 (elements i..i+31), lanes 4-7 block 1
       if (g == 32) {
-        const __m128d pair = _mm_load_sd(reinterpret_cast<const double*>(s[r] + (i >> 5)));
+        const __m128d pair = _mm_load_sd(reinterpret_cast<const double*>(sp[r]));
+        sp[r] += 2;
         sc = _mm256_permutevar8x32_ps(_mm256_castpd_ps(_mm256_castpd128_pd256(pair)), lanes);
       } else {
         sc = _mm256_set1_ps(s[r][i >> gshift]);
@@ -499,8 +511,8 @@ static inline void dot_i4_block(const uint8_t* const* w, const float* const* s, 
       KT_UNROLL
       for (int m = 0; m < M; ++m) {
         // int16 partial sums stay exact: 2 * 15 * 127 * 2 < 32767.
-        const __m256i xa = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[m] + i));
-        const __m256i xb = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[m] + i + 32));
+        const __m256i xa = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xp[m] + i));
+        const __m256i xb = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xp[m] + i + 32));
         const __m256i p = _mm256_add_epi16(_mm256_maddubs_epi16(lo, xa), _mm256_maddubs_epi16(hi, xb));
         facc[r][m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(p, ones)), sc, facc[r][m]);
       }
