@@ -471,7 +471,7 @@ static inline void i4_prepare(int8_t* x, int64_t n, int g, int32_t* side) {
 // has in the batch (KT_UNROLL keeps the accumulators in registers).
 // Each weight row stream is prefetched twice, into L2 16 KiB ahead (kPrefetchFar, its scales as many
 // steps ahead) and into L1 2 KiB ahead (kPrefetch): in-process A/B against 4 KiB into L1 alone, on a
-// Zen 4 core, 0.84-0.89 of the time at 1-8 tokens on one thread, 0.74-0.92 on two, 0.93-0.98 at 16-256
+// Zen 4 core, 0.84-0.89 of the time at 1-8 tokens on one thread, 0.74-0.93 on two, 0.93-0.98 at 16-256
 // tokens. Either prefetch alone, at any distance tried (1-16 KiB), or a scale prefetch beside the L1
 // one, moved it by no more than the runs moved: this loop's arithmetic overlaps a stream that
 // arrives from DRAM into L1 by itself only partly (alone, from L1 or L2, the loop runs ~30% faster
