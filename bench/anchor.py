@@ -55,8 +55,9 @@ FORMATS = ("int8", "rawint4")
 VENV = paths.BENCH_ANCHOR / "venv"
 LOCK = paths.LOCKFILES / "anchor.txt"
 KT_WORKER = ROOT / "bench" / "anchor_kt.py"
-THEIRS = "kt-kernel 0.7.2"  # the anchor, as the report names it
 THEIRS_VERSION = "0.7.2"
+THEIRS = f"kt-kernel {THEIRS_VERSION}"  # the anchor, as the report names it
+LOCK_NAME = str(LOCK.relative_to(ROOT))
 
 
 def say(msg: str) -> None:
@@ -204,7 +205,7 @@ def check_theirs(reply: dict[str, Any], kt_python: Path) -> None:
     if reply.get("version") != THEIRS_VERSION:
         raise SystemExit(
             f"{kt_python} imports kt-kernel {reply.get('version')}, not {THEIRS_VERSION}: the anchor is "
-            f"{THEIRS} (lockfiles/anchor.txt); give --kt-python an interpreter that has it"
+            f"{THEIRS} ({LOCK_NAME}); give --kt-python an interpreter that has it"
         )
 
 
@@ -215,7 +216,7 @@ def run(
     lock cannot be installed); by default the lock's own venv, made or reused here."""
     import kt_kernel
 
-    source = f"imported by {kt_python}" if kt_python else f"{LOCK.relative_to(ROOT)}"
+    source = f"imported by {kt_python}" if kt_python else LOCK_NAME
     kt_python = kt_python or anchor_venv()
     host = kt_kernel.cpu_report().as_dict()
     common, skipped = common_variants()
@@ -332,8 +333,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--kt-python",
         type=Path,
-        help="a Python that imports KTransformers' kt-kernel 0.7.2 already, instead of the lock's venv "
-        "(for a machine that cannot install lockfiles/anchor.txt, e.g. one offline)",
+        help=f"a Python that imports KTransformers' {THEIRS} already, instead of the lock's venv "
+        f"(for a machine that cannot install {LOCK_NAME}, e.g. one offline)",
     )
     p.add_argument("--worker", type=int, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
