@@ -87,6 +87,14 @@ static inline float absmax_f32(const float* v, int64_t n) {
   return amax;
 }
 
+// Two floats at p into lanes 0-1, zero above. Through __m128i_u, which may alias anything: the
+// same vmovq as _mm_load_sd on a float array cast to double*, without reading floats through a
+// double lvalue (undefined behaviour under strict aliasing: GCC may then drop stores to the floats
+// that it cannot see read).
+static inline __m128 load2_ps(const float* p) {
+  return _mm_castsi128_ps(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+}
+
 #if KT_ZMM
 constexpr int64_t kStep = 64;  // int8 elements per vector step
 
@@ -345,7 +353,7 @@ static inline void dot_i4_block(const uint8_t* const* w, const float* const* s, 
 #endif
       const float* sr = s[r] + (i >> gshift);
       const __m128 sv = g == 32 ? _mm_loadu_ps(sr)
-                        : g == 64 ? _mm_castpd_ps(_mm_load_sd(reinterpret_cast<const double*>(sr)))
+                        : g == 64 ? load2_ps(sr)
                                   : _mm_load_ss(sr);
       const __m512 sc = _mm512_permutexvar_ps(lanes, _mm512_castps128_ps512(sv));
       KT_UNROLL
@@ -364,8 +372,7 @@ static inline void dot_i4_block(const uint8_t* const* w, const float* const* s, 
       const __m512i u = unpack64_u4(wr);
       __m512 sc;
       if (g == 32) {
-        const __m128d pair = _mm_load_sd(reinterpret_cast<const double*>(s[r] + (i >> 5)));
-        sc = _mm512_permutexvar_ps(tail, _mm512_castps128_ps512(_mm_castpd_ps(pair)));
+        sc = _mm512_permutexvar_ps(tail, _mm512_castps128_ps512(load2_ps(s[r] + (i >> 5))));
       } else {
         sc = _mm512_set1_ps(s[r][i >> gshift]);
       }
@@ -514,9 +521,9 @@ static inline void dot_i4_block(const uint8_t* const* w, const float* const* s, 
       const __m256i lo = _mm256_and_si256(v, mask), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), mask);
       __m256 sc;  // lanes 0-3 hold block 0 (elements i..i+31), lanes 4-7 block 1
       if (g == 32) {
-        const __m128d pair = _mm_load_sd(reinterpret_cast<const double*>(sp[r]));
+        const __m128 pair = load2_ps(sp[r]);
         sp[r] += 2;
-        sc = _mm256_permutevar8x32_ps(_mm256_castpd_ps(_mm256_castpd128_pd256(pair)), lanes);
+        sc = _mm256_permutevar8x32_ps(_mm256_castps128_ps256(pair), lanes);
       } else {
         sc = _mm256_set1_ps(s[r][i >> gshift]);
       }
