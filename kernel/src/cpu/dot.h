@@ -142,6 +142,17 @@ static inline __m512i dot_step_u(__m512i acc, __m512i u, __m512i x) {
   return _mm512_add_epi32(acc, _mm512_madd_epi16(_mm512_maddubs_epi16(u, x), _mm512_set1_epi16(1)));
 #endif
 }
+// Both nibbles' products of a RAWINT4 step (u0 x x0 + u1 x x1) into acc. Without VNNI they add in int16
+// first (four products of at most 15 * 128: exact), so the step takes one vpmaddwd and one vpaddd,
+// not two of each.
+static inline __m512i dot_step_u2(__m512i acc, __m512i u0, __m512i x0, __m512i u1, __m512i x1) {
+#if defined(KT_ISA_AVX512_VNNI)
+  return _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(acc, u0, x0), u1, x1);
+#else
+  const __m512i p = _mm512_add_epi16(_mm512_maddubs_epi16(u0, x0), _mm512_maddubs_epi16(u1, x1));
+  return _mm512_add_epi32(acc, _mm512_madd_epi16(p, _mm512_set1_epi16(1)));
+#endif
+}
 
 
 // The lane sums of M int32 accumulators into out[0, M). For four, one transposing
@@ -358,8 +369,8 @@ static inline void dot_i4_block(const uint8_t* const* w, const float* const* s, 
       const __m512 sc = _mm512_permutexvar_ps(lanes, _mm512_castps128_ps512(sv));
       KT_UNROLL
       for (int m = 0; m < M; ++m) {
-        __m512i p = dot_step_u(_mm512_loadu_si512(side[m] + (i >> 3)), lo, _mm512_loadu_si512(x[m] + i));
-        p = dot_step_u(p, hi, _mm512_loadu_si512(x[m] + i + 64));
+        const __m512i p = dot_step_u2(_mm512_loadu_si512(side[m] + (i >> 3)), lo, _mm512_loadu_si512(x[m] + i), hi,
+                                      _mm512_loadu_si512(x[m] + i + 64));
         facc[r][m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), sc, facc[r][m]);
       }
     }
