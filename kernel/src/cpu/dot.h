@@ -268,10 +268,11 @@ static inline void dot_i8_block(const int8_t* const* w, const int8_t* const* x, 
   (void)xsum;
   // vpmaddubsw would saturate on w + 128 (two products of up to 255 * 128 in int16): |w| (once per row
   // step) times x with w's sign.
+  const bool pf = R * M >= 4 || kDecodePrefetch;
   for (int64_t i = 0; i < n; i += kStep) {
     KT_UNROLL
     for (int r = 0; r < R; ++r) {
-      _mm_prefetch(reinterpret_cast<const char*>(w[r] + i + kPrefetchI8), _MM_HINT_T0);
+      if (pf) _mm_prefetch(reinterpret_cast<const char*>(w[r] + i + kPrefetchI8), _MM_HINT_T0);
       const __m512i wv = _mm512_loadu_si512(w[r] + i);
       const __m512i aw = _mm512_abs_epi8(wv);
       const __mmask64 neg = _mm512_movepi8_mask(wv);
@@ -447,10 +448,11 @@ static inline void dot_i8_block(const int8_t* const* w, const int8_t* const* x, 
     KT_UNROLL
     for (int m = 0; m < M; ++m) acc[r][m] = _mm256_setzero_si256();
   }
+  const bool pf = R * M >= 4 || kDecodePrefetch;
   for (int64_t i = 0; i < n; i += kStep) {
     KT_UNROLL
     for (int r = 0; r < R; ++r) {
-      _mm_prefetch(reinterpret_cast<const char*>(w[r] + i + kPrefetchI8), _MM_HINT_T0);
+      if (pf) _mm_prefetch(reinterpret_cast<const char*>(w[r] + i + kPrefetchI8), _MM_HINT_T0);
       const __m256i wv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[r] + i));
       const __m256i aw = _mm256_sign_epi8(wv, wv);
       KT_UNROLL
