@@ -45,10 +45,10 @@ constexpr int64_t kPrefetchFar = 16384;  // and into L2 (its scales as many step
 constexpr int64_t kPrefetchL2 = 8192;  // bytes ahead in each ZMM RAWINT4 weight row stream (into L2)
 constexpr int64_t kPrefetchI8 = 1024;  // bytes ahead in each INT8 weight row stream
 
-// Whether decode-shaped INT8 VNNI blocks (dot_i8_block) prefetch their weight row in software: not on
-// AMD cores, where the hardware prefetcher alone streamed it faster, everywhere else (Intel cores
-// need it). Read once per translation unit from CPUID's vendor string when the variant loads; either
-// way the integer sums, and so the outputs, are the same.
+// Whether decode-shaped INT8 blocks (dot_i8_block, with VNNI or without) prefetch their weight row in
+// software: not on AMD cores, where the hardware prefetcher alone streamed it faster, everywhere else
+// (Intel cores need it). Read once per translation unit from CPUID's vendor string when the variant
+// loads; either way the integer sums, and so the outputs, are the same.
 static const bool kDecodePrefetch = [] {
   unsigned a = 0, b = 0, c = 0, d = 0;
   if (!__get_cpuid(0, &a, &b, &c, &d)) return true;
@@ -184,7 +184,9 @@ static inline void hsum_epi32_m(const __m512i* acc, int32_t* out) {
 // against the prefetching single-chain loop the blocked prefill form keeps, 1-8 tokens, one and two
 // threads: on a Zen 4 core, without the prefetch, 7-26% less time; on an AMX Xeon without it 16-34%
 // more, with it 0.97-1.01. The prefill form prefetches everywhere (on Zen 4 it was 6-16% slower
-// without: it re-reads its rows from L2 for every block of four pairs); so does the non-VNNI form.
+// without: it re-reads its rows from L2 for every block of four pairs). The non-VNNI form keeps one chain
+// and follows the same switch: one-row decode blocks without the prefetch on AMD (Zen 4, avx512_base:
+// 0.93-0.97 of the time at 1-8 tokens on one thread, 0.97-0.99 on two), every other block with it.
 template <int R, int M>
 static inline void dot_i8_block(const int8_t* const* w, const int8_t* const* x, const int32_t* xsum, int64_t n,
                                 int32_t* out) {
@@ -437,7 +439,9 @@ static inline void hsum_epi32_m(const __m256i* acc, int32_t* out) {
 }
 
 // INT8: R weight rows x M activation rows per pass, out[r * M + m] = the exact int32 dot; |w| once
-// per row step, x with w's sign per (row, activation) (vpmaddubsw takes unsigned x signed).
+// per row step, x with w's sign per (row, activation) (vpmaddubsw takes unsigned x signed). One-row
+// decode blocks go without the software prefetch on AMD, as on ZMM (Zen 4: 0.87-0.96 of the time at
+// 1-8 tokens on one thread, 0.97-1.00 on two).
 template <int R, int M>
 static inline void dot_i8_block(const int8_t* const* w, const int8_t* const* x, const int32_t* /*xsum*/, int64_t n,
                                 int32_t* out) {
