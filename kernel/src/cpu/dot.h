@@ -54,6 +54,12 @@ static const bool kDecodePrefetch = [] {
   if (!__get_cpuid(0, &a, &b, &c, &d)) return true;
   return !(b == 0x68747541u && d == 0x69746e65u && c == 0x444d4163u);  // "Auth" "enti" "cAMD"
 }();
+// Whether an INT8 block of R rows x M pairs prefetches its weight rows: decode-shaped blocks (fewer
+// than four products a step) as kDecodePrefetch says, every other block everywhere.
+template <int R, int M>
+static inline bool i8_prefetch() {
+  return R * M >= 4 || kDecodePrefetch;
+}
 
 // 64 RAWINT4-ordered activations (two 32-element blocks) as [block 0 elements 0-15 | block 1
 // elements 0-15 | block 0 elements 16-31 | block 1 elements 16-31]: the order of the low nibbles, then
@@ -147,7 +153,7 @@ static inline __m512i dot_step_u(__m512i acc, __m512i u, __m512i x) {
 // not two of each.
 static inline __m512i dot_step_u2(__m512i acc, __m512i u0, __m512i x0, __m512i u1, __m512i x1) {
 #if defined(KT_ISA_AVX512_VNNI)
-  return _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(acc, u0, x0), u1, x1);
+  return dot_step_u(dot_step_u(acc, u0, x0), u1, x1);
 #else
   const __m512i p = _mm512_add_epi16(_mm512_maddubs_epi16(u0, x0), _mm512_maddubs_epi16(u1, x1));
   return _mm512_add_epi32(acc, _mm512_madd_epi16(p, _mm512_set1_epi16(1)));
@@ -209,7 +215,7 @@ static inline void dot_i8_block(const int8_t* const* w, const int8_t* const* x, 
       KT_UNROLL
       for (int m = 0; m < M; ++m) acc2[r][m] = _mm512_setzero_si512();
     }
-    const bool pf = kDecodePrefetch;
+    const bool pf = i8_prefetch<R, M>();
     int64_t i = 0;
     for (; i + 2 * kStep <= n; i += 2 * kStep) {
       __m512i x0[M], x1[M];
@@ -270,7 +276,7 @@ static inline void dot_i8_block(const int8_t* const* w, const int8_t* const* x, 
   (void)xsum;
   // vpmaddubsw would saturate on w + 128 (two products of up to 255 * 128 in int16): |w| (once per row
   // step) times x with w's sign.
-  const bool pf = R * M >= 4 || kDecodePrefetch;
+  const bool pf = i8_prefetch<R, M>();
   for (int64_t i = 0; i < n; i += kStep) {
     KT_UNROLL
     for (int r = 0; r < R; ++r) {
@@ -452,7 +458,7 @@ static inline void dot_i8_block(const int8_t* const* w, const int8_t* const* x, 
     KT_UNROLL
     for (int m = 0; m < M; ++m) acc[r][m] = _mm256_setzero_si256();
   }
-  const bool pf = R * M >= 4 || kDecodePrefetch;
+  const bool pf = i8_prefetch<R, M>();
   for (int64_t i = 0; i < n; i += kStep) {
     KT_UNROLL
     for (int r = 0; r < R; ++r) {
