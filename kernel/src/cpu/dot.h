@@ -45,20 +45,32 @@ constexpr int64_t kPrefetchFar = 16384;  // and into L2 (its scales as many step
 constexpr int64_t kPrefetchL2 = 8192;  // bytes ahead in each ZMM RAWINT4 weight row stream (into L2)
 constexpr int64_t kPrefetchI8 = 1024;  // bytes ahead in each INT8 weight row stream
 
-// Whether decode-shaped INT8 blocks (dot_i8_block, with VNNI or without) prefetch their weight row in
-// software: not on AMD cores, where the hardware prefetcher alone streamed it faster, everywhere else
-// (Intel cores need it). Read once per translation unit from CPUID's vendor string when the variant
-// loads; either way the integer sums, and so the outputs, are the same.
-static const bool kDecodePrefetch = [] {
+// Whether this is an AMD core (CPUID's vendor string), read once per translation unit when the
+// variant loads: INT8 blocks prefetch their weight rows by vendor (i8_prefetch).
+static const bool kAmdCore = [] {
   unsigned a = 0, b = 0, c = 0, d = 0;
-  if (!__get_cpuid(0, &a, &b, &c, &d)) return true;
-  return !(b == 0x68747541u && d == 0x69746e65u && c == 0x444d4163u);  // "Auth" "enti" "cAMD"
+  if (!__get_cpuid(0, &a, &b, &c, &d)) return false;
+  return b == 0x68747541u && d == 0x69746e65u && c == 0x444d4163u;  // "Auth" "enti" "cAMD"
 }();
-// Whether an INT8 block of R rows x M pairs prefetches its weight rows: decode-shaped blocks (fewer
-// than four products a step) as kDecodePrefetch says, every other block everywhere.
-template <int R, int M>
-static inline bool i8_prefetch() {
-  return R * M >= 4 || kDecodePrefetch;
+constexpr int64_t kPrefetchI8Far = 8192;  // bytes ahead in each INT8 weight row stream on AMD (into L2)
+
+// The software prefetch of an INT8 block of R weight rows x M pairs, for a row's step at p. Either way
+// the integer sums, and so the outputs, are the same.
+//   Intel cores: into L1 kPrefetchI8 ahead, every block.
+//   AMD cores: into L2 kPrefetchI8Far ahead, in blocks of two or more products a step; none in one-pair
+//   blocks, nor in the VNNI decode form (Vnni2: one row against one or two pairs, two chains), where
+//   the hardware prefetcher alone streamed the row fastest.
+// On a Zen 4 core the hardware prefetcher alone keeps ahead of a row read at memory speed, not of one
+// that also feeds two or more pairs' products: DRAM-resident experts of exactly M pairs each, one
+// thread, took (against into L1 1 KiB ahead, or none in decode-shaped blocks) 0.80-0.82 of the time at
+// M = 2, 3 and 4 without VNNI (avx512_base), 0.53 at 4 with it (avx512_vnni).
+template <int R, int M, bool Vnni2 = false>
+static inline void i8_prefetch(const int8_t* p) {
+  if (kAmdCore) {
+    if constexpr (R * M >= 2 && !Vnni2) _mm_prefetch(reinterpret_cast<const char*>(p + kPrefetchI8Far), _MM_HINT_T1);
+  } else {
+    _mm_prefetch(reinterpret_cast<const char*>(p + kPrefetchI8), _MM_HINT_T0);
+  }
 }
 
 // 64 RAWINT4-ordered activations (two 32-element blocks) as [block 0 elements 0-15 | block 1
@@ -186,13 +198,13 @@ static inline void hsum_epi32_m(const __m512i* acc, int32_t* out) {
 // VNNI form needs it; prepared once per row).
 // VNNI, decode-shaped blocks (fewer than four (row, activation) pairs: one weight row against one or
 // two pairs): the row streams from memory once, in two accumulator chains that keep vpdpbusd's
-// latency off the stream, prefetched in software except on AMD (kDecodePrefetch). In-process A/B
+// latency off the stream, prefetched in software except on AMD (i8_prefetch). In-process A/B
 // against the prefetching single-chain loop the blocked prefill form keeps, 1-8 tokens, one and two
 // threads: on a Zen 4 core, without the prefetch, 7-26% less time; on an AMX Xeon without it 16-34%
-// more, with it 0.97-1.01. The prefill form prefetches everywhere (on Zen 4 it was 6-16% slower
-// without: it re-reads its rows from L2 for every block of four pairs). The non-VNNI form keeps one chain
-// and follows the same switch: one-row decode blocks without the prefetch on AMD (Zen 4, avx512_base:
-// 0.93-0.97 of the time at 1-8 tokens on one thread, 0.97-0.99 on two), every other block with it.
+// more, with it 0.97-1.01. The prefill form prefetches everywhere: into L1 on Intel (on Zen 4 that
+// was 6-16% faster than none), into L2 8 KiB ahead on AMD (Zen 4, avx512_vnni, against into L1: 0.68-0.80
+// of the time at 16 and 64 tokens, 0.90 at 256, one and two threads). The non-VNNI form keeps one chain;
+// on AMD its one-pair blocks go without the prefetch, the others prefetch into L2 (i8_prefetch).
 template <int R, int M>
 static inline void dot_i8_block(const int8_t* const* w, const int8_t* const* x, const int32_t* xsum, int64_t n,
                                 int32_t* out) {
@@ -215,7 +227,6 @@ static inline void dot_i8_block(const int8_t* const* w, const int8_t* const* x, 
       KT_UNROLL
       for (int m = 0; m < M; ++m) acc2[r][m] = _mm512_setzero_si512();
     }
-    const bool pf = i8_prefetch<R, M>();
     int64_t i = 0;
     for (; i + 2 * kStep <= n; i += 2 * kStep) {
       __m512i x0[M], x1[M];
@@ -226,10 +237,8 @@ static inline void dot_i8_block(const int8_t* const* w, const int8_t* const* x, 
       }
       KT_UNROLL
       for (int r = 0; r < R; ++r) {
-        if (pf) {
-          _mm_prefetch(reinterpret_cast<const char*>(w[r] + i + kPrefetchI8), _MM_HINT_T0);
-          _mm_prefetch(reinterpret_cast<const char*>(w[r] + i + kStep + kPrefetchI8), _MM_HINT_T0);
-        }
+        i8_prefetch<R, M, true>(w[r] + i);
+        i8_prefetch<R, M, true>(w[r] + i + kStep);
         const __m512i w0 = _mm512_xor_si512(_mm512_loadu_si512(w[r] + i), flip);
         const __m512i w1 = _mm512_xor_si512(_mm512_loadu_si512(w[r] + i + kStep), flip);
         KT_UNROLL
@@ -259,7 +268,7 @@ static inline void dot_i8_block(const int8_t* const* w, const int8_t* const* x, 
       for (int m = 0; m < M; ++m) xv[m] = _mm512_loadu_si512(x[m] + i);
       KT_UNROLL
       for (int r = 0; r < R; ++r) {
-        _mm_prefetch(reinterpret_cast<const char*>(w[r] + i + kPrefetchI8), _MM_HINT_T0);
+        i8_prefetch<R, M>(w[r] + i);
         const __m512i wu = _mm512_xor_si512(_mm512_loadu_si512(w[r] + i), flip);
         KT_UNROLL
         for (int m = 0; m < M; ++m) acc[r][m] = _mm512_dpbusd_epi32(acc[r][m], wu, xv[m]);
@@ -276,11 +285,10 @@ static inline void dot_i8_block(const int8_t* const* w, const int8_t* const* x, 
   (void)xsum;
   // vpmaddubsw would saturate on w + 128 (two products of up to 255 * 128 in int16): |w| (once per row
   // step) times x with w's sign.
-  const bool pf = i8_prefetch<R, M>();
   for (int64_t i = 0; i < n; i += kStep) {
     KT_UNROLL
     for (int r = 0; r < R; ++r) {
-      if (pf) _mm_prefetch(reinterpret_cast<const char*>(w[r] + i + kPrefetchI8), _MM_HINT_T0);
+      i8_prefetch<R, M>(w[r] + i);
       const __m512i wv = _mm512_loadu_si512(w[r] + i);
       const __m512i aw = _mm512_abs_epi8(wv);
       const __mmask64 neg = _mm512_movepi8_mask(wv);
@@ -445,9 +453,9 @@ static inline void hsum_epi32_m(const __m256i* acc, int32_t* out) {
 }
 
 // INT8: R weight rows x M activation rows per pass, out[r * M + m] = the exact int32 dot; |w| once
-// per row step, x with w's sign per (row, activation) (vpmaddubsw takes unsigned x signed). One-row
-// decode blocks go without the software prefetch on AMD, as on ZMM (Zen 4: 0.87-0.96 of the time at
-// 1-8 tokens on one thread, 0.97-1.00 on two).
+// per row step, x with w's sign per (row, activation) (vpmaddubsw takes unsigned x signed). Prefetched
+// as on ZMM (i8_prefetch): on AMD none in one-pair blocks (Zen 4: 0.87-0.96 of the time at 1-8 tokens on
+// one thread against into L1, 0.97-1.00 on two), into L2 in the others.
 template <int R, int M>
 static inline void dot_i8_block(const int8_t* const* w, const int8_t* const* x, const int32_t* /*xsum*/, int64_t n,
                                 int32_t* out) {
@@ -458,11 +466,10 @@ static inline void dot_i8_block(const int8_t* const* w, const int8_t* const* x, 
     KT_UNROLL
     for (int m = 0; m < M; ++m) acc[r][m] = _mm256_setzero_si256();
   }
-  const bool pf = i8_prefetch<R, M>();
   for (int64_t i = 0; i < n; i += kStep) {
     KT_UNROLL
     for (int r = 0; r < R; ++r) {
-      if (pf) _mm_prefetch(reinterpret_cast<const char*>(w[r] + i + kPrefetchI8), _MM_HINT_T0);
+      i8_prefetch<R, M>(w[r] + i);
       const __m256i wv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[r] + i));
       const __m256i aw = _mm256_sign_epi8(wv, wv);
       KT_UNROLL

@@ -304,18 +304,15 @@ void down_i8(const Plan& pl, const Proj& down, int64_t e, int64_t p0, int64_t r0
 
 // Pairs [b, end) in blocks of 4, then the rest: f(M, p0) with M a compile-time count (register-blocked
 // over pairs: the loaded weights serve every pair of the block; 4 measured best of 2, 3, 4 and 6 on
-// AVX2). RAWINT4 (Three) takes a rest of 3 as one block, where 2 + 1 read the rows twice and unpacked
-// them twice: in-process A/B on the Zen 4 host (avx512_bf16 and avx2, one and two threads), 0.93-0.97 of
-// the time at 16 tokens, 0.90-1.01 at 8, 64 and 256 (outputs bit-identical: a pair's sums do not depend
-// on its block). INT8 keeps 2 + 1: its decode form of one or two pairs (dot_i8_block)
-// streams a row without the blocked form's prefetch, and 3 as one block took 1-3% longer at 8 and 16
-// tokens on avx512_bf16.
-template <bool Three, typename F>
+// AVX2). A rest of 3 is one block, where 2 + 1 read the rows twice (and in RAWINT4 unpacked them
+// twice): outputs bit-identical (a pair's sums do not depend on its block). In-process A/B on the Zen 4
+// host (one and two threads): RAWINT4 (avx512_bf16, avx2) 0.93-0.97 of the time at 16 tokens, 0.90-1.01
+// at 8, 64 and 256; INT8 together with the blocked form's far prefetch on AMD (dot.h, i8_prefetch).
+template <typename F>
 void pair_blocks(int64_t b, int64_t end, F&& f) {
   int64_t p = b;
   for (; p + 4 <= end; p += 4) f(std::integral_constant<int, 4>{}, p);
-  if constexpr (Three)
-    if (end - p == 3) return f(std::integral_constant<int, 3>{}, p);
+  if (end - p == 3) return f(std::integral_constant<int, 3>{}, p);
   for (; p + 2 <= end; p += 2) f(std::integral_constant<int, 2>{}, p);
   for (; p < end; ++p) f(std::integral_constant<int, 1>{}, p);
 }
@@ -324,20 +321,20 @@ void gate_up_all(const Plan& pl, const Proj& gate, const Proj& up, int64_t e, in
                  int64_t r1) {
   if (gate.wfmt == KT_RAWINT4)
     return with_group(gate.g, [&](auto G) {
-      pair_blocks<true>(b, end, [&](auto M, int64_t p) {
+      pair_blocks(b, end, [&](auto M, int64_t p) {
         gate_up_i4<decltype(M)::value, decltype(G)::value>(pl, gate, up, e, p, r0, r1);
       });
     });
-  pair_blocks<false>(b, end, [&](auto M, int64_t p) { gate_up_i8<decltype(M)::value>(pl, gate, up, e, p, r0, r1); });
+  pair_blocks(b, end, [&](auto M, int64_t p) { gate_up_i8<decltype(M)::value>(pl, gate, up, e, p, r0, r1); });
 }
 void down_all(const Plan& pl, const Proj& down, int64_t e, int64_t b, int64_t end, int64_t r0, int64_t r1) {
   if (down.wfmt == KT_RAWINT4)
     return with_group(down.g, [&](auto G) {
-      pair_blocks<true>(b, end, [&](auto M, int64_t p) {
+      pair_blocks(b, end, [&](auto M, int64_t p) {
         down_i4<decltype(M)::value, decltype(G)::value>(pl, down, e, p, r0, r1);
       });
     });
-  pair_blocks<false>(b, end, [&](auto M, int64_t p) { down_i8<decltype(M)::value>(pl, down, e, p, r0, r1); });
+  pair_blocks(b, end, [&](auto M, int64_t p) { down_i8<decltype(M)::value>(pl, down, e, p, r0, r1); });
 }
 
 // Pair p's int8 row q of v, its scale qs[p], and what this variant's dot reads beside it: RAWINT4's
