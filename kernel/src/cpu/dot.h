@@ -40,8 +40,8 @@ namespace kt {
 // registers: rolled, GCC 12 kept them on the stack and each step waited on a store and a reload
 // (RAWINT4 groups of 64: 11 cycles per 64 weight bytes on a Zen 3 core, 7 unrolled).
 #define KT_UNROLL _Pragma("GCC unroll 8")
-constexpr int64_t kPrefetch = 2048;      // bytes ahead in each AVX2 RAWINT4 weight row stream into L1,
-constexpr int64_t kPrefetchFar = 16384;  // and into L2 (its scales as many steps ahead)
+constexpr int64_t kPrefetch = 2048;      // bytes ahead in each RAWINT4 weight row stream into L1 (AVX2; ZMM on AMD),
+constexpr int64_t kPrefetchFar = 16384;  // and into L2 on AVX2 (its scales as many steps ahead)
 constexpr int64_t kPrefetchL2 = 8192;  // bytes ahead in each ZMM RAWINT4 weight row stream (into L2)
 constexpr int64_t kPrefetchI8 = 1024;  // bytes ahead in each INT8 weight row stream
 
@@ -142,7 +142,8 @@ static inline __m512i nibbles_u4(__m512i t) {
                                       7, 6, 5, 4, 3, 2, 1, 0, 15, 14, 13, 12, 11, 10, 9, 8);
   return _mm512_permutexvar_epi8(t, lut);
 #else
-  return _mm512_xor_si512(_mm512_and_si512(t, _mm512_set1_epi8(0x0F)), _mm512_set1_epi8(8));
+  // (t & 0x0F) ^ 8 in one vpternlogd (0x6A: (A & B) ^ C), not an and and an xor.
+  return _mm512_ternarylogic_epi32(t, _mm512_set1_epi8(0x0F), _mm512_set1_epi8(8), 0x6A);
 #endif
 }
 // The 64-element tail step's register.
@@ -346,7 +347,10 @@ static inline void i4_prepare(int8_t* x, int64_t n, int /*g*/, int32_t* side) {
 // on the Zen 4 core 0.89 of the time at one thread, 0.89-0.97 at two. Blocks of more pairs, which
 // re-read their rows from cache, do without: on the AMX Xeon, four threads at 64 and 256 tokens took
 // 1.07-1.31x the time of the build before with it in every block, 1.04-1.10x without (two runs; that
-// host moves by up to 10%). (The compute-bound AVX2 loop measured 2-7% slower with it.)
+// host moves by up to 10%). (The compute-bound AVX2 loop measured 2-7% slower with it.) On AMD cores
+// the row streams are also prefetched into L1 2 KiB ahead (kPrefetch), beside the L2 prefetch (Zen 4,
+// in-process A/B, 1-8 tokens, one and two threads: avx512_bf16 0.93-1.01 of the time, avx512_vnni
+// 0.93-0.98); Intel keeps the L2 prefetch alone (above).
 template <int R, int M, int G>
 static inline void dot_i4_block(const uint8_t* const* w, const float* const* s, const int8_t* const* x,
                                 const int32_t* const* side, int64_t n, float* out) {
@@ -369,16 +373,11 @@ static inline void dot_i4_block(const uint8_t* const* w, const float* const* s, 
     for (int r = 0; r < R; ++r) {
       const uint8_t* wr = w[r] + (i >> 1);
       _mm_prefetch(reinterpret_cast<const char*>(wr + kPrefetchL2), _MM_HINT_T1);
+      if (kAmdCore) _mm_prefetch(reinterpret_cast<const char*>(wr + kPrefetch), _MM_HINT_T0);
       if constexpr (M <= 2)  // decode-shaped blocks only (above)
         _mm_prefetch(reinterpret_cast<const char*>(s[r] + ((i + 2 * kPrefetchL2) >> gshift)), _MM_HINT_T1);
       const __m512i v = _mm512_loadu_si512(wr);
-#if defined(KT_ISA_AVX512_VBMI)
       const __m512i lo = nibbles_u4(v), hi = nibbles_u4(_mm512_srli_epi16(v, 4));
-#else
-      const __m512i mask = _mm512_set1_epi8(0x0F);
-      const __m512i f = _mm512_xor_si512(v, _mm512_set1_epi8(-120));  // 0x88: n ^ 8 in both nibbles
-      const __m512i lo = _mm512_and_si512(f, mask), hi = _mm512_and_si512(_mm512_srli_epi16(f, 4), mask);
-#endif
       const float* sr = s[r] + (i >> gshift);
       const __m128 sv = g == 32 ? _mm_loadu_ps(sr)
                         : g == 64 ? load2_ps(sr)
