@@ -46,7 +46,7 @@ constexpr int64_t kPrefetchL2 = 8192;  // bytes ahead in each ZMM RAWINT4 weight
 constexpr int64_t kPrefetchI8 = 1024;  // bytes ahead in each INT8 weight row stream
 
 // Whether this is an AMD core (CPUID's vendor string), read once per translation unit when the
-// variant loads: INT8 blocks prefetch their weight rows by vendor (i8_prefetch).
+// variant loads: INT8 blocks (i8_prefetch) and the ZMM RAWINT4 rows (dot_i4_block) prefetch by vendor.
 static const bool kAmdCore = [] {
   unsigned a = 0, b = 0, c = 0, d = 0;
   if (!__get_cpuid(0, &a, &b, &c, &d)) return false;
