@@ -277,6 +277,9 @@ def clean(session: nox.Session) -> None:
     p = _parser("clean")
     p.add_argument("--all", action="store_true", help="also build/cache, dist/ and the nox venvs")
     args = p.parse_args(session.posargs)
+    from base import swap
+
+    swap.sweep()  # every leftover of a killed run (hidden staging trees, parked releases, partial downloads)
     targets = [*paths.LEFTOVERS, *(paths.EVERYTHING if args.all else ())]
     for t in targets:
         if t.exists():

@@ -1,16 +1,20 @@
 """What each release stage's content key is made of: its one owner (base.stagecache keys and records).
 
-Every ingredient is named, so a miss says what changed. Trees are whole packages: a line of any module
-of the code that runs a stage re-runs it (too often is safe; a stage reused after its code changed is not).
+The code a stage runs is derived, not listed: from the stage's entry module, the import closure over
+this repository's packages (base/keys.py), each package reached counted whole (its code and every data
+file under it: the policy, schemas, patches, the alias .pth). Beside it, what each stage reads outside
+its packages, the allowlisted environment (keys.ENVIRONMENT) and the host facts it depends on. Every
+ingredient is named, so a miss says what changed; too often is safe, a stage reused after what it reads
+changed is not. tests/unit/test_stage_ingredients.py changes every file of the repository and every
+allowlisted variable, one at a time, and checks which stages get a new key.
 
-- ``assemble``: the kernel wheel(s), every lock (the carriers' inputs and the install files' closures),
-  carriers/ (carriers.toml, the patch series, the schemas, the code), the packages it imports (base,
-  locks, audits: the payload packer reads the policy), the Pythons asked for, the interpreter.
-- ``audit``: every file dist/ lists (SHA256SUMS, re-hashed), the audit's code and policy, its lock, the
-  baseline report if one is given, the interpreter.
-- ``verify-PROFILE``: every file dist/ lists, the verification code (verify/ with its probes, and what it
-  imports), the locks the profile installs from, the interpreter and this host's CPU (the variant the
-  kernel picks).
+- ``assemble``: the kernel wheel(s), every lock, the version file, the code of ``carriers.__main__``, the
+  Pythons asked for, the dist path, the interpreter, SOURCE_DATE_EPOCH.
+- ``audit``: dist/ (every file SHA256SUMS lists, re-hashed, and manifest.json), the code of
+  ``release.audit``, every lock, the day's vulnerability data, the baseline, the interpreter.
+- ``verify-PROFILE``: dist/ (or DIST_FREE), the code of the profile's entry (``verify``,
+  ``verify.resolution``, ``verify.interpreters``), every lock, the version file and kt-doctor's source,
+  the profile's own arguments, the interpreter, this host's CPU.
 """
 
 from __future__ import annotations
@@ -18,30 +22,74 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from . import paths, stagecache
+from . import keys, paths, stagecache
 
-CODE_BASE = (paths.ROOT / "base", paths.ROOT / "locks")
-ASSEMBLE_CODE = (paths.ROOT / "carriers", paths.ROOT / "audits", *CODE_BASE)
-AUDIT_CODE = (paths.ROOT / "audits", paths.ROOT / "release" / "audit.py", paths.ROOT / "release" / "vulns.py")
-VERIFY_CODE = (paths.ROOT / "verify", paths.ROOT / "carriers", *CODE_BASE)
+ASSEMBLE_ENTRY = "carriers.__main__"
+AUDIT_ENTRY = "release.audit"
+VERIFY_ENTRIES = {"resolve": "verify.resolution", "cp": "verify.interpreters", "": "verify.__main__"}
 
 
-def _code(roots: Sequence[Path]) -> dict[str, str]:
-    return {f"code:{r.relative_to(paths.ROOT)}": stagecache.tree_sha256(r) for r in roots}
+def outside(kind: str) -> tuple[Path, ...]:
+    """What a stage of `kind` reads outside the packages it imports (the import closure covers those):
+    the locks, the version file, kt-doctor's source (verify/lf.py loads it by path)."""
+    doctor = paths.KERNEL / "python" / "kt_kernel" / "doctor.py"
+    return {
+        "assemble": (paths.LOCKFILES, paths.VERSION_FILE),
+        "audit": (paths.LOCKFILES,),
+        "verify": (paths.LOCKFILES, paths.VERSION_FILE, doctor),
+    }[kind]
+
+
+def verify_entry(profile: str) -> str:
+    """The module a verification profile runs: resolve-* normal resolution, cpNNN another interpreter."""
+    for prefix, entry in VERIFY_ENTRIES.items():
+        if profile.startswith(prefix):
+            return entry
+    raise AssertionError("unreachable: the empty prefix matches")
+
+
+def _code(entry: str, digests: keys.Digests) -> tuple[dict[str, str], list[Path]]:
+    """The code ingredients of `entry` and the package folders they cover."""
+    root = paths.ROOT
+    packages = keys.packages_read([entry], root)
+    return {f"code:{p}": digests.tree(root / p, root=root) for p in packages}, [root / p for p in packages]
+
+
+def _outside(kind: str, digests: keys.Digests) -> tuple[dict[str, str], list[Path]]:
+    found = [p for p in outside(kind) if p.exists()]
+    named = {f"reads:{p.relative_to(paths.ROOT)}": digests.tree(p, root=paths.ROOT) for p in found}
+    return named, found
+
+
+def _digests() -> keys.Digests:
+    """A fresh memo for one key: a file edited between two stages' keys in one process is hashed again."""
+    return keys.Digests()
+
+
+def wheel_memo() -> str:
+    """What the wheel memo keys every derived wheel by besides its input: the assembly's code as its
+    stage key derives it (every package `python -m carriers` imports, whole: code, patches, the alias
+    .pth, schemas) and the allowlisted environment that reaches the assembly (SOURCE_DATE_EPOCH)."""
+    code, _ = _code(ASSEMBLE_ENTRY, _digests())
+    return stagecache.value_sha256([code, keys.environment("assemble")])
 
 
 def assemble(kernel: Path, dist: Path, pythons: Sequence[str] | None, *, fresh: bool = False) -> stagecache.Stage:
     """The assembly into `dist` from the kernel wheel(s) in `kernel` (a directory or one wheel)."""
+    d = _digests()
     wheels = sorted(kernel.glob("kt_kernel-*.whl")) if kernel.is_dir() else [kernel]
+    code, covers = _code(ASSEMBLE_ENTRY, d)
+    outside, more = _outside("assemble", d)
     ingredients = {
         "dist path": stagecache.value_sha256(str(dist.resolve())),
         "kernel wheels": stagecache.files_sha256(wheels),
-        "locks": stagecache.tree_sha256(paths.LOCKFILES),
-        **_code(ASSEMBLE_CODE),
+        **code,
+        **outside,
         "pythons": stagecache.value_sha256(list(pythons or [])),
         "python": stagecache.python_sha256(),
     }
-    return stagecache.Stage("assemble", ingredients, fresh=fresh)
+    env = keys.environment("assemble")
+    return stagecache.Stage("assemble", ingredients, fresh=fresh, environment=env, covers=[*covers, *more])
 
 
 def assembled_outputs(dist: Path) -> list[Path]:
@@ -52,22 +100,35 @@ def assembled_outputs(dist: Path) -> list[Path]:
 
 
 def audit(
-    dist: Path, reports: Sequence[Path], baseline: Path | None, *, vulnerabilities: bool = True, fresh: bool = False
+    dist: Path,
+    reports: Sequence[Path],
+    baseline: Path | None,
+    *,
+    vulnerabilities: str = "",
+    fresh: bool = False,
 ) -> stagecache.Stage:
     """The audit of a release's dist/ into `reports` (audit-report.json and .md, vulnerabilities.json);
-    `vulnerabilities`: the known-vulnerability check runs, so the day is an ingredient (its data changes)."""
+    `vulnerabilities`: what the known-vulnerability data is ("" skipped; the day for the index's live
+    data, or an advisory file's sha256)."""
+    d = _digests()
+    code, covers = _code(AUDIT_ENTRY, d)
+    outside, more = _outside("audit", d)
     ingredients = {
-        "vulnerability data": stagecache.today() if vulnerabilities else "skipped",
+        "vulnerability data": vulnerabilities or "skipped",
         "dist": stagecache.dist_sha256(dist),
-        **_code(AUDIT_CODE),
-        "lock": stagecache.files_sha256([paths.LOCKFILES / "audit.txt", paths.LOCKFILES / "vulns.txt"]),
+        **code,
+        **outside,
         "baseline": stagecache.file_sha256(baseline) if baseline else "none",
         "python": stagecache.python_sha256(),
     }
-    return stagecache.Stage("audit", ingredients, outputs=reports, fresh=fresh)
+    env = keys.environment("audit")
+    return stagecache.Stage(
+        "audit", ingredients, outputs=reports, fresh=fresh, environment=env, covers=[*covers, *more, dist]
+    )
 
 
 DIST_FREE = "installs nothing from dist/"  # a profile's dist key when it installs no wheel of the release
+RESOLUTION_MAX_AGE_H = 24.0  # normal resolution against a live index: its answer expires (KT_RESOLVE_MAX_AGE_H)
 
 
 def verify(
@@ -77,17 +138,30 @@ def verify(
     *,
     extra: Mapping[str, object] | None = None,
     fresh: bool = False,
+    max_age_s: float | None = None,
 ) -> stagecache.Stage:
     """One verification profile over dist/ (its result is the record's result). `dist_key`: the
     already re-hashed dist_sha256(dist), when the caller has it (one hash of dist/ per run); `extra`:
     the profile's own arguments (the Pythons resolved, the index behind the release's). A profile that
-    installs nothing of dist/ (lf-standard: upstream only) passes DIST_FREE: a new build does not re-run it."""
+    installs nothing of dist/ (lf-standard: upstream only) passes DIST_FREE: a new build does not re-run it.
+    `max_age_s`: a result that depends on an outside service expires after this long."""
+    d = _digests()
+    code, covers = _code(verify_entry(profile), d)
+    outside, more = _outside("verify", d)
     ingredients = {
         **{f"arg:{k}": stagecache.value_sha256(v) for k, v in (extra or {}).items()},
         "dist": DIST_FREE if dist_key == DIST_FREE else dist_key or stagecache.dist_sha256(dist),
-        **_code(VERIFY_CODE),
-        "locks": stagecache.tree_sha256(paths.LOCKFILES),
+        **code,
+        **outside,
         "python": stagecache.python_sha256(),
         "cpu": stagecache.cpu_sha256(),
     }
-    return stagecache.Stage(f"verify-{profile}", ingredients, fresh=fresh)
+    env = keys.environment("verify")
+    return stagecache.Stage(
+        f"verify-{profile}",
+        ingredients,
+        fresh=fresh,
+        max_age_s=max_age_s,
+        environment=env,
+        covers=[*covers, *more, dist],
+    )

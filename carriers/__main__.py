@@ -7,7 +7,7 @@ import json
 import sys
 from pathlib import Path
 
-from base import stages
+from base import stages, swap
 from base.errors import StageError, report
 
 from . import assemble, consistency, model
@@ -39,10 +39,12 @@ def main(argv: list[str] | None = None) -> int:
             return 0 if args.dist is None else _check_dist(cs, args.dist)
         pythons = _partial(cs, args.partial)
         kernels = assemble.kernel_from(args.kernel)
+        swap.sweep()  # what killed runs left (a live run's names carry a live pid), a parked dist/ put back
         stage = stages.assemble(args.kernel, args.dist, pythons, fresh=args.fresh)
         reused = stage.reuse() is not None  # dist/ holds exactly what these inputs assemble into
         if reused:
             manifest = json.loads((args.dist / "manifest.json").read_text())
+            assemble.check_reused(cs, manifest, pythons)  # what a run checks, on a hit too
         else:
             manifest = assemble.assemble(cs, kernels, args.dist, pythons=pythons, memo=not stage.fresh)
             stage.outputs = stages.assembled_outputs(args.dist)

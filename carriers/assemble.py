@@ -16,7 +16,7 @@ from typing import Any
 
 from packaging.utils import parse_wheel_filename
 
-from base import progress, stagecache
+from base import progress, stagecache, stages, swap
 
 from . import consistency, inputs, install, licensing, payload, sbom, transform, wheelio
 from .errors import ConsistencyError, InputError
@@ -98,7 +98,6 @@ def _derive_once(job: _Job, c: Carrier, src: inputs.Input, hook: Callable[[dict[
         [
             "derive",
             wheelio.ENCODING,
-            os.environ.get("SOURCE_DATE_EPOCH", ""),
             src.sha256,
             repr(job.cs),
             [inputs.sha256(p) for p in c.patches],
@@ -119,8 +118,9 @@ def _derive_once(job: _Job, c: Carrier, src: inputs.Input, hook: Callable[[dict[
 
 @functools.cache
 def _code_key() -> str:
-    """The assembly's own code (every module of carriers/, the alias files): a change re-derives every wheel."""
-    return stagecache.tree_sha256(Path(__file__).resolve().parent, suffixes=(".py",))
+    """The assembly's code and environment as its stage key derives them (base/stages.wheel_memo): a
+    change re-derives every wheel."""
+    return stages.wheel_memo()
 
 
 # carrier kind -> how it is built (carriers.toml `kind`; the model refuses any other)
@@ -255,12 +255,13 @@ def _provenance(b: Built, members: Mapping[str, bytes] | None = None) -> sbom.Pr
     )
 
 
-def coverage_problems(built: Sequence[Built], pythons: Sequence[str]) -> list[str]:
+def coverage_problems(built: Sequence[Built] | Sequence[tuple[str, str]], pythons: Sequence[str]) -> list[str]:
     """Every carrier has a wheel that installs on each Python of `pythons` (the per-Python closure:
-    whatever a profile pulls on that Python exists for it)."""
+    whatever a profile pulls on that Python exists for it). `built`: the wheels, or (name, filename) pairs."""
+    pairs = [(b.name, b.path.name) if isinstance(b, Built) else b for b in built]
     problems = []
-    for name in dict.fromkeys(b.name for b in built):
-        wheels = [b.path.name for b in built if b.name == name]
+    for name in dict.fromkeys(n for n, _ in pairs):
+        wheels = [f for n, f in pairs if n == name]
         for python in pythons:
             if not any(inputs.serves(w, python) for w in wheels):
                 problems.append(
@@ -272,6 +273,31 @@ def coverage_problems(built: Sequence[Built], pythons: Sequence[str]) -> list[st
                     )
                 )
     return problems
+
+
+def check_reused(cs: CarrierSet, manifest: Mapping[str, Any], pythons: Sequence[str] | None) -> None:
+    """What an assembly checks, checked again on a dist/ reused from its record: the KT version, every
+    carrier present and serving every Python asked for, and the partial label (a partial dist/ is never
+    reused as the whole release). ConsistencyError names each problem and the fix."""
+    want = list(pythons or cs.pythons)
+    wheels = [(str(w["name"]), str(w["filename"])) for w in manifest.get("wheels", [])]
+    problems = []
+    if manifest.get("kt_version") != cs.kt_version:
+        problems.append(f"it is KT {manifest.get('kt_version')}, the version file says {cs.kt_version}")
+    if list(manifest.get("pythons", [])) != want:
+        problems.append(f"it serves CPython {', '.join(manifest.get('pythons', []))}, asked: {', '.join(want)}")
+    partial = manifest.get("partial")
+    if pythons is None and partial:
+        problems.append(f"it is a partial development release (no wheels for {', '.join(partial.get('missing', []))})")
+    present = {n for n, _ in wheels}
+    problems += [f"no {c.name} wheel" for c in cs.carriers if c.name not in present]
+    problems += coverage_problems(wheels, want)
+    if problems:
+        raise ConsistencyError(
+            "dist/ matches its record, but not what this assembly asks for:\n  "
+            + "\n  ".join(problems)
+            + "\nre-assemble it: nox -s assemble -- --fresh"
+        )
 
 
 def assemble(
@@ -341,17 +367,8 @@ def assemble(
                 listed.append((digest, f.path))
         (staging / "SHA256SUMS").write_text("".join(f"{digest}  {name}\n" for digest, name in listed))
         (staging / "manifest.json").write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
-        # The swap: two renames; dist/ is the old tree or the new one, never a mix.
-        old = dist.parent / f".{dist.name}-old-{os.getpid()}"
-        if dist.exists():
-            dist.rename(old)
-        try:
-            staging.rename(dist)
-        except BaseException:
-            if old.exists() and not dist.exists():
-                old.rename(dist)  # the previous release back in place
-            raise
-        shutil.rmtree(old, ignore_errors=True)
+        # The swap: dist/ is the old tree or the new one after a kill at any instant, never a mix or absent.
+        swap.replace_dir(staging, dist)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise

@@ -88,7 +88,7 @@ def _atomic(path: Path) -> Iterator[IO[bytes]]:
     beside it (two processes writing one path never share one), mode 0644, removed if the block fails."""
     import tempfile
 
-    fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".part")
+    fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=f".{os.getpid()}.part")
     tmp = Path(name)
     try:
         with os.fdopen(fd, "wb") as fh:

@@ -47,8 +47,8 @@ def main(argv: list[str] | None = None) -> int:
     reports += [] if args.no_vulnerabilities else [vulns_json]
     try:
         fresh = args.fresh or args.summary is not None
-        checks = not args.no_vulnerabilities
-        stage = stages.audit(args.dist, reports, args.baseline, vulnerabilities=checks, fresh=fresh)
+        data = "" if args.no_vulnerabilities else f"the index's data of {stagecache.today()}"
+        stage = stages.audit(args.dist, reports, args.baseline, vulnerabilities=data, fresh=fresh)
     except stagecache.DistError as exc:
         print(f"error: {exc}")
         return 2
@@ -74,6 +74,8 @@ def main(argv: list[str] | None = None) -> int:
         status = status or (1 if found.found else 0)
     if status == 0:
         stage.done()
+    else:
+        stage.release()
     return status
 
 

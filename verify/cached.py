@@ -1,5 +1,7 @@
-"""A verification profile's result, reused when nothing it depends on changed (base/stages.py: the
-wheels dist/ lists, the verification code, the locks, the Python, this host's CPU).
+"""A verification profile's result, reused when nothing it depends on changed (base/stages.py derives
+what: the wheels dist/ lists and its manifest, the code the profile's entry imports with its data files,
+the locks, the allowlisted environment, the Python, this host's CPU); a result obtained from a live
+index also expires (`max_age_s`).
 
 Every result carries the key of the exact dist/ it was obtained on (`dist_sha256`), whether this run
 produced it or reused it, and when it was produced: the release report shows a result obtained on other
@@ -61,8 +63,11 @@ class Lookup:
         extra: Mapping[str, object] | None = None,
         fresh: bool = False,
         dist_free: bool = False,
+        max_age_s: float | None = None,
     ) -> None:
-        self.stage = stages.verify(profile, dist, stages.DIST_FREE if dist_free else key, extra=extra, fresh=fresh)
+        self.stage = stages.verify(
+            profile, dist, stages.DIST_FREE if dist_free else key, extra=extra, fresh=fresh, max_age_s=max_age_s
+        )
         self.stamp: dict[str, Any] = {"dist_sha256": key, "installs_from_dist": not dist_free}
         found = self.stage.reuse()
         self.hit: tuple[Any, dict[str, Any]] | None = None
@@ -73,4 +78,6 @@ class Lookup:
         """Record a result that proved everything; its stamp either way."""
         if proved:
             self.stage.done(result)
+        else:
+            self.stage.release()
         return {**self.stamp, "outcome": "ran", "produced": stagecache.Stage.now()}

@@ -57,7 +57,7 @@ def debian_root(python: str, cache: Path) -> Path:
     if shutil.which("debootstrap") is None:
         raise Unavailable("debootstrap is not installed: apt-get install debootstrap (it fetches Debian's packages)")
 
-    tmp = root.with_name(root.name + ".part")
+    tmp = root.with_name(f".{root.name}.{os.getpid()}.part")  # base.swap.sweep removes a killed one
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.parent.mkdir(parents=True, exist_ok=True)
     print(f"[cp{python.replace('.', '')}] debootstrap {suite} (python{python}) into {root} ...", flush=True)
@@ -72,6 +72,19 @@ def debian_root(python: str, cache: Path) -> Path:
         raise InterpreterError(f"debootstrap {suite} failed:\n{got.stdout[-1500:]}{got.stderr[-1500:]}")
     tmp.rename(root)
     return root
+
+
+def package_list(python: str, cache: Path) -> str:
+    """What the Debian root for `python` holds, as dpkg lists it (package=version lines), or "absent":
+    the cp3NN result is keyed by it, so a root made anew with other packages re-runs the check."""
+    suite = SUITES.get(python, "")
+    status = cache / f"debian-{suite}" / "var" / "lib" / "dpkg" / "status"
+    try:
+        text = status.read_text(errors="replace")
+    except OSError:
+        return "absent"
+    fields = (dict(ln.split(": ", 1) for ln in block.splitlines() if ": " in ln) for block in text.split("\n\n"))
+    return "\n".join(sorted(f"{f['Package']}={f.get('Version', '')}" for f in fields if "Package" in f))
 
 
 def _requirements(dist: Path, python: str) -> tuple[list[Path], str]:
@@ -174,7 +187,7 @@ def main(argv: list[str] | None = None) -> int:
                 key,
                 functools.partial(work, python),
                 proved=lambda r: "not_verified" not in r,
-                extra={"python": python},
+                extra={"python": python, "debian root": package_list(python, args.cache)},
                 fresh=args.fresh,
             )
             results[python] = {**r, **stamp}

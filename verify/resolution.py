@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import socket
 import subprocess
@@ -28,7 +29,7 @@ from typing import Any
 from packaging.utils import canonicalize_name
 from packaging.version import Version
 
-from base import progress
+from base import progress, stages
 from base.errors import StageError, report
 from carriers.inputs import MANYLINUX_2_34, target_args
 
@@ -209,6 +210,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--fallback", default=PUBLIC, help="the public index behind the release's")
     p.add_argument("--json", type=Path)
     p.add_argument("--fresh", action="store_true", help="resolve even if these wheels resolved before")
+    p.add_argument(
+        "--max-age",
+        type=float,
+        default=_max_age_default(),
+        metavar="HOURS",
+        help="a resolution against the live index is redone after this long "
+        f"(default {stages.RESOLUTION_MAX_AGE_H:g}; KT_RESOLVE_MAX_AGE_H)",
+    )
     args = p.parse_args(argv)
     args.profile = args.profile or install_profiles()
     args.python = args.python or list(load_carriers().pythons)
@@ -227,7 +236,9 @@ def main(argv: list[str] | None = None) -> int:
             for python in args.python:
                 extra = {"profile": profile, "python": python, "fallback": args.fallback}
                 name = f"resolve-{profile}-cp{python.replace('.', '')}"
-                found = cached.Lookup(name, args.dist, key, extra=extra, fresh=args.fresh)
+                found = cached.Lookup(
+                    name, args.dist, key, extra=extra, fresh=args.fresh, max_age_s=args.max_age * 3600
+                )
                 if found.hit is not None:
                     results.append({**found.hit[0], **found.hit[1]})
                     _say(results[-1])
@@ -252,6 +263,16 @@ def main(argv: list[str] | None = None) -> int:
         stamp = {"dist_sha256": key, "outcome": "reused" if not todo else "ran"}
         args.json.write_text(json.dumps({**stamp, "results": results}, indent=2) + "\n")
     return 1 if any(r["problems"] for r in results) else 0
+
+
+def _max_age_default() -> float:
+    """KT_RESOLVE_MAX_AGE_H, else base.stages' default; a value that is not a number is said and ignored."""
+    raw = os.environ.get("KT_RESOLVE_MAX_AGE_H", "")
+    try:
+        return float(raw) if raw else stages.RESOLUTION_MAX_AGE_H
+    except ValueError:
+        print(f"warning: KT_RESOLVE_MAX_AGE_H={raw!r} is not a number of hours; using {stages.RESOLUTION_MAX_AGE_H:g}")
+        return stages.RESOLUTION_MAX_AGE_H
 
 
 def _proved(results: list[dict[str, Any]]) -> bool:

@@ -24,6 +24,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from types import ModuleType
 
 KERNEL = Path(__file__).resolve().parent.parent
 ROOT = KERNEL.parent
@@ -256,10 +257,24 @@ def config_tag(variants: list[str], cuda_archs: list[str] | None) -> str:
     return tag
 
 
+def _keys() -> ModuleType:
+    """The release's key rules (base/keys.py: the environment allowlist, the compilers' versions), loaded
+    from the repository this script sits in; stdlib only, as this script."""
+    if str(ROOT) not in sys.path:
+        sys.path.insert(0, str(ROOT))
+    import base.keys
+
+    return base.keys
+
+
 def inputs_digest(variants: list[str], cuda_archs: list[str] | None) -> str:
     """sha256 over everything the wheel is built from: kernel/ (not its build trees), the toolchain
-    locks, the policy's CUDA matrix, the configuration and SOURCE_DATE_EPOCH."""
+    locks, the policy's CUDA matrix, the configuration, SOURCE_DATE_EPOCH, the allowlisted environment
+    that reaches compilers and CMake (CC, CXXFLAGS, CMAKE_ARGS, CUDA_HOME, ...: base/keys.py) and the
+    compilers' and CMake's own --version output."""
     import hashlib
+
+    keys = _keys()
 
     h = hashlib.sha256()
     files = [
@@ -271,6 +286,7 @@ def inputs_digest(variants: list[str], cuda_archs: list[str] | None) -> str:
     for f in files:
         h.update(str(f.relative_to(ROOT)).encode() + b"\0" + f.read_bytes() + b"\0")
     h.update(f"{config_tag(variants, cuda_archs)}|{source_date_epoch()}".encode())
+    h.update(json.dumps([keys.environment("kernel"), keys.toolchain()], sort_keys=True).encode())
     return h.hexdigest()
 
 
@@ -303,6 +319,28 @@ def up_to_date(dist: Path, digest: str) -> Path | None:
         print(f"kt-kernel: {wheels[0]} differs from the wheel its build wrote (sha256); rebuilding it")
         return None
     return wheels[0]
+
+
+def _lock(dist: Path) -> None:
+    """Hold `dist`'s build lock until this process ends; a second build waits, naming the first one's pid."""
+    import fcntl
+
+    dist.mkdir(parents=True, exist_ok=True)
+    f = (dist / ".build.lock").open("a+")
+    try:
+        fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        f.seek(0)
+        print(f"kt-kernel: another build into {dist} is running ({f.read().strip()}); waiting for it", flush=True)
+        fcntl.flock(f.fileno(), fcntl.LOCK_EX)
+    f.seek(0)
+    f.truncate()
+    f.write(f"pid {os.getpid()}\n")
+    f.flush()
+    _LOCKS.append(f)
+
+
+_LOCKS: list[object] = []  # open lock files, held until the process ends
 
 
 def output_dir(given: Path | None, variants: list[str], cuda_archs: list[str] | None) -> Path:
@@ -344,6 +382,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cuda = args.cuda_arch if (args.cuda or args.cuda_arch) else None
         dist = output_dir(args.dist, args.variant, cuda)
+        _lock(dist)  # one build into a directory at a time: its stamp binds the digest to that build's wheel
         digest = inputs_digest(args.variant, cuda)
         fresh = up_to_date(dist, digest) if args.if_stale else None
         if fresh is not None:
@@ -355,6 +394,9 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         (dist / STAMP).unlink(missing_ok=True)
         wheel = build(dist, args.work.resolve(), args.variant, cuda)
+        if inputs_digest(args.variant, cuda) != digest:  # a source edited while it built: never stamped
+            print("kt-kernel: the inputs changed during the build; the wheel is left unstamped (rebuilt next time)")
+            return 0
         (dist / STAMP).write_text(stamp_text(digest, wheel))
     except BuildError as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -11,6 +11,7 @@ from types import ModuleType
 
 import pytest
 
+from base import swap
 from carriers import ConsistencyError, load
 from carriers import assemble as assembly
 from carriers.assemble import Built
@@ -59,7 +60,10 @@ def test_a_failed_consistency_check_after_staging_leaves_dist(tmp_path: Path, mo
     assert _leftovers(tmp_path) == []
 
 
-def test_a_failed_swap_puts_the_previous_release_back(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("exchange", [True, False], ids=["renameat2-exchange", "two-renames"])
+def test_a_failed_swap_puts_the_previous_release_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, exchange: bool
+) -> None:
     dist = tmp_path / "dist"
     before = _previous(dist)
     _stub_building(tmp_path, monkeypatch)
@@ -71,6 +75,10 @@ def test_a_failed_swap_puts_the_previous_release_back(tmp_path: Path, monkeypatc
             raise OSError(28, "No space left on device")
         return real(self, target)
 
+    def no_space(a: Path, b: Path) -> bool:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(swap, "exchange", no_space if exchange else lambda a, b: False)
     monkeypatch.setattr(Path, "rename", rename)
     with pytest.raises(OSError, match="No space left"):
         assembly.assemble(load(), tmp_path / "k.whl", dist, install_files=False)

@@ -1,16 +1,17 @@
-"""base.stagecache and base.stages: a stage is reused only when every ingredient of its key and every
-output it wrote are the bytes of its last success; each ingredient changed alone re-runs exactly the
-stages that depend on it; a corrupted record is detected and re-run, never trusted."""
+"""base.stagecache: a stage is reused only when every ingredient of its key and every output it wrote
+are the bytes of its last success; a corrupted, edited or foreign record is refused, named, and re-run;
+one run of a stage at a time per build tree; a result from an outside service expires; what the stage's
+process read beyond its key is recorded and re-checked. (Which stage reads what:
+test_stage_ingredients.py.)"""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from base import paths, stagecache, stages
+from base import paths, stagecache
 
 
 def test_a_stage_is_reused_until_an_ingredient_or_an_output_changes(
@@ -70,8 +71,11 @@ def test_a_corrupted_record_is_detected_and_re_run(
 def test_the_dist_key_re_hashes_every_listed_file(tmp_path: Path) -> None:
     (tmp_path / "a.whl").write_bytes(b"a")
     (tmp_path / "SHA256SUMS").write_text(f"{stagecache.file_sha256(tmp_path / 'a.whl')}  a.whl\n")
+    (tmp_path / "manifest.json").write_text("{}\n")
     key = stagecache.dist_sha256(tmp_path)
     assert key == stagecache.dist_sha256(tmp_path)
+    (tmp_path / "manifest.json").write_text('{"partial": {}}\n')  # not listed in SHA256SUMS, yet read
+    assert stagecache.dist_sha256(tmp_path) != key
     (tmp_path / "a.whl").write_bytes(b"b")
     with pytest.raises(stagecache.DistError, match=r"a.whl: sha256 .* differs from SHA256SUMS"):
         stagecache.dist_sha256(tmp_path)
@@ -80,138 +84,6 @@ def test_the_dist_key_re_hashes_every_listed_file(tmp_path: Path) -> None:
         stagecache.dist_sha256(tmp_path)
     with pytest.raises(stagecache.DistError, match="SHA256SUMS is missing"):
         stagecache.dist_sha256(tmp_path / "nowhere")
-
-
-@pytest.fixture
-def tree(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """A stand-in project: the packages, locks, a kernel wheel and a dist/ the stage keys are made of."""
-    root = tmp_path / "root"
-    files = {
-        "carriers/assemble.py": "x = 1\n",
-        "carriers/patches/transformers-kt/0001.patch": "--- a\n+++ b\n",
-        "audits/core.py": "y = 1\n",
-        "audits/policy/default.toml": "[size]\nwheel_budget_mib = 100\n",
-        "verify/serve.py": "z = 1\n",
-        "base/paths.py": "\n",
-        "locks/read.py": "\n",
-        "lockfiles/audit.txt": "a==1 --hash=sha256:00\n",
-        "lockfiles/vulns.txt": "pip-audit==2 --hash=sha256:00\n",
-        "lockfiles/serve.txt": "s==1 --hash=sha256:00\n",
-        "out/kt_kernel-0.6.1-cp311-abi3-manylinux_2_34_x86_64.whl": "kernel",
-        "dist/x-1-py3-none-any.whl": "wheel",
-    }
-    for rel, text in files.items():
-        (root / rel).parent.mkdir(parents=True, exist_ok=True)
-        (root / rel).write_text(text)
-    wheel = root / "dist/x-1-py3-none-any.whl"
-    (root / "dist/SHA256SUMS").write_text(f"{stagecache.file_sha256(wheel)}  {wheel.name}\n")
-    (root / "dist/manifest.json").write_text("{}\n")
-    monkeypatch.setattr(paths, "ROOT", root)
-    monkeypatch.setattr(paths, "LOCKFILES", root / "lockfiles")
-    code = {n: root / n for n in ("carriers", "audits", "verify", "base", "locks")}
-    monkeypatch.setattr(stages, "CODE_BASE", (code["base"], code["locks"]))
-    monkeypatch.setattr(stages, "ASSEMBLE_CODE", (code["carriers"], code["audits"], code["base"], code["locks"]))
-    monkeypatch.setattr(stages, "AUDIT_CODE", (code["audits"],))
-    monkeypatch.setattr(stages, "VERIFY_CODE", (code["verify"], code["carriers"], code["base"], code["locks"]))
-    return root
-
-
-def _stages(root: Path, cache: Path) -> dict[str, stagecache.Stage]:
-    dist = root / "dist"
-    reports = [dist / "audit-report.json"]
-    return {
-        "assemble": stages.assemble(root / "out", dist, None),
-        "audit": stages.audit(dist, reports, None),
-        "verify": stages.verify("serve", dist),
-    }
-
-
-def _reran(root: Path, cache: Path, monkeypatch: pytest.MonkeyPatch) -> set[str]:
-    monkeypatch.setattr(stagecache, "CACHE", cache)
-    return {name for name, s in _stages(root, cache).items() if s.why_not() is not None}
-
-
-def _record_all(root: Path, cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(stagecache, "CACHE", cache)
-    (root / "dist/audit-report.json").write_text("{}\n")
-    for name, s in _stages(root, cache).items():
-        if name == "assemble":
-            s.outputs = stages.assembled_outputs(root / "dist")
-        s.done({"ok": True})
-
-
-def _edit(path: Path) -> None:
-    path.write_text(path.read_text() + "# one more line\n")
-
-
-Edit = Callable[[Path], object]
-EDITS: dict[str, tuple[Edit, set[str]]] = {
-    "a patch byte": (lambda r: _edit(r / "carriers/patches/transformers-kt/0001.patch"), {"assemble", "verify"}),
-    "the carriers' code": (lambda r: _edit(r / "carriers/assemble.py"), {"assemble", "verify"}),
-    "a profile's lock": (lambda r: _edit(r / "lockfiles/serve.txt"), {"assemble", "verify"}),
-    "the audit's lock": (lambda r: _edit(r / "lockfiles/audit.txt"), {"assemble", "audit", "verify"}),
-    "a policy value": (
-        lambda r: (r / "audits/policy/default.toml").write_text("[size]\nwheel_budget_mib = 90\n"),
-        {"assemble", "audit"},
-    ),
-    "a line of the verification code": (lambda r: _edit(r / "verify/serve.py"), {"verify"}),
-    "the kernel wheel": (
-        lambda r: (r / "out/kt_kernel-0.6.1-cp311-abi3-manylinux_2_34_x86_64.whl").write_text("kernel 2"),
-        {"assemble"},
-    ),
-    "a wheel of dist/ (re-assembled)": (
-        lambda r: (
-            (r / "dist/x-1-py3-none-any.whl").write_text("wheel 2"),
-            (r / "dist/SHA256SUMS").write_text(
-                f"{stagecache.file_sha256(r / 'dist/x-1-py3-none-any.whl')}  x-1-py3-none-any.whl\n"
-            ),
-        ),
-        {"assemble", "audit", "verify"},
-    ),
-    "the audit's report, edited": (lambda r: (r / "dist/audit-report.json").write_text("[]\n"), {"audit"}),
-}
-
-
-@pytest.mark.parametrize("what", list(EDITS))
-def test_each_ingredient_re_runs_exactly_the_stages_that_depend_on_it(
-    tree: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, what: str
-) -> None:
-    cache = tmp_path / "cache"
-    _record_all(tree, cache, monkeypatch)
-    assert _reran(tree, cache, monkeypatch) == set()  # nothing changed: every stage reused
-    edit, expected = EDITS[what]
-    edit(tree)
-    assert _reran(tree, cache, monkeypatch) == expected
-
-
-def test_the_python_and_the_cpu_are_ingredients(tree: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    cache = tmp_path / "cache"
-    _record_all(tree, cache, monkeypatch)
-    monkeypatch.setattr(stagecache, "cpu_sha256", lambda: "another CPU")
-    assert _reran(tree, cache, monkeypatch) == {"verify"}  # the kernel picks its variant by the CPU
-    monkeypatch.setattr(stagecache, "python_sha256", lambda: "CPython 3.12")
-    assert _reran(tree, cache, monkeypatch) == {"assemble", "audit", "verify"}
-
-
-def test_a_profile_that_installs_nothing_of_dist_survives_a_new_build(
-    tree: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr(stagecache, "CACHE", tmp_path / "cache")
-    stages.verify("lf-standard", tree / "dist", stages.DIST_FREE).done({"ok": True})
-    EDITS["a wheel of dist/ (re-assembled)"][0](tree)
-    assert stages.verify("lf-standard", tree / "dist", stages.DIST_FREE).why_not() is None
-    _edit(tree / "lockfiles/serve.txt")  # but its locks are still an ingredient
-    assert stages.verify("lf-standard", tree / "dist", stages.DIST_FREE).why_not() == "changed: locks"
-
-
-def test_a_miss_names_what_changed(tree: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    cache = tmp_path / "cache"
-    _record_all(tree, cache, monkeypatch)
-    _edit(tree / "verify/serve.py")
-    assert stages.verify("serve", tree / "dist").why_not() == "changed: code:verify"
-    record = json.loads((cache / "verify-serve.json").read_text())
-    assert record["result"] == {"ok": True}
-    assert record["last"]["outcome"] == "ran"
 
 
 def test_the_release_bench_reads_the_lines_the_stage_cache_prints(
@@ -227,3 +99,127 @@ def test_the_release_bench_reads_the_lines_the_stage_cache_prints(
     assert outcomes(out, builds_kernel=False) == (["audit"], ["assemble"])
     assert outcomes(kernel + out, builds_kernel=True) == (["audit"], ["kt-kernel", "assemble"])
     assert outcomes(out, builds_kernel=True) == (["kt-kernel", "audit"], ["assemble"])
+
+
+def test_an_edited_record_is_refused_even_with_its_checksum_recomputed(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import hashlib
+
+    stagecache.Stage("s", {"a": "1"}, cache=tmp_path).done({"passed": False})
+    record_path = tmp_path / "s.json"
+    record = json.loads(record_path.read_text())
+    record["result"] = {"passed": True}
+    body = {k: v for k, v in record.items() if k != "record_hmac"}
+    # what anyone could recompute: a plain sha256 of the body (the old seal) is no seal
+    record["record_hmac"] = hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
+    record_path.write_text(json.dumps(record))
+    assert stagecache.Stage("s", {"a": "1"}, cache=tmp_path).reuse() is None
+    out = capsys.readouterr().out
+    assert f"s: the record {record_path} is refused: its seal does not hold" in out
+    assert "re-running the stage" in out
+
+
+def test_a_record_from_another_checkout_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    stagecache.Stage("s", {"a": "1"}, cache=tmp_path / "one").done()
+    (tmp_path / "two").mkdir()
+    (tmp_path / "two" / "s.json").write_bytes((tmp_path / "one" / "s.json").read_bytes())
+    assert stagecache.Stage("s", {"a": "1"}, cache=tmp_path / "two").why_not() == "refused record"
+    assert "written by another checkout" in capsys.readouterr().out
+    secret = tmp_path / "one" / stagecache.KEY_FILE
+    assert secret.stat().st_mode & 0o777 == 0o600
+
+
+def test_a_record_without_a_seal_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "s.json").write_text(json.dumps({"key": "k", "record_sha256": "x"}))
+    assert stagecache.Stage("s", {"a": "1"}, cache=tmp_path).reuse() is None
+    assert "it carries no seal" in capsys.readouterr().out
+
+
+def test_a_result_from_an_outside_service_expires(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    stagecache.Stage("r", {"a": "1"}, cache=tmp_path, max_age_s=3600).done({"ok": True})
+    assert stagecache.Stage("r", {"a": "1"}, cache=tmp_path, max_age_s=3600).why_not() is None
+    import time
+
+    later = time.time() + 2 * 3600
+    monkeypatch.setattr(time, "time", lambda: later)
+    why = stagecache.Stage("r", {"a": "1"}, cache=tmp_path, max_age_s=3600).why_not()
+    assert why is not None
+    assert why.startswith("expired: produced ")
+    assert "2.0 h ago" in why
+    assert stagecache.Stage("r", {"a": "1"}, cache=tmp_path).why_not() is None  # no max age: kept
+
+
+def test_a_second_run_of_a_stage_waits_naming_the_first_ones_pid(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+    import textwrap
+    import time
+
+    script = textwrap.dedent(
+        f"""
+        import sys, time
+        sys.path.insert(0, {str(paths.ROOT)!r})
+        from pathlib import Path
+        from base import stagecache
+        s = stagecache.Stage("s", {{"a": "1"}}, cache=Path({str(tmp_path)!r}))
+        if s.reuse() is None:
+            print("holding", flush=True)
+            time.sleep(float(sys.argv[1]))
+            s.done({{"by": sys.argv[2]}})
+        print("done", flush=True)
+        """
+    )
+    with subprocess.Popen([sys.executable, "-c", script, "3", "first"], stdout=subprocess.PIPE, text=True) as first:
+        assert first.stdout is not None
+        while (line := first.stdout.readline()) and line.strip() != "holding":
+            pass
+        assert line.strip() == "holding"
+        t0 = time.monotonic()
+        second = subprocess.run(
+            [sys.executable, "-c", script, "0", "second"], capture_output=True, text=True, check=True, timeout=60
+        )
+        waited = time.monotonic() - t0
+        first.wait(timeout=60)
+    assert f"another run of this stage holds {tmp_path / 's.lock'} (pid {first.pid}:" in second.stdout
+    assert waited > 1.0
+    # the second saw the first's record once it could look: reused, not run again
+    assert "s: reused" in second.stdout
+    assert json.loads((tmp_path / "s.json").read_text())["result"] == {"by": "first"}
+
+
+def test_a_file_the_stage_read_beyond_its_key_is_recorded_and_re_checked(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    root = tmp_path / "root"
+    (root / "pkg").mkdir(parents=True)
+    (root / "data.txt").write_text("one")
+    (root / "pkg" / "inside.txt").write_text("covered")
+    monkeypatch.setattr(paths, "ROOT", root)
+    monkeypatch.setattr(paths, "BUILD", root / "build")
+    monkeypatch.setattr(paths, "DIST", root / "dist")
+    stage = stagecache.Stage("s", {"a": "1"}, cache=tmp_path / "c", covers=[root / "pkg"])
+    assert stage.reuse() is None
+    (root / "data.txt").read_text()  # read by the stage, named by no ingredient
+    (root / "pkg" / "inside.txt").read_text()  # read, but its tree is an ingredient
+    stage.done()
+    record = json.loads((tmp_path / "c" / "s.json").read_text())
+    assert list(record["reads"]["files"]) == ["data.txt"]
+    assert stagecache.Stage("s", {"a": "1"}, cache=tmp_path / "c").why_not() is None
+    (root / "data.txt").write_text("two")
+    assert stagecache.Stage("s", {"a": "1"}, cache=tmp_path / "c").why_not() == "changed: read:data.txt"
+
+
+def test_the_environment_allowlist_is_recorded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from base import keys
+
+    monkeypatch.setenv("CXXFLAGS", "-O3")
+    env = keys.environment("kernel")
+    assert env["CXXFLAGS"] == "-O3"
+    assert "KT_KERNEL_CPU_VARIANT" not in env
+    stagecache.Stage("s", {"a": "1"}, cache=tmp_path, environment=env).done()
+    assert json.loads((tmp_path / "s.json").read_text())["environment"]["CXXFLAGS"] == "-O3"
+    monkeypatch.setenv("CXXFLAGS", "-O2")
+    assert stagecache.Stage("s", {"a": "1"}, cache=tmp_path, environment=keys.environment("kernel")).why_not() == (
+        "changed: env:CXXFLAGS"
+    )

@@ -19,6 +19,7 @@ def test_no_debootstrap_is_not_verified_with_the_fix(
     monkeypatch.setattr("os.geteuid", lambda: 0)
     out = tmp_path / "r.json"
     (tmp_path / "SHA256SUMS").write_text("")  # a dist/ of nothing: the verdict is about the machine
+    (tmp_path / "manifest.json").write_text("{}\n")
     assert interpreters.main(["--dist", str(tmp_path), "--cache", str(tmp_path / "cache"), "--json", str(out)]) == 0
     assert "NOT VERIFIED: debootstrap is not installed: apt-get install debootstrap" in capsys.readouterr().out
     recorded = json.loads(out.read_text())

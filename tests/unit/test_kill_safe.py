@@ -1,0 +1,135 @@
+"""Kill-safe: a process replacing dist/ is SIGKILLed at each instant of the swap (and at random instants
+of a loop of swaps); dist/ is then the previous complete release or the new one, never absent once the
+next run's sweep has run, and the sweep removes every leftover of the killed run."""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from base import paths, swap
+from tests.conftest import ROOT
+
+CHILD = textwrap.dedent(
+    """
+    import os, shutil, signal, sys
+    from pathlib import Path
+    sys.path.insert(0, sys.argv[1])
+    from base import swap
+    dest, where, mode = Path(sys.argv[2]), sys.argv[3], sys.argv[4]
+    def die(*_a, **_k):
+        os.kill(os.getpid(), signal.SIGKILL)
+    if mode == "two-renames":
+        swap.exchange = lambda a, b: False
+    if where == "after-exchange" or where == "after-second-rename":
+        shutil.rmtree = die
+    if where == "between-renames":
+        real = Path.rename
+        def rename(self, target):
+            real(self, target)
+            if self.name == dest.name:
+                die()
+        Path.rename = rename
+    def tree(tag):
+        new = dest.parent / f".{dest.name}-staging-{os.getpid()}"
+        new.mkdir()
+        for i in range(20):
+            (new / f"w{i}.whl").write_text(tag)
+        (new / "SHA256SUMS").write_text(tag)
+        return new
+    if where == "loop":
+        n = 0
+        while True:
+            n += 1
+            swap.replace_dir(tree(f"release {n}"), dest)
+    swap.replace_dir(tree("new"), dest)
+    """
+)
+
+
+@pytest.fixture
+def dist(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    dest = tmp_path / "dist"
+    dest.mkdir()
+    for i in range(20):
+        (dest / f"w{i}.whl").write_text("old")
+    (dest / "SHA256SUMS").write_text("old")
+    for name, value in {
+        "DIST": dest,
+        "STAGE_CACHE": tmp_path / "build/stage-cache",
+        "KERNEL_OUT": tmp_path / "build/kt-kernel/out",
+        "CACHE": tmp_path / "build/cache",
+    }.items():
+        monkeypatch.setattr(paths, name, value)
+    return dest
+
+
+def _release(dest: Path) -> str:
+    """The one tag every file of dest carries (a mix is a failure)."""
+    tags = {p.read_text() for p in dest.iterdir()}
+    assert len(tags) == 1, f"{dest} mixes releases: {tags}"
+    assert len(list(dest.iterdir())) == 21, f"{dest} is incomplete"
+    return tags.pop()
+
+
+def _killed(dest: Path, where: str, mode: str) -> subprocess.CompletedProcess[str]:
+    args = [sys.executable, "-c", CHILD, str(ROOT), str(dest), where, mode]
+    got = subprocess.run(args, capture_output=True, text=True, timeout=60, check=False)
+    assert got.returncode == -signal.SIGKILL, got.stderr
+    return got
+
+
+def _hidden(dest: Path) -> list[str]:
+    return sorted(p.name for p in dest.parent.iterdir() if p.name.startswith("."))
+
+
+@pytest.mark.parametrize(
+    ("mode", "where", "then"),
+    [
+        ("exchange", "after-exchange", "new"),
+        ("two-renames", "between-renames", "old"),
+        ("two-renames", "after-second-rename", "new"),
+    ],
+)
+def test_a_kill_at_each_instant_of_the_swap(dist: Path, mode: str, where: str, then: str) -> None:
+    if mode == "exchange" and not swap.exchange(dist, dist):
+        pytest.skip("this system has no renameat2(RENAME_EXCHANGE); the two-rename cases cover it")
+    _killed(dist, where, mode)
+    assert _hidden(dist), "the killed run left its temporary tree"
+    if where == "between-renames":
+        assert not dist.exists()  # the instant the next run repairs
+    removed = swap.sweep(say=False)
+    assert _release(dist) == then
+    assert _hidden(dist) == []
+    assert removed
+
+
+@pytest.mark.parametrize("mode", ["exchange", "two-renames"])
+def test_kills_at_random_instants_leave_a_complete_release(dist: Path, mode: str) -> None:
+    rng = random.Random(54)  # noqa: S311 (kill instants, not cryptography)
+    for _ in range(8):
+        args = [sys.executable, "-c", CHILD, str(ROOT), str(dist), "loop", mode]
+        with subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE) as child:
+            time.sleep(0.15 + rng.random() * 0.3)
+            child.send_signal(signal.SIGKILL)
+            child.wait(timeout=30)
+        if mode == "exchange":
+            assert dist.is_dir(), "with an atomic exchange dist/ is never absent, even before the sweep"
+        swap.sweep(say=False)
+        _release(dist)
+        assert _hidden(dist) == []
+
+
+def test_a_live_run_s_staging_is_not_swept(dist: Path) -> None:
+    live = dist.parent / f".dist-staging-{os.getpid()}"
+    live.mkdir()
+    assert swap.sweep(say=False) == []
+    assert live.is_dir()
