@@ -91,3 +91,14 @@ def test_resolution_over_a_corrupt_manifest_is_an_error_not_a_traceback(
     (tmp_path / "manifest.json").write_text("{not json")
     assert resolution.main(["--dist", str(tmp_path), "--profile", "sft", "--python", "3.11"]) == 1
     assert "error:" in capsys.readouterr().err
+
+
+def test_the_cp313_result_is_keyed_by_the_debian_root_s_package_list(tmp_path: Path) -> None:
+    assert interpreters.package_list("3.13", tmp_path) == "absent"
+    status = tmp_path / "debian-trixie" / "var" / "lib" / "dpkg" / "status"
+    status.parent.mkdir(parents=True)
+    status.write_text("Package: python3.13\nVersion: 3.13.5-2\n\nPackage: libc6\nVersion: 2.41-12\n")
+    first = interpreters.package_list("3.13", tmp_path)
+    assert first == "libc6=2.41-12\npython3.13=3.13.5-2"
+    status.write_text(status.read_text().replace("3.13.5-2", "3.13.7-1"))
+    assert interpreters.package_list("3.13", tmp_path) != first
