@@ -31,12 +31,14 @@ VERIFY_ENTRIES = {"resolve": "verify.resolution", "cp": "verify.interpreters", "
 
 def outside(kind: str) -> tuple[Path, ...]:
     """What a stage of `kind` reads outside the packages it imports (the import closure covers those):
-    the locks, the version file, kt-doctor's source (verify/lf.py loads it by path)."""
-    doctor = paths.KERNEL / "python" / "kt_kernel" / "doctor.py"
+    the locks, the version file, the CPU ladder (the audit policy's [isa] ladder: every stage that loads
+    the policy reads it), kt-doctor's source (verify/lf.py loads it by path)."""
+    kt = paths.KERNEL / "python" / "kt_kernel"
+    ladder = kt / "cpu_variants.json"
     return {
-        "assemble": (paths.LOCKFILES, paths.VERSION_FILE),
-        "audit": (paths.LOCKFILES,),
-        "verify": (paths.LOCKFILES, paths.VERSION_FILE, doctor),
+        "assemble": (paths.LOCKFILES, paths.VERSION_FILE, ladder),
+        "audit": (paths.LOCKFILES, ladder),
+        "verify": (paths.LOCKFILES, paths.VERSION_FILE, ladder, kt / "doctor.py"),
     }[kind]
 
 

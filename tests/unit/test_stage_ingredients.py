@@ -22,12 +22,14 @@ from base import keys, paths, stagecache, stages
 from tests.conftest import ROOT
 
 CODE = ("carriers/", "audits/", "base/", "locks/")
-VERIFY = ("verify/", *CODE, "lockfiles/", "kernel/python/kt_kernel/doctor.py", "kernel/python/kt_kernel/_version.py")
+KT = "kernel/python/kt_kernel/"
+LADDER = f"{KT}cpu_variants.json"  # the audit policy's [isa] ladder (a real run's traced reads found it)
+VERIFY = ("verify/", *CODE, "lockfiles/", f"{KT}doctor.py", f"{KT}_version.py", LADDER)
 READS: dict[str, tuple[str, ...]] = {
     "kernel": ("kernel/", "lockfiles/toolchain.txt", "lockfiles/cuda.txt", "audits/policy/default.toml"),
-    "assemble": (*CODE, "lockfiles/", "kernel/python/kt_kernel/_version.py"),
+    "assemble": (*CODE, "lockfiles/", f"{KT}_version.py", LADDER),
     "wheel memo": CODE,
-    "audit": ("release/", "audits/", "base/", "locks/", "lockfiles/"),
+    "audit": ("release/", "audits/", "base/", "locks/", "lockfiles/", LADDER),
     "verify-sft-cpu": VERIFY,
     "verify-resolve-sft-cp311": VERIFY,
     "verify-cp313": VERIFY,
