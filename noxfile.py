@@ -215,6 +215,7 @@ def audit(session: nox.Session) -> None:
     p.add_argument("--baseline", help="a previous audit-report.json, for size growth")
     p.add_argument("--fresh", action="store_true", help="audit even if these wheels passed this audit before")
     p.add_argument("--no-vulnerabilities", action="store_true", help="skip pip-audit (offline): NOT CHECKED")
+    p.add_argument("--advisories", help="OSV advisory data on disk (PyPI's all.zip) instead of the index")
     p.add_argument("paths", nargs="*")
     args = p.parse_args(session.posargs)
     if not args.paths and not DIST.is_dir():
@@ -233,6 +234,7 @@ def audit(session: nox.Session) -> None:
     with _timed("audit"):
         fresh = ["--fresh"] if _fresh(args.fresh) else []
         offline = ["--no-vulnerabilities"] if args.no_vulnerabilities else []
+        offline += ["--advisories", args.advisories] if args.advisories else []
         session.run("python", "-m", "release.audit", "--dist", str(DIST), *extra, *fresh, *offline)
 
 
@@ -303,19 +305,30 @@ def release(session: nox.Session) -> None:
     whose inputs are exactly those of its last success is reused, saying so (`-- --fresh` runs them all)."""
     p = _parser("release")
     p.add_argument("--fresh", action="store_true", help="run every stage, even those built from exactly these inputs")
+    p.add_argument(
+        "--accept",
+        action="append",
+        default=[],
+        metavar="ITEM=REASON",
+        help="accept a missing check (NOT VERIFIED, NOT CHECKED) by name or glob, with a reason",
+    )
+    p.add_argument("--advisories", help="OSV advisory data on disk for the vulnerability check (air-gapped sites)")
     args = p.parse_args(session.posargs)
     TIMINGS.mkdir(parents=True, exist_ok=True)
     (TIMINGS / ".release-start").write_text(f"{time.time()}\n")  # release_report prints this run's stages
-    for name in ("build_all", "audit", "verify_install"):
-        session.notify(name, ["--fresh"] if args.fresh else [])
-    session.notify("release_report")
+    fresh = ["--fresh"] if args.fresh else []
+    session.notify("build_all", fresh)
+    session.notify("audit", fresh + (["--advisories", args.advisories] if args.advisories else []))
+    session.notify("verify_install", fresh)
+    session.notify("release_report", [f"--accept={a}" for a in args.accept])
 
 
 @nox.session(python=PYTHON, default=False)
 def release_report(session: nox.Session) -> None:
-    """Summarise dist/ (carriers, versions, sizes, hashes, audit verdicts) into dist/release-report.{md,html}."""
+    """Summarise dist/ into dist/release-report.{md,html} and the release verdict (PASSED, FAILED, INCOMPLETE)
+    into manifest.json; exits non-zero unless publishable (`-- --accept ITEM=REASON` accepts a missing check)."""
     _install_lock(session, "verify")
-    session.run("python", "-m", "release.report", "--dist", str(DIST))
+    session.run("python", "-m", "release.report", "--dist", str(DIST), *session.posargs)
 
 
 @nox.session(python=PYTHON, default=False)

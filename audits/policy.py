@@ -47,6 +47,16 @@ class Waiver:
 
 
 @dataclass(frozen=True)
+class IncompleteAcceptance:
+    """A release check that may be missing (NOT VERIFIED, NOT CHECKED, not run) without holding the release
+    back: the item's name or a glob, why, until a date (release/verdict.py; an expired one accepts nothing)."""
+
+    item: str
+    reason: str
+    expires: datetime.date
+
+
+@dataclass(frozen=True)
 class VulnerabilityWaiver:
     """A known vulnerability of one package the release ships anyway, with why, until a date
     (`nox -s audit`'s vulnerability check: an expired waiver waives nothing)."""
@@ -217,6 +227,7 @@ class Policy:
     cuda_kernels: tuple[str, ...] = ()
     waivers: tuple[Waiver, ...] = ()
     vulnerability_waivers: tuple[VulnerabilityWaiver, ...] = ()
+    incomplete_acceptances: tuple[IncompleteAcceptance, ...] = ()
     payload: PayloadPolicy | None = None
     # Always provided by the system, never by a wheel (the CUDA driver): correct to need.
     always_external: frozenset[str] = frozenset()
@@ -255,14 +266,23 @@ def _waiver(entry: dict[str, Any], source: Path) -> Waiver:
     return Waiver(entry["rule"], entry["wheel"], entry.get("member", ""), entry["reason"])
 
 
-def _vuln_waiver(entry: dict[str, Any], source: Path) -> VulnerabilityWaiver:
+def _expires(entry: dict[str, Any], what: str, source: Path) -> datetime.date:
+    """An entry's `expires` date; PolicyError naming the entry if it is no YYYY-MM-DD date."""
     try:
-        expires = datetime.date.fromisoformat(entry["expires"])
+        return datetime.date.fromisoformat(entry["expires"])
     except ValueError:
-        raise PolicyError(
-            f"{source}: vulnerability waiver {entry['id']}: expires {entry['expires']!r} is no date"
-        ) from None
+        raise PolicyError(f"{source}: {what}: expires {entry['expires']!r} is no date (YYYY-MM-DD)") from None
+
+
+def _vuln_waiver(entry: dict[str, Any], source: Path) -> VulnerabilityWaiver:
+    expires = _expires(entry, f"vulnerability waiver {entry['id']}", source)
     return VulnerabilityWaiver(entry["id"], canonicalize_name(entry["package"]), entry["reason"], expires)
+
+
+def _acceptance(entry: dict[str, Any], source: Path) -> IncompleteAcceptance:
+    return IncompleteAcceptance(
+        entry["item"], entry["reason"], _expires(entry, f"accept_incomplete {entry['item']}", source)
+    )
 
 
 SCHEMA_FILE = Path(__file__).resolve().parent / "policy" / "schema.json"
@@ -421,6 +441,7 @@ def load_policy(path: Path | str | None = None) -> Policy:
             cuda_kernels=tuple(cuda.get("kernels", [])),
             waivers=tuple(_waiver(w, path) for w in data.get("waivers", [])),
             vulnerability_waivers=tuple(_vuln_waiver(w, path) for w in data.get("vulnerability_waivers", [])),
+            incomplete_acceptances=tuple(_acceptance(a, path) for a in data.get("accept_incomplete", [])),
             payload=_payload(data.get("payload", {}), path),
             limits=_limits(data.get("limits", {})),
             severities=tuple(_severity(e, path) for e in data.get("severity", [])),

@@ -171,14 +171,15 @@ def environment(kind: str) -> dict[str, str | None]:
 
 
 def _version_of(argv: Sequence[str]) -> str:
+    """The tool's own version text (not its path: each nox venv has its own copy of cmake)."""
     exe = shutil.which(argv[0])
     if exe is None:
-        return f"{argv[0]}: not found"
+        return "not found"
     try:
         got = subprocess.run([exe, *argv[1:]], capture_output=True, text=True, check=False, timeout=60)
     except (OSError, subprocess.TimeoutExpired) as exc:
-        return f"{exe}: {exc}"
-    return f"{exe}: {(got.stdout or got.stderr).strip()}"
+        return f"failed: {type(exc).__name__}"
+    return (got.stdout or got.stderr).strip()
 
 
 @functools.cache

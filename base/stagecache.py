@@ -106,10 +106,32 @@ def dist_sha256(dist: Path = paths.DIST) -> str:
                 f"{dist / name}: sha256 {actual[:16]} differs from SHA256SUMS ({digest[:16]}); rebuild dist/"
             )
     try:
-        manifest = file_sha256(dist / "manifest.json")
+        manifest = manifest_sha256(dist / "manifest.json")
     except OSError:
         raise DistError(f"{dist / 'manifest.json'} is missing; rebuild dist/ (nox -s build_all)") from None
     return hashlib.sha256(text.encode() + b"\0" + manifest.encode()).hexdigest()
+
+
+VERDICT_MEMBER = "release"  # manifest.json's member the release report writes: its output, no stage's input
+
+
+def manifest_sha256(path: Path) -> str:
+    """manifest.json's digest without the release verdict (release/report.py writes it last, after every
+    stage keyed the manifest); a file that is not a JSON object is hashed as it is."""
+    data = path.read_bytes()
+    try:
+        parsed = json.loads(data)
+    except ValueError:
+        parsed = None
+    if not isinstance(parsed, dict):
+        return hashlib.sha256(data).hexdigest()
+    parsed.pop(VERDICT_MEMBER, None)
+    return value_sha256(["manifest without its verdict", parsed])  # its content, with the verdict or not
+
+
+def output_sha256(path: Path) -> str:
+    """A stage output's digest: a release manifest without its verdict, any other file whole."""
+    return manifest_sha256(path) if path.name == "manifest.json" else file_sha256(path)
 
 
 def today() -> str:
@@ -296,7 +318,10 @@ def _reads_changed(record: Mapping[str, Any]) -> str | None:
 
 def _outputs_changed(record: Mapping[str, Any]) -> str | None:
     return _differs(
-        record.get("outputs", {}), file_sha256, "output {rel} is missing", "output {rel} changed since it was produced"
+        record.get("outputs", {}),
+        output_sha256,
+        "output {rel} is missing",
+        "output {rel} changed since it was produced",
     )
 
 
@@ -405,7 +430,7 @@ class Stage:
         outputs = {}
         for out in self.outputs:
             rel = out.resolve().relative_to(paths.ROOT) if out.resolve().is_relative_to(paths.ROOT) else out
-            outputs[str(rel)] = file_sha256(out)
+            outputs[str(rel)] = output_sha256(out)
         files, dirs = READS.outside(self.covers)
         record = {
             "stage": self.name,

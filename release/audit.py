@@ -1,8 +1,11 @@
 """The release's audit stage: `python -m release.audit --dist dist [--baseline F] [--summary F] [--fresh]`.
 
 Two checks: every wheel (`python -m audits`), and the known vulnerabilities of everything the install
-files pin (release/vulns.py: pip-audit against the index's vulnerability data, the policy's waivers),
-into dist/vulnerabilities.json. The vulnerability data changes by the day, so the day is in the key.
+files pin (release/vulns.py: pip-audit against the index's vulnerability data, or `--advisories FILE`,
+OSV data on disk; the policy's waivers), into dist/vulnerabilities.json. The index's data changes by the
+day, so the day is in the key (a file's sha256, when given). A vulnerability found and not waived fails
+the audit; a pin that could not be checked leaves the release INCOMPLETE (release/verdict.py), whether
+the stage ran or was reused (vulnerabilities.json, which says so, is one of its hashed outputs).
 
 The audit of exactly these wheels (every file dist/SHA256SUMS lists, re-hashed), with this policy,
 this audit code and lock, is reused from its record (base/stages.py says what the key holds); anything
@@ -39,7 +42,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--no-vulnerabilities",
         action="store_true",
-        help="skip the known-vulnerability check (offline); the report then says NOT CHECKED",
+        help="skip the known-vulnerability check (offline); the release is then INCOMPLETE",
+    )
+    p.add_argument(
+        "--advisories",
+        type=Path,
+        help="OSV advisory data (PyPI's all.zip, a folder of OSV JSON, or one JSON file) instead of the index",
     )
     args = p.parse_args(argv)
     vulns_json = args.dist / "vulnerabilities.json"
@@ -48,6 +56,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         fresh = args.fresh or args.summary is not None
         data = "" if args.no_vulnerabilities else f"the index's data of {stagecache.today()}"
+        if args.advisories is not None and args.advisories.exists():
+            data = f"advisories {stagecache.tree_sha256(args.advisories)}"
         stage = stages.audit(args.dist, reports, args.baseline, vulnerabilities=data, fresh=fresh)
     except stagecache.DistError as exc:
         print(f"error: {exc}")
@@ -66,12 +76,16 @@ def main(argv: list[str] | None = None) -> int:
         print("vulnerabilities: NOT CHECKED (--no-vulnerabilities)")
     else:
         try:
-            found = vulns.check(args.dist, load_policy().vulnerability_waivers, paths.CACHE / "pip-audit")
+            waivers = load_policy().vulnerability_waivers
+            found = vulns.check(args.dist, waivers, paths.CACHE / "pip-audit", advisories=args.advisories)
         except StageError as exc:
+            stage.release()
             return report_error(exc)
         vulns_json.write_text(json.dumps(found.as_dict(), indent=2) + "\n")
         print("\n".join(vulns.lines(found)))
         status = status or (1 if found.found else 0)
+    # A run that found nothing is recorded; what it could not check stays in vulnerabilities.json (an
+    # output the record hashes), so the release verdict says INCOMPLETE whether it ran or was reused.
     if status == 0:
         stage.done()
     else:

@@ -5,6 +5,8 @@
   re-run after success is a no-op); different bytes under the same name -> hard error
   (never `--skip-existing`, which passes an older file off as success).
 - After each upload: wait until the index serves the file, download it, compare sha256.
+- Before anything: the release verdict in manifest.json must have judged exactly these files and allow
+  publishing (PASSED, or INCOMPLETE with every missing item accepted); a partial release never goes up.
 """
 
 from __future__ import annotations
@@ -22,9 +24,11 @@ import urllib.parse
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from packaging.utils import canonicalize_name, parse_wheel_filename
 
+from base import stagecache
 from base.errors import StageError, report
 from base.paths import DIST
 from carriers import wheelio
@@ -119,11 +123,49 @@ def remote_sha256(url: str) -> str:
         return hashlib.file_digest(resp, "sha256").hexdigest()
 
 
+def releasable(dist: Path) -> dict[str, Any]:
+    """dist/'s manifest, if its release verdict (release/report.py, in manifest.json's `release`) judged
+    exactly these files and allows publishing (PASSED, or INCOMPLETE with every missing item accepted);
+    PublishError naming the verdict and what it lacks otherwise. A partial release is never published."""
+    path = dist / "manifest.json"
+    try:
+        manifest: dict[str, Any] = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise PublishError(f"{path} is missing: {dist} holds no release; build it (nox -s release)") from None
+    except (OSError, ValueError) as exc:
+        raise PublishError(f"{path} is unreadable ({exc}); rebuild the release (nox -s release)") from None
+    if manifest.get("partial"):
+        missing = ", ".join(manifest["partial"].get("missing", []))
+        raise PublishError(f"{dist} is a partial development release (no wheels for CPython {missing}); not published")
+    judged = manifest.get("release")
+    if not isinstance(judged, dict):
+        raise PublishError(f"{dist} has no release verdict: run nox -s release (or release_report) before publishing")
+    try:
+        key = stagecache.dist_sha256(dist)
+    except stagecache.DistError as exc:
+        raise PublishError(str(exc)) from None
+    if judged.get("dist_sha256") != key:
+        raise PublishError(
+            f"the release verdict in {path} ({judged.get('verdict')}, {judged.get('judged')}) judged other files "
+            f"than {dist} holds now; run nox -s release again"
+        )
+    if not judged.get("publishable"):
+        lacks = [f"{i['item']} ({i['detail']})" for i in judged.get("failed", []) + judged.get("missing", [])]
+        raise PublishError(
+            f"the release is {judged.get('verdict')}, not published: "
+            + "; ".join(lacks[:10])
+            + (f"; and {len(lacks) - 10} more" if len(lacks) > 10 else "")
+            + ". Fix what failed; run what is missing, or accept it by name with a reason "
+            "(nox -s release -- --accept 'ITEM=REASON', or the policy's [[accept_incomplete]])"
+        )
+    return manifest
+
+
 def publish(
     dist: Path, repository_url: str, index_url: str, wait_s: float = 120.0, twine_args: tuple[str, ...] = ()
 ) -> list[tuple[str, str]]:
     """Upload dist/ in dependency order and verify each served file by sha256; yields progress."""
-    manifest = json.loads((dist / "manifest.json").read_text())
+    manifest = releasable(dist)
     sums = {w["filename"]: w["sha256"] for w in manifest["wheels"]}
     for fname, digest in sums.items():
         actual = sha256(dist / fname)

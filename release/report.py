@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import html
 import json
+import os
 import subprocess
 import sys
 import time
@@ -39,6 +40,8 @@ from base.paths import (
 from base.version import VersionFileError, release_date
 from carriers.consistency import torch_summary
 from carriers.model import PART_DIR
+
+from . import verdict as verdicts
 
 
 def supply_chain(audit: dict[str, Any]) -> dict[str, str]:
@@ -177,6 +180,8 @@ def pythons_line(manifest: dict[str, Any]) -> str:
 
 
 def _cls(verdict: str) -> str:
+    if verdict.startswith("INCOMPLETE"):
+        return "warn"
     return {
         "pass": "pass",
         "PASSED": "pass",
@@ -227,12 +232,13 @@ def render_html(
     notes: list[str] | None = None,
     stages: list[str] | None = None,
     anchor: dict[str, Any] | None = None,
+    judged: verdicts.Verdict | None = None,
 ) -> str:
     """The release candidate as one self-contained page (no network, no script)."""
     e = _e
     errors: dict[str, int] = {w["filename"]: w["errors"] for w in audit.get("wheels", [])}
-    passed = bool(audit.get("passed")) and all(not r.get("error") for r in verify.values())
-    verdict = "PASSED" if passed else "FAILED" if audit else "NOT AUDITED"
+    judged = judged or verdicts.Verdict(verdicts.audit_items(audit))
+    verdict = judged.badge
     budget = load_policy().wheel_budget_bytes  # the audit policy owns it ([size] wheel_budget_mib)
     parts = {p["distribution"]: p["size"] for p in (manifest.get("payload") or {}).get("parts", [])}
     old = {parse_wheel_filename(w["filename"])[0]: w["size"] for w in (baseline or {}).get("wheels", [])}
@@ -246,6 +252,7 @@ def render_html(
         f"{'passed' if audit.get('passed') else 'failed or missing'}, "
         f"{sum(f.get('severity') == 'error' for f in audit.get('findings', []))} errors; install verification: "
         f"{', '.join(verify) or 'not run'}</p>",
+        *(f"<p class=verdict-item>{e(line.strip())}</p>" for line in judged.lines()[1:]),
         f"<p id=pythons>{e(pythons_line(manifest))}</p>",
         *(f"<p class=note>{e(n)}</p>" for n in notes or []),
         *(f"<p id=serving>{e(line)}</p>" for line in [serving_line(verify)] if line),
@@ -503,6 +510,13 @@ def _main(argv: list[str] | None) -> int:
     p.add_argument("--stages", type=Path, default=STAGE_CACHE, help=argparse.SUPPRESS)
     p.add_argument("--kernel-out", type=Path, default=KERNEL_OUT, help=argparse.SUPPRESS)
     p.add_argument("--anchor", type=Path, default=BENCH_JSON["anchor"], help=argparse.SUPPRESS)
+    p.add_argument(
+        "--accept",
+        action="append",
+        default=[],
+        metavar="ITEM=REASON",
+        help="accept a missing (NOT VERIFIED, NOT CHECKED, not run) item by name or glob, with a reason",
+    )
     args = p.parse_args(argv)
     manifest = _load(args.dist / "manifest.json")
     if manifest is None:
@@ -521,7 +535,9 @@ def _main(argv: list[str] | None) -> int:
     verify, stale = for_this_build(_load(args.verify) or {}, key)
     notes += [f"verify_install {prof}: {why}" for prof, why in stale.items()]
     notes += other_checks(key, _load(args.resolution), _load(args.interpreters))
-    notes += [line for line in [vulnerabilities_line(_load(args.dist / "vulnerabilities.json"))] if line]
+    vulnerabilities = _load(args.dist / "vulnerabilities.json") if audit else None  # the audit stage writes both
+    notes += [line for line in [vulnerabilities_line(vulnerabilities)] if line]
+    judged = judge(manifest, audit, vulnerabilities, (verify, stale), args, key)
     errors: dict[str, int] = {w["filename"]: w["errors"] for w in audit.get("wheels", [])}
     torch = torch_summary(str(manifest.get("torch", "")))
     lines = [f"KT release {manifest['kt_version']}  (torch {torch})", pythons_line(manifest), ""]
@@ -592,9 +608,13 @@ def _main(argv: list[str] | None) -> int:
         md += ["\n## Performance\n", caption, "", "| " + " | ".join(PERFORMANCE_HEADER) + " |"]
         md += ["|" + " --- |" * len(PERFORMANCE_HEADER), *("| " + " | ".join(row) + " |" for row in perf)]
         lines.append(f"performance: {len(perf)} points in {args.anchor} (release-report.md, Performance)")
+    md[1:1] = ["", f"**{judged.badge}**", "", *(f"- {line.strip()}" for line in judged.lines()[1:])]
     (args.dist / "release-report.md").write_text("\n".join(md) + "\n\n" + chart + "\n")
-    page = render_html(manifest, audit, verify, baseline, args.dist, notes=notes, stages=stages, anchor=anchor)
+    page = render_html(
+        manifest, audit, verify, baseline, args.dist, notes=notes, stages=stages, anchor=anchor, judged=judged
+    )
     (args.dist / "release-report.html").write_text(page)
+    record_verdict(args.dist, judged, key)
     print("\n".join(lines))
     timings = release_timings(args.timings)
     if timings:
@@ -603,7 +623,53 @@ def _main(argv: list[str] | None) -> int:
         print("\n" + ("ran or reused this run:" if since is not None else "stages:"))
         print("\n".join(f"  {row}" for row in stages))
     print(f"\nreport: {args.dist / 'release-report.html'}")
-    return 0 if audit.get("passed") else 1
+    print("\n" + "\n".join(judged.lines()))
+    if judged.publishable:
+        return 0
+    return 1 if judged.verdict == verdicts.FAILED else 2
+
+
+def judge(
+    manifest: dict[str, Any],
+    audit: dict[str, Any],
+    vulnerabilities: Any,
+    verified: tuple[dict[str, Any], dict[str, str]],
+    args: argparse.Namespace,
+    key: str | None,
+) -> verdicts.Verdict:
+    """Every check's item for this build, and the acceptances of the command line and the policy."""
+    from locks.read import install_profiles
+    from verify.__main__ import RUN
+    from verify.interpreters import SUITES
+
+    current, other = verified
+    pythons = list(manifest.get("pythons", []))
+    items = [
+        *verdicts.dist_items(key),
+        *verdicts.partial_items(manifest),
+        *verdicts.audit_items(audit),
+        *verdicts.vulnerability_items(vulnerabilities),
+        *verdicts.verify_items(list(RUN), current, other),
+        *verdicts.resolution_items([(p, v) for p in install_profiles() for v in pythons], _load(args.resolution), key),
+        *verdicts.interpreter_items(sorted(SUITES), *for_this_build(_load(args.interpreters) or {}, key)),
+    ]
+    accepted = verdicts.parse_accept(args.accept) + verdicts.from_policy(load_policy().incomplete_acceptances)
+    return verdicts.Verdict(items, accepted)
+
+
+def record_verdict(dist: Path, judged: verdicts.Verdict, key: str | None) -> None:
+    """The verdict into manifest.json's `release` member (which no stage key includes: the verdict is this
+    stage's output), with the key of the dist/ it judged; written whole (a temporary file, renamed)."""
+    path = dist / "manifest.json"
+    data = json.loads(path.read_text())
+    data["release"] = {
+        **judged.as_dict(),
+        "dist_sha256": key,
+        "judged": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
+    }
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.part")
+    tmp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+    tmp.replace(path)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -25,6 +25,7 @@ from audits.policy import VulnerabilityWaiver
 from base import progress
 from locks.read import parse_lock
 
+from . import osv
 from .errors import ReleaseError
 
 
@@ -38,9 +39,11 @@ class Vulnerabilities:
     not_asked: dict[str, str] = field(default_factory=dict)  # package -> why (the project's own)
     not_checked: dict[str, str] = field(default_factory=dict)  # "name==version" -> why pip-audit could not ask
     seconds: float = 0.0
+    source: dict[str, Any] = field(default_factory=lambda: {"kind": "the index (pip-audit)"})
 
     def as_dict(self) -> dict[str, Any]:
         return {
+            "source": self.source,
             "asked": self.asked,
             "found": self.found,
             "waived": self.waived,
@@ -113,17 +116,30 @@ def _waiver(
 
 
 def check(
-    dist: Path, waivers: tuple[VulnerabilityWaiver, ...], cache: Path, today: datetime.date | None = None
+    dist: Path,
+    waivers: tuple[VulnerabilityWaiver, ...],
+    cache: Path,
+    today: datetime.date | None = None,
+    *,
+    advisories: Path | None = None,
 ) -> Vulnerabilities:
-    """Every pinned distribution of dist/install/ asked about; found and waived sorted."""
+    """Every pinned distribution of dist/install/ asked about (pip-audit against the index, or the OSV
+    advisories of a file: `advisories`); found and waived sorted."""
     import time
 
     t0 = time.perf_counter()
     today = today or datetime.datetime.now(datetime.UTC).date()
     asked, not_asked = queries(dist)
     out = Vulnerabilities(asked=len(asked), not_asked=not_asked)
-    progress.say("vulnerabilities", f"pip-audit: {len(asked)} pinned distributions of {dist / 'install'} ...")
-    for dep in pip_audit(sorted(asked), cache):
+    if advisories is not None:
+        data = osv.load(advisories)
+        out.source = data.source
+        progress.say("vulnerabilities", f"{len(asked)} pinned distributions against {advisories} ...")
+        deps = data.dependencies(sorted(asked))
+    else:
+        progress.say("vulnerabilities", f"pip-audit: {len(asked)} pinned distributions of {dist / 'install'} ...")
+        deps = pip_audit(sorted(asked), cache)
+    for dep in deps:
         package, version = canonicalize_name(dep["name"]), dep.get("version", "")
         if "skip_reason" in dep:  # the index had no vulnerability data to give: not a pass
             reason = str(dep["skip_reason"])
@@ -154,15 +170,18 @@ def check(
 
 def lines(v: Vulnerabilities) -> list[str]:
     """The verdict for people: each vulnerability found (an error) and waived, with its fix."""
+    src = v.source
+    data = f"; data: {src['file']} sha256 {src['sha256'][:16]}, as of {src['date']}" if "file" in src else ""
     out = [
         f"vulnerabilities: {len(v.found)} found, {len(v.waived)} waived, in {v.asked - len(v.not_checked)} of "
-        f"{v.asked} pinned distributions ({v.seconds:.0f}s; not asked: {', '.join(v.not_asked) or 'none'})"
+        f"{v.asked} pinned distributions ({v.seconds:.0f}s; not asked: {', '.join(v.not_asked) or 'none'}{data})"
     ]
     if v.not_checked:
         first = next(iter(v.not_checked.values()))
         out.append(
-            f"  NOT CHECKED: {len(v.not_checked)} of {v.asked}: the index gave no vulnerability data for them (e.g. "
-            f"{first}); where pypi.org's JSON API answers (GitHub's runners), `nox -s audit` checks them"
+            f"  INCOMPLETE: {len(v.not_checked)} of {v.asked} pins NOT CHECKED: no vulnerability data for them (e.g. "
+            f"{first}); where pypi.org's JSON API answers, `nox -s audit` checks them; offline, give OSV data: "
+            "`nox -s audit -- --advisories FILE` (OSV's PyPI all.zip, a folder of OSV JSON, or one JSON file)"
         )
     for f in v.found:
         fix = f"fixed in {', '.join(f['fix_versions'])}" if f["fix_versions"] else "no fixed version yet"

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from base import stagecache
 from release.publish import PublishError, publish, upload_order
 from tests.wheelkit import pure_wheel_members, write_wheel
 
@@ -37,7 +38,12 @@ def _dist(tmp_path: Path, marker: str = "1", specs: dict[str, tuple[str, ...]] |
                 "sha256": hashlib.sha256(path.read_bytes()).hexdigest(),
             }
         )
-    (dist / "manifest.json").write_text(json.dumps({"schema_version": 1, "wheels": wheels}))
+    manifest: dict[str, object] = {"schema_version": 1, "wheels": wheels}
+    (dist / "manifest.json").write_text(json.dumps(manifest))
+    (dist / "SHA256SUMS").write_text("".join(f"{w['sha256']}  {w['filename']}\n" for w in wheels))
+    # the release verdict publish requires (release/report.py writes it after every check passed)
+    manifest["release"] = {"verdict": "PASSED", "publishable": True, "dist_sha256": stagecache.dist_sha256(dist)}
+    (dist / "manifest.json").write_text(json.dumps(manifest))
     return dist
 
 

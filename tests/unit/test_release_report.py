@@ -83,12 +83,33 @@ def _candidate(tmp_path: Path, *, audit_passed: bool | None) -> Path:
     return dist
 
 
+ACCEPT_ALL = "--accept=*=a unit test of the report's text, not of the verdict"
+
+
+def _complete(dist: Path, tmp_path: Path, sft: dict[str, object]) -> Path:
+    """Every check's evidence for these wheels: each verification profile, the other interpreters (no
+    Python in the manifest: no resolution expected), the vulnerability check; verify.json's path."""
+    from verify.__main__ import RUN
+
+    verify = tmp_path / "verify.json"
+    verify.write_text(_results(dist, {p: sft if p == "sft-cpu" else {} for p in RUN}))
+    interpreters = tmp_path / "build" / "verify_interpreters_json"
+    interpreters.parent.mkdir(parents=True, exist_ok=True)
+    interpreters.write_text(_results(dist, {"3.13": {"python": "3.13.5"}}))
+    (dist / "vulnerabilities.json").write_text(json.dumps({"asked": 3, "found": [], "waived": [], "not_checked": {}}))
+    return verify
+
+
 def test_a_passing_candidate(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     dist = _candidate(tmp_path, audit_passed=True)
-    verify = tmp_path / "verify.json"
-    verify.write_text(_results(dist, {"sft-cpu": {"install_s": 41.0, "elapsed_s": 90.2}}))
+    verify = _complete(dist, tmp_path, {"install_s": 41.0, "elapsed_s": 90.2})
     assert release_report.main(["--dist", str(dist), "--verify", str(verify)]) == 0
     out = capsys.readouterr().out
+    assert "release verdict: PASSED (10 of 10 checks passed)" in out
+    judged = json.loads((dist / "manifest.json").read_text())["release"]
+    assert judged["verdict"] == "PASSED"
+    assert judged["publishable"] is True
+    assert judged["dist_sha256"] == stagecache.dist_sha256(dist)  # the verdict is no input of any stage key
     assert "KT release 0.6.1  (torch ==2.14.1)" in out
     assert "audit: PASSED (0 findings, 1.5s)" in out
     assert "verify_install sft-cpu: ok (install_s=41.0, elapsed_s=90.2)" in out
@@ -112,13 +133,14 @@ def test_the_kernel_breakdown_is_read_from_the_wheel(tmp_path: Path) -> None:
     }
 
 
-@pytest.mark.parametrize("passed", [False, None])
-def test_a_failed_or_missing_audit_exits_1(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str], passed: bool | None
+@pytest.mark.parametrize(("passed", "status"), [(False, 1), (None, 2)])
+def test_a_failed_audit_exits_1_and_a_missing_one_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], passed: bool | None, status: int
 ) -> None:
     dist = _candidate(tmp_path, audit_passed=passed)
-    assert release_report.main(["--dist", str(dist), "--verify", str(tmp_path / "none.json")]) == 1
+    assert release_report.main(["--dist", str(dist), "--verify", str(tmp_path / "none.json")]) == status
     out = capsys.readouterr().out
+    assert ("release verdict: FAILED" if passed is False else "release verdict: INCOMPLETE") in out
     assert "audit: FAILED or missing" in out
     assert "verify_install: not run" in out
     verdict = "FAIL" if passed is False else "not audited"
@@ -137,7 +159,7 @@ def test_the_stage_timing_table_of_this_release_run(tmp_path: Path, capsys: pyte
     (timings / ".release-start").write_text("1000.0\n")
     (timings / "build_all.json").write_text(json.dumps({"start": 1001.0, "seconds": 70.5}))
     (timings / "audit.json").write_text(json.dumps({"start": 900.0, "seconds": 17.0}))  # an earlier run: left out
-    assert release_report.main(["--dist", str(dist), "--timings", str(timings)]) == 0
+    assert release_report.main(["--dist", str(dist), "--timings", str(timings), ACCEPT_ALL]) == 0
     out = capsys.readouterr().out
     assert "this release's stages:" in out
     assert "build_all" in out
@@ -168,7 +190,7 @@ def test_the_serving_checks_and_kt_doctor_run_are_shown(tmp_path: Path, capsys: 
         "doctor": {**doctor, "deep_seconds": 9.0},
     }
     verify.write_text(_results(dist, {"sft-cpu": {"doctor_run": doctor}, "serve": serve}))
-    assert release_report.main(["--dist", str(dist), "--verify", str(verify)]) == 0
+    assert release_report.main(["--dist", str(dist), "--verify", str(verify), ACCEPT_ALL]) == 0
     out = capsys.readouterr().out
     line = "kt-doctor --run: cpu ok, payload ok, needed ok, gpu skipped: no CUDA device (8.1 s"
     assert f"{line})" in out  # sft-cpu
@@ -207,8 +229,9 @@ def test_results_on_other_wheels_are_not_shown_as_this_builds(
     results["lf-kt"] = {"install_s": 3.0}  # from before results carried a key
     results["lf-standard"] = {"install_s": 2.0, "dist_sha256": "1" * 64, "installs_from_dist": False}
     verify.write_text(json.dumps(results))
-    assert release_report.main(["--dist", str(dist), "--verify", str(verify)]) == 0
+    assert release_report.main(["--dist", str(dist), "--verify", str(verify)]) == 2  # INCOMPLETE
     out = capsys.readouterr().out
+    assert "missing verify:serve: not verified for this build (obtained on other wheels" in out
     assert "verify_install sft-cpu: ok (install_s=41.0), reused: produced 2026-12-01 09:00:00 UTC" in out
     assert (
         "verify_install serve: not verified for this build (obtained on other wheels, produced 2026-11-30 10:00:00 UTC)"
@@ -217,8 +240,9 @@ def test_results_on_other_wheels_are_not_shown_as_this_builds(
     assert "verify_install serve: ok" not in out
     assert "verify_install lf-standard: ok (install_s=2.0)" in out  # upstream only: holds for any build
     (dist / TF).write_bytes(b"changed")  # dist/ no longer matches SHA256SUMS: nothing is this build's
-    assert release_report.main(["--dist", str(dist), "--verify", str(verify)]) == 0
+    assert release_report.main(["--dist", str(dist), "--verify", str(verify)]) == 1  # FAILED
     out = capsys.readouterr().out
+    assert "FAILED dist: dist/ does not match its SHA256SUMS" in out
     assert "dist/ does not match its SHA256SUMS" in out
     assert "verify_install sft-cpu: not verified for this build" in out
 
@@ -228,8 +252,9 @@ def test_an_audit_of_other_wheels_is_not_this_builds(tmp_path: Path, capsys: pyt
     audit = json.loads((dist / "audit-report.json").read_text())
     audit["wheels"][1]["sha256"] = "c" * 64
     (dist / "audit-report.json").write_text(json.dumps(audit))
-    assert release_report.main(["--dist", str(dist)]) == 1
+    assert release_report.main(["--dist", str(dist)]) == 2  # the audit of these wheels is missing
     out = capsys.readouterr().out
+    assert "missing audit: no audit of these wheels" in out
     assert "audit: the report in dist/ judged other wheels than these; run nox -s audit" in out
     assert "audit: not audited" in out
 
@@ -246,7 +271,7 @@ def test_each_stage_says_ran_or_reused(tmp_path: Path, capsys: pytest.CaptureFix
     (kernel / release_report.KERNEL_STAMP).write_text(f"{'d' * 64} kt_kernel-0.6.1.whl {'e' * 64}\n")
     argv = ["--dist", str(dist), "--stages", str(cache), "--kernel-out", str(kernel)]
     release_report.main(argv)
-    out = capsys.readouterr().out.split("stages:")[1]
+    out = capsys.readouterr().out.split("stages:")[1].split("report:")[0]
     assert "kt-kernel: reused (key dddddddddddddddd" in out
     assert "assemble: ran (key " in out
     assert "verify-serve: reused (key " in out

@@ -223,3 +223,15 @@ def test_the_environment_allowlist_is_recorded(tmp_path: Path, monkeypatch: pyte
     assert stagecache.Stage("s", {"a": "1"}, cache=tmp_path, environment=keys.environment("kernel")).why_not() == (
         "changed: env:CXXFLAGS"
     )
+
+
+def test_the_release_verdict_in_the_manifest_is_no_stage_s_input(tmp_path: Path) -> None:
+    (tmp_path / "SHA256SUMS").write_text("")
+    manifest = tmp_path / "manifest.json"
+    manifest.write_text(json.dumps({"kt_version": "1", "wheels": []}, indent=2))
+    key, out = stagecache.dist_sha256(tmp_path), stagecache.output_sha256(manifest)
+    manifest.write_text(json.dumps({"kt_version": "1", "wheels": [], "release": {"verdict": "PASSED"}}))
+    assert stagecache.dist_sha256(tmp_path) == key  # the audit and verification stay reused
+    assert stagecache.output_sha256(manifest) == out  # and so does the assembly
+    manifest.write_text(json.dumps({"kt_version": "2", "wheels": [], "release": {"verdict": "PASSED"}}))
+    assert stagecache.dist_sha256(tmp_path) != key  # any other member is an input

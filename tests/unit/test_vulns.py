@@ -14,7 +14,8 @@ import pytest
 
 from audits import PolicyError, load_policy
 from audits.policy import VulnerabilityWaiver
-from release import vulns
+from release import osv, vulns
+from release.errors import ReleaseError
 
 TODAY = datetime.date(2026, 12, 1)
 
@@ -100,7 +101,7 @@ def test_found_waived_expired_and_not_checked(tmp_path: Path, monkeypatch: pytes
     text = "\n".join(vulns.lines(v))
     assert "2 found, 1 waived, in 3 of 4 pinned distributions" in text
     assert "error: urllib3 2.5.0: PYSEC-bbbb (no fixed version yet; its waiver expired 2026-11-30)" in text
-    assert "NOT CHECKED: 1 of 4" in text
+    assert "INCOMPLETE: 1 of 4 pins NOT CHECKED" in text
 
 
 def test_a_vulnerability_waiver_needs_a_date(tmp_path: Path) -> None:
@@ -118,3 +119,103 @@ def test_a_vulnerability_waiver_needs_a_date(tmp_path: Path) -> None:
     policy.write_text(base + waiver.format("soon"))
     with pytest.raises(PolicyError):
         load_policy(policy)
+
+
+OSV: list[dict[str, Any]] = [
+    {
+        "id": "PYSEC-2019-217",
+        "aliases": ["CVE-2019-10906", "GHSA-462w-v97r-4m45"],
+        "modified": "2024-11-21T14:22:49Z",
+        "affected": [
+            {
+                "package": {"ecosystem": "PyPI", "name": "Jinja2"},
+                "ranges": [{"type": "ECOSYSTEM", "events": [{"introduced": "0"}, {"fixed": "2.10.1"}]}],
+            }
+        ],
+    },
+    {
+        "id": "PYSEC-2019-132",
+        "aliases": ["CVE-2019-11324"],
+        "modified": "2025-02-03T08:00:00Z",
+        "affected": [{"package": {"ecosystem": "PyPI", "name": "urllib3"}, "versions": ["1.24.1"]}],
+    },
+    {  # a range that does not reach the pinned requests, and another ecosystem's package of the same name
+        "id": "GHSA-xxxx-old",
+        "modified": "2020-01-01T00:00:00Z",
+        "affected": [
+            {
+                "package": {"ecosystem": "PyPI", "name": "requests"},
+                "ranges": [{"type": "ECOSYSTEM", "events": [{"introduced": "2.0"}, {"last_affected": "2.3"}]}],
+            },
+            {"package": {"ecosystem": "npm", "name": "urllib3"}, "versions": ["2.32.5"]},
+        ],
+    },
+]
+
+
+def _pinned(tmp_path: Path) -> Path:
+    dist = tmp_path / "dist"
+    (dist / "install").mkdir(parents=True)
+    (dist / "manifest.json").write_text(json.dumps({"wheels": []}))
+    h = " \\\n    --hash=sha256:" + "0" * 64 + "\n"
+    (dist / "install" / "serve-cp311.txt").write_text(f"jinja2==2.10{h}urllib3==1.24.1{h}requests==2.32.5{h}")
+    return dist
+
+
+def _as(form: str, tmp_path: Path) -> Path:
+    import zipfile
+
+    if form == "json":
+        path = tmp_path / "osv.json"
+        path.write_text(json.dumps(OSV))
+    elif form == "folder":
+        path = tmp_path / "osv"
+        path.mkdir()
+        for doc in OSV:
+            (path / f"{doc['id']}.json").write_text(json.dumps(doc))
+    else:
+        path = tmp_path / "all.zip"
+        with zipfile.ZipFile(path, "w") as zf:
+            for doc in OSV:
+                zf.writestr(f"{doc['id']}.json", json.dumps(doc))
+    return path
+
+
+@pytest.mark.parametrize("form", ["zip", "folder", "json"])
+def test_osv_advisories_on_disk_find_the_known_vulnerable_pins(tmp_path: Path, form: str) -> None:
+    advisories = _as(form, tmp_path)
+    found = vulns.check(_pinned(tmp_path), (), tmp_path / "cache", TODAY, advisories=advisories)
+    assert sorted((f["package"], f["version"], f["id"]) for f in found.found) == [
+        ("jinja2", "2.10", "PYSEC-2019-217"),
+        ("urllib3", "1.24.1", "PYSEC-2019-132"),
+    ]
+    assert found.found[0]["fix_versions"] == ["2.10.1"]
+    assert found.not_checked == {}
+    source = found.as_dict()["source"]
+    assert source["kind"] == "advisory file"
+    assert source["date"] == "2025-02-03T08:00:00Z"  # the newest advisory's
+    assert source["advisories"] == 3
+    assert len(source["sha256"]) == 64
+    line = "\n".join(vulns.lines(found))
+    assert f"data: {advisories} sha256 {source['sha256'][:16]}, as of 2025-02-03T08:00:00Z" in line
+
+
+def test_an_osv_waiver_by_alias_waives_and_a_version_that_is_no_version_is_not_checked(tmp_path: Path) -> None:
+    waiver = VulnerabilityWaiver("CVE-2019-11324", "urllib3", "pinned by a fork", datetime.date(2027, 1, 1))
+    found = vulns.check(_pinned(tmp_path), (waiver,), tmp_path / "cache", TODAY, advisories=_as("json", tmp_path))
+    assert [w["id"] for w in found.waived] == ["PYSEC-2019-132"]
+    data = osv.load(_as("json", tmp_path))
+    assert data.dependencies([("jinja2", "not a version")])[0]["skip_reason"].startswith("not a PEP 440 version")
+
+
+@pytest.mark.parametrize(
+    ("content", "match"),
+    [("{not json", "not JSON"), ('{"affected": []}', "not an OSV advisory"), ("[]", "holds no OSV advisory")],
+)
+def test_advisory_data_that_is_not_osv_is_refused_naming_the_file(tmp_path: Path, content: str, match: str) -> None:
+    path = tmp_path / "bad.json"
+    path.write_text(content)
+    with pytest.raises(ReleaseError, match=match):
+        osv.load(path)
+    with pytest.raises(ReleaseError, match="no such file"):
+        osv.load(tmp_path / "missing.zip")

@@ -1,0 +1,258 @@
+"""The release's verdict: PASSED, FAILED or INCOMPLETE, from every check's evidence for exactly this build.
+
+Each check the release makes is an item with a stable name (what `--accept NAME=REASON` names):
+
+- ``dist``: the files of dist/ are the ones SHA256SUMS lists (a mismatch fails the release);
+- ``partial``: a partial development release (manifest.json says which Pythons it lacks);
+- ``audit``: the wheel audit of these wheels (dist/audit-report.json);
+- ``vulnerabilities``: the known-vulnerability check as a whole (skipped, or not run for this build), and
+  ``vulnerabilities:NAME==VERSION`` for each pin it could not check; ``vulnerability:NAME==VERSION:ID``
+  for each vulnerability found and not waived (a failure);
+- ``verify:PROFILE``: each install-verification profile (build/verify.json);
+- ``resolve:PROFILE-cp3NN``: normal resolution of each install profile on each Python of the release;
+- ``python:3.N``: the release exercised on another interpreter (build/verify-interpreters.json).
+
+An item is passed, failed (the check ran and found a problem) or missing (it did not run for this build,
+or ran and could not check: NOT VERIFIED, NOT CHECKED). The release is FAILED if any item failed,
+INCOMPLETE if any is missing, PASSED otherwise. A missing item may be accepted by name (a glob: ``--accept
+'vulnerabilities:*=...'``) with a reason, on the command line or in the policy's ``[[accept_incomplete]]``
+(with an expiry date); a failed item can never be. An INCOMPLETE release whose every missing item is
+accepted may be published, and says so everywhere it is shown.
+"""
+
+from __future__ import annotations
+
+import datetime
+import fnmatch
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from .errors import ReleaseError
+
+PASSED, FAILED, INCOMPLETE = "PASSED", "FAILED", "INCOMPLETE"
+
+
+@dataclass(frozen=True)
+class Item:
+    """One check of the release: its name, state ("passed", "failed", "missing") and what it found."""
+
+    name: str
+    state: str
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class Acceptance:
+    """A missing item accepted by name (or glob) with a reason; from the command line or the policy."""
+
+    pattern: str
+    reason: str
+    source: str  # "command line", or "policy (until YYYY-MM-DD)"
+
+    def covers(self, item: Item) -> bool:
+        return fnmatch.fnmatchcase(item.name, self.pattern)
+
+
+def parse_accept(values: Iterable[str]) -> list[Acceptance]:
+    """`--accept NAME=REASON` values; ReleaseError names a value without a reason."""
+    out = []
+    for value in values:
+        name, sep, reason = value.partition("=")
+        if not sep or not name.strip() or not reason.strip():
+            raise ReleaseError(
+                f"--accept {value!r}: give the item's name and a reason, e.g. "
+                "--accept 'python:3.13=no Debian mirror on this site'"
+            )
+        out.append(Acceptance(name.strip(), reason.strip(), "command line"))
+    return out
+
+
+def from_policy(entries: Iterable[Any], today: datetime.date | None = None) -> list[Acceptance]:
+    """The policy's [[accept_incomplete]] entries still in force (an expired one accepts nothing)."""
+    today = today or datetime.datetime.now(datetime.UTC).date()
+    return [
+        Acceptance(e.item, e.reason, f"policy (until {e.expires.isoformat()})") for e in entries if e.expires >= today
+    ]
+
+
+@dataclass
+class Verdict:
+    """The verdict over every item, and which acceptance covers each missing one."""
+
+    items: list[Item]
+    acceptances: list[Acceptance] = field(default_factory=list)
+
+    @property
+    def failed(self) -> list[Item]:
+        return [i for i in self.items if i.state == "failed"]
+
+    def _acceptance(self, item: Item) -> Acceptance | None:
+        return next((a for a in self.acceptances if a.covers(item)), None)
+
+    @property
+    def accepted(self) -> list[tuple[Item, Acceptance]]:
+        out = []
+        for i in self.items:
+            if i.state == "missing" and (a := self._acceptance(i)) is not None:
+                out.append((i, a))
+        return out
+
+    @property
+    def missing(self) -> list[Item]:
+        """Missing items no acceptance covers."""
+        return [i for i in self.items if i.state == "missing" and self._acceptance(i) is None]
+
+    @property
+    def verdict(self) -> str:
+        if self.failed:
+            return FAILED
+        if self.missing or self.accepted:
+            return INCOMPLETE
+        return PASSED
+
+    @property
+    def publishable(self) -> bool:
+        """PASSED, or INCOMPLETE with every missing item accepted."""
+        return not self.failed and not self.missing
+
+    @property
+    def badge(self) -> str:
+        if self.verdict == INCOMPLETE and self.publishable:
+            return f"INCOMPLETE, ACCEPTED ({len(self.accepted)} items)"
+        return self.verdict
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "verdict": self.verdict,
+            "publishable": self.publishable,
+            "failed": [{"item": i.name, "detail": i.detail} for i in self.failed],
+            "missing": [{"item": i.name, "detail": i.detail} for i in self.missing],
+            "accepted": [
+                {"item": i.name, "detail": i.detail, "reason": a.reason, "by": a.source, "pattern": a.pattern}
+                for i, a in self.accepted
+            ],
+            "passed": [i.name for i in self.items if i.state == "passed"],
+        }
+
+    def lines(self) -> list[str]:
+        """The verdict for people: what failed, what is missing (and the flag that accepts it), what was accepted."""
+        n = len(self.items)
+        passed = sum(i.state == "passed" for i in self.items)
+        out = [f"release verdict: {self.badge} ({passed} of {n} checks passed)"]
+        out += [f"  FAILED {i.name}: {i.detail}" for i in self.failed]
+        for i in self.missing:
+            out.append(
+                f"  missing {i.name}: {i.detail}; run it, or accept it: --accept '{i.name}=REASON' "
+                "(or the policy's [[accept_incomplete]] item, reason, expires)"
+            )
+        out += [f"  accepted {i.name}: {i.detail} (accepted by {a.source}: {a.reason})" for i, a in self.accepted]
+        return out
+
+
+# --- the items, from each check's evidence ------------------------------------------------------------
+
+
+def dist_items(key: str | None) -> list[Item]:
+    """`dist`: the files dist/ holds are the ones SHA256SUMS lists (key None: they are not)."""
+    if key is None:
+        return [Item("dist", "failed", "dist/ does not match its SHA256SUMS (a file missing or changed); rebuild it")]
+    return [Item("dist", "passed")]
+
+
+def partial_items(manifest: Mapping[str, Any]) -> list[Item]:
+    partial = manifest.get("partial")
+    if not partial:
+        return [Item("partial", "passed", "a whole release: every Python of the matrix")]
+    missing = ", ".join(partial.get("missing", []))
+    return [Item("partial", "missing", f"a partial development release: no wheels for CPython {missing}")]
+
+
+def audit_items(audit: Mapping[str, Any]) -> list[Item]:
+    """`audit`: this build's report (an empty mapping: none for these wheels)."""
+    if not audit:
+        return [Item("audit", "missing", "no audit of these wheels (nox -s audit)")]
+    errors = sum(f.get("severity") == "error" for f in audit.get("findings", []))
+    if not audit.get("passed"):
+        return [Item("audit", "failed", f"{errors} error findings (dist/audit-report.md)")]
+    return [Item("audit", "passed")]
+
+
+def vulnerability_items(data: Any) -> list[Item]:
+    """dist/vulnerabilities.json: each unwaived vulnerability fails, each unchecked pin is missing."""
+    if not isinstance(data, dict):
+        return [Item("vulnerabilities", "missing", "not run for these wheels (nox -s audit)")]
+    if isinstance(data.get("not_checked"), str):
+        return [Item("vulnerabilities", "missing", f"skipped ({data['not_checked']})")]
+    items = [
+        Item(
+            f"vulnerability:{f['package']}=={f['version']}:{f['id']}",
+            "failed",
+            f"{f['id']} in {f['package']} {f['version']}"
+            + (f", fixed in {', '.join(f['fix_versions'])}" if f.get("fix_versions") else ""),
+        )
+        for f in data.get("found", [])
+    ]
+    unchecked = data.get("not_checked", {})
+    items += [Item(f"vulnerabilities:{pin}", "missing", f"NOT CHECKED: {why}") for pin, why in unchecked.items()]
+    source = data.get("source", {})
+    via = f" from {source.get('kind', 'the index')}" if source else ""
+    checked = int(data.get("asked", 0)) - len(unchecked)
+    items.append(Item("vulnerabilities", "passed", f"{checked} pins checked{via}"))
+    return items
+
+
+def verify_items(expected: Sequence[str], current: Mapping[str, Any], other: Mapping[str, str]) -> list[Item]:
+    """Each install-verification profile: passed on these wheels, or why it is missing."""
+    items = []
+    for profile in expected:
+        name = f"verify:{profile}"
+        if profile in current:
+            result = current[profile]
+            if isinstance(result, dict) and result.get("error"):
+                items.append(Item(name, "failed", str(result["error"])))
+            else:
+                items.append(Item(name, "passed"))
+        elif profile in other:
+            items.append(Item(name, "missing", other[profile]))
+        else:
+            items.append(Item(name, "missing", "not run (nox -s verify_install)"))
+    return items
+
+
+def resolution_items(expected: Sequence[tuple[str, str]], data: Any, key: str | None) -> list[Item]:
+    """Normal resolution of each (profile, Python): ok, problems (failed), NOT VERIFIED or not run (missing)."""
+    results: dict[tuple[str, str], dict[str, Any]] = {}
+    this_build = isinstance(data, dict) and data.get("dist_sha256") == key and key is not None
+    if this_build:
+        results = {(r["profile"], r["python"]): r for r in data.get("results", [])}
+    items = []
+    for profile, python in expected:
+        name = f"resolve:{profile}-cp{python.replace('.', '')}"
+        r = results.get((profile, python))
+        if r is None:
+            why = "not run for these wheels" if not this_build else "not among the resolutions run"
+            items.append(Item(name, "missing", f"{why} (nox -s verify_install -- --profile resolve)"))
+        elif r.get("problems"):
+            items.append(Item(name, "failed", "; ".join(r["problems"])))
+        elif r.get("not_verified"):
+            items.append(Item(name, "missing", f"NOT VERIFIED: {r['not_verified']}"))
+        else:
+            items.append(Item(name, "passed"))
+    return items
+
+
+def interpreter_items(expected: Sequence[str], current: Mapping[str, Any], other: Mapping[str, str]) -> list[Item]:
+    """The release on each other interpreter: exercised, NOT VERIFIED or not run (missing)."""
+    items = []
+    for python in expected:
+        name = f"python:{python}"
+        result = current.get(python)
+        if isinstance(result, dict) and "not_verified" in result:
+            items.append(Item(name, "missing", f"NOT VERIFIED: {result['not_verified']}"))
+        elif isinstance(result, dict):
+            items.append(Item(name, "passed"))
+        else:
+            why = other.get(python, "not run (nox -s verify_install -- --profile cp313)")
+            items.append(Item(name, "missing", why))
+    return items

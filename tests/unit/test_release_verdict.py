@@ -1,0 +1,143 @@
+"""Three verdicts: PASSED only when every check ran for these wheels and passed; FAILED when one found a
+problem (no acceptance turns a failure into a pass); INCOMPLETE when one did not run or could not check
+(NOT VERIFIED, NOT CHECKED), naming each item and the flag that accepts it. An accepted item is listed
+with its reason wherever the verdict is shown, and publish refuses anything else."""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+import json
+from pathlib import Path
+
+import pytest
+
+from audits.policy import IncompleteAcceptance
+from base import stagecache
+from release import verdict as v
+from release.errors import ReleaseError
+from release.publish import PublishError, releasable
+
+CLEAN = {"asked": 2, "found": [], "waived": [], "not_checked": {}, "source": {"kind": "the index (pip-audit)"}}
+
+
+def _items(vulnerabilities: object = CLEAN, interpreters: dict[str, object] | None = None) -> list[v.Item]:
+    return [
+        *v.dist_items("k"),
+        *v.partial_items({"pythons": ["3.11"]}),
+        *v.audit_items({"passed": True}),
+        *v.vulnerability_items(vulnerabilities),
+        *v.verify_items(["sft-cpu"], {"sft-cpu": {}}, {}),
+        *v.resolution_items(
+            [("sft", "3.11")],
+            {"dist_sha256": "k", "results": [{"profile": "sft", "python": "3.11", "problems": [], "not_verified": ""}]},
+            "k",
+        ),
+        *v.interpreter_items(["3.13"], interpreters if interpreters is not None else {"3.13": {}}, {}),
+    ]
+
+
+def test_everything_checked_and_passed_is_passed() -> None:
+    judged = v.Verdict(_items())
+    assert judged.verdict == v.PASSED
+    assert judged.publishable
+    assert judged.lines() == ["release verdict: PASSED (7 of 7 checks passed)"]
+
+
+def test_a_pin_not_checked_or_an_interpreter_not_verified_is_incomplete_and_names_its_flag() -> None:
+    unchecked = {**CLEAN, "not_checked": {"jinja2==2.10": "no data from the index"}}
+    judged = v.Verdict(_items(unchecked, {"3.13": {"not_verified": "debootstrap is not installed"}}))
+    assert judged.verdict == v.INCOMPLETE
+    assert not judged.publishable
+    assert [i.name for i in judged.missing] == ["vulnerabilities:jinja2==2.10", "python:3.13"]
+    text = "\n".join(judged.lines())
+    assert "missing vulnerabilities:jinja2==2.10: NOT CHECKED: no data from the index" in text
+    assert "--accept 'python:3.13=REASON'" in text
+
+
+def test_missing_items_accepted_by_name_or_glob_may_be_published_and_say_so() -> None:
+    unchecked = {**CLEAN, "not_checked": {"a==1": "x", "b==2": "y"}}
+    accepted = v.parse_accept(["vulnerabilities:*=no per-version data on this mirror"])
+    judged = v.Verdict(_items(unchecked), accepted)
+    assert judged.verdict == v.INCOMPLETE
+    assert judged.publishable
+    assert judged.badge == "INCOMPLETE, ACCEPTED (2 items)"
+    record = judged.as_dict()
+    assert [a["item"] for a in record["accepted"]] == ["vulnerabilities:a==1", "vulnerabilities:b==2"]
+    assert record["accepted"][0]["reason"] == "no per-version data on this mirror"
+    assert record["accepted"][0]["by"] == "command line"
+
+
+def test_a_failure_is_never_accepted() -> None:
+    found = {**CLEAN, "found": [{"package": "urllib3", "version": "1.24.1", "id": "PYSEC-2019-132"}]}
+    judged = v.Verdict(_items(found), v.parse_accept(["*=accept everything"]))
+    assert judged.verdict == v.FAILED
+    assert not judged.publishable
+    assert "FAILED vulnerability:urllib3==1.24.1:PYSEC-2019-132: PYSEC-2019-132 in urllib3 1.24.1" in judged.lines()[1]
+
+
+def test_a_skipped_or_absent_vulnerability_check_is_missing() -> None:
+    for data in (None, {"not_checked": "--no-vulnerabilities"}):
+        judged = v.Verdict(_items(data))
+        assert [i.name for i in judged.missing] == ["vulnerabilities"]
+
+
+def test_the_policy_s_acceptances_hold_until_their_date() -> None:
+    entries = [
+        IncompleteAcceptance("python:3.13", "no root on the runners", datetime.date(2027, 1, 1)),
+        IncompleteAcceptance("verify:*", "expired", datetime.date(2026, 1, 1)),
+    ]
+    accepted = v.from_policy(entries, today=datetime.date(2026, 12, 5))
+    assert [(a.pattern, a.source) for a in accepted] == [("python:3.13", "policy (until 2027-01-01)")]
+
+
+@pytest.mark.parametrize("value", ["python:3.13", "python:3.13=", "=reason"])
+def test_an_acceptance_without_a_reason_is_refused(value: str) -> None:
+    with pytest.raises(ReleaseError, match="give the item's name and a reason"):
+        v.parse_accept([value])
+
+
+def _judged_dist(tmp_path: Path, verdict: str, publishable: bool, **manifest: object) -> Path:
+    dist = tmp_path / "dist"
+    dist.mkdir()
+    (dist / "a-1-py3-none-any.whl").write_bytes(b"a")
+    digest = hashlib.sha256(b"a").hexdigest()
+    (dist / "SHA256SUMS").write_text(f"{digest}  a-1-py3-none-any.whl\n")
+    body = {"wheels": [{"name": "a", "filename": "a-1-py3-none-any.whl", "sha256": digest}], **manifest}
+    (dist / "manifest.json").write_text(json.dumps(body))
+    key = stagecache.dist_sha256(dist)
+    missing = [] if publishable else [{"item": "python:3.13", "detail": "NOT VERIFIED: no root"}]
+    body["release"] = {"verdict": verdict, "publishable": publishable, "dist_sha256": key, "missing": missing}
+    (dist / "manifest.json").write_text(json.dumps(body))
+    return dist
+
+
+def test_publish_takes_a_passed_or_accepted_release(tmp_path: Path) -> None:
+    assert releasable(_judged_dist(tmp_path, "PASSED", True))["wheels"]
+
+
+def test_publish_refuses_an_incomplete_release_naming_what_it_lacks(tmp_path: Path) -> None:
+    with pytest.raises(PublishError, match=r"the release is INCOMPLETE, not published: python:3\.13 \(NOT VERIFIED"):
+        releasable(_judged_dist(tmp_path, "INCOMPLETE", False))
+
+
+def test_publish_refuses_a_verdict_on_other_files(tmp_path: Path) -> None:
+    dist = _judged_dist(tmp_path, "PASSED", True)
+    data = json.loads((dist / "manifest.json").read_text())
+    data["kt_version"] = "changed after the verdict"
+    (dist / "manifest.json").write_text(json.dumps(data))
+    with pytest.raises(PublishError, match="judged other files"):
+        releasable(dist)
+
+
+def test_publish_refuses_no_verdict_a_partial_release_and_no_release(tmp_path: Path) -> None:
+    with pytest.raises(PublishError, match="holds no release; build it"):
+        releasable(tmp_path / "nowhere")
+    dist = _judged_dist(tmp_path, "PASSED", True, partial={"missing": ["3.12"]})
+    with pytest.raises(PublishError, match="partial development release"):
+        releasable(dist)
+    data = json.loads((dist / "manifest.json").read_text())
+    del data["release"], data["partial"]
+    (dist / "manifest.json").write_text(json.dumps(data))
+    with pytest.raises(PublishError, match="no release verdict: run nox -s release"):
+        releasable(dist)
