@@ -141,13 +141,39 @@ class Verdict:
         passed = sum(i.state == "passed" for i in self.items)
         out = [f"release verdict: {self.badge} ({passed} of {n} checks passed)"]
         out += [f"  FAILED {i.name}: {i.detail}" for i in self.failed]
-        for i in self.missing:
+        for name, group in _families(self.missing):
+            first = group[0]
+            if len(group) == 1:
+                what = f"{first.name}: {first.detail}"
+            else:
+                what = f"{name} ({len(group)} items, e.g. {first.name}: {first.detail})"
             out.append(
-                f"  missing {i.name}: {i.detail}; run it, or accept it: --accept '{i.name}=REASON' "
+                f"  missing {what}; run it, or accept it: --accept '{name}=REASON' "
                 "(or the policy's [[accept_incomplete]] item, reason, expires)"
             )
-        out += [f"  accepted {i.name}: {i.detail} (accepted by {a.source}: {a.reason})" for i, a in self.accepted]
+        for name, pairs in _families([i for i, _ in self.accepted]):
+            acceptance = next(a for i, a in self.accepted if i is pairs[0])
+            many = f" ({len(pairs)} items)" if len(pairs) > 1 else f": {pairs[0].detail}"
+            out.append(f"  accepted {name}{many} (by {acceptance.source}: {acceptance.reason})")
         return out
+
+
+FAMILY_AT = 4  # this many missing items of one family (the name before its last ":") are shown as one glob
+
+
+def _families(items: Sequence[Item]) -> list[tuple[str, list[Item]]]:
+    """Items by family (`vulnerabilities:a==1` -> `vulnerabilities:*`) where a family has FAMILY_AT or
+    more, else one by one; in their order."""
+    counts: dict[str, int] = {}
+    for i in items:
+        family = i.name.rpartition(":")[0]
+        counts[family] = counts.get(family, 0) + 1
+    groups: dict[str, list[Item]] = {}
+    for i in items:
+        family = i.name.rpartition(":")[0]
+        key = f"{family}:*" if family and counts[family] >= FAMILY_AT else i.name
+        groups.setdefault(key, []).append(i)
+    return list(groups.items())
 
 
 # --- the items, from each check's evidence ------------------------------------------------------------

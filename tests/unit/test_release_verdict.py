@@ -141,3 +141,15 @@ def test_publish_refuses_no_verdict_a_partial_release_and_no_release(tmp_path: P
     (dist / "manifest.json").write_text(json.dumps(data))
     with pytest.raises(PublishError, match="no release verdict: run nox -s release"):
         releasable(dist)
+
+
+def test_many_missing_items_of_one_family_are_one_line_with_their_glob() -> None:
+    unchecked = {**CLEAN, "not_checked": {f"p{n}==1": "no data" for n in range(272)}}
+    judged = v.Verdict(_items(unchecked))
+    lines = judged.lines()
+    assert len(lines) == 2
+    assert lines[1].startswith("  missing vulnerabilities:* (272 items, e.g. vulnerabilities:p0==1: NOT CHECKED")
+    assert "--accept 'vulnerabilities:*=REASON'" in lines[1]
+    assert len(judged.as_dict()["missing"]) == 272  # manifest.json keeps each one
+    accepted = v.Verdict(_items(unchecked), v.parse_accept(["vulnerabilities:*=offline mirror"]))
+    assert accepted.lines()[1] == "  accepted vulnerabilities:* (272 items) (by command line: offline mirror)"
