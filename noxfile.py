@@ -246,7 +246,7 @@ def verify_install(session: nox.Session) -> None:
         "--profile",
         action="append",
         default=[],
-        help="sft-cpu, serve, lf-standard, lf-kt, lf-upgrade, resolve, cp313",
+        help="sft-cpu, sft, serve, lf-standard, lf-kt, lf-upgrade, resolve, cp313",
     )
     p.add_argument("--python", action="append", default=[], metavar="3.N", help="resolve: only these Pythons")
     p.add_argument("--fresh", action="store_true", help="run even the profiles proven on exactly these inputs")

@@ -1,6 +1,7 @@
 """The venv profiles of `nox -s verify_install`: python -m verify --dist dist [--profile NAME] [--json F].
 
-sft-cpu and serve (verify/sft.py, verify/serve.py), lf-standard, lf-kt and lf-upgrade (verify/lf.py).
+sft-cpu (the CPU torch lock), sft and serve (the published install files; verify/sft.py, verify/serve.py),
+lf-standard, lf-kt and lf-upgrade (verify/lf.py; lf-kt and lf-upgrade install the published lf-kt file).
 Normal resolution and the other interpreters have their own entry points (verify.resolution,
 verify.interpreters)."""
 
@@ -19,11 +20,12 @@ from base.paths import DIST, VERIFY_WORK
 
 from . import cached, lf
 from .serve import verify_serve
-from .sft import verify_sft_cpu
+from .sft import verify_sft, verify_sft_cpu
 from .venv import sums
 
 RUN: dict[str, Callable[[Path, Path], dict[str, Any]]] = {
     "sft-cpu": verify_sft_cpu,
+    "sft": verify_sft,  # the published sft install file (CUDA torch, run on the CPU)
     "serve": verify_serve,
     **lf.VERIFY,
 }

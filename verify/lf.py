@@ -27,8 +27,6 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from packaging.requirements import Requirement
-
 from base import paths
 from base.paths import ROOT
 from carriers.graph import closure
@@ -38,9 +36,9 @@ from locks.read import directive, parse_lock
 from .owners import check_collisions, dist_name_problems, dist_names, upstream
 from .venv import (
     VerifyError,
-    carrier_lines,
     doctor,
     fresh_venv,
+    install_published,
     load_by_path,
     pip,
     pip_check,
@@ -70,13 +68,10 @@ def site_owners(venv: Path, packages: tuple[str, ...]) -> dict[str, list[dict[st
     return {p.package: [{"name": o.name, "version": o.version, "kt": o.kt} for o in p.owners] for p in report}
 
 
-def kt_requirements(dist: Path, work: Path) -> tuple[Path, list[str]]:
-    """The lf-kt lock plus the carriers its `#:carriers` roots reach (from dist/, by hash)."""
+def kt_carriers(dist: Path) -> list[str]:
+    """The carriers lf-kt's `#:carriers` roots reach (what its published install file must install)."""
     roots = directive(paths.LOCKFILES / "lf-kt.in", "carriers")
-    reached = sorted({name for root in roots for name in closure(dist, root)[0]})
-    extras = {str(Requirement(r).name): ",".join(sorted(Requirement(r).extras)) for r in roots if "[" in r}
-    lines = "\n".join(carrier_lines(dist, reached, extras))
-    return indexes.for_install(paths.LOCKFILES / "lf-kt.txt", work / "lf-kt.txt", lines), reached
+    return sorted({name for root in roots for name in closure(dist, root)[0]})
 
 
 def control(venv: Path, work: Path, *flags: str) -> dict[str, Any]:
@@ -203,10 +198,9 @@ def kt_checks(venv: Path, work: Path, tag: str) -> dict[str, Any]:
 def verify_kt(dist: Path, work: Path) -> dict[str, Any]:
     """lf-kt: clean install of serving + fine-tuning, the KT checks, the control without KT, packing refused."""
     venv = fresh_venv(work / "lf-kt")
-    req, reached = kt_requirements(dist, work)
+    reached = kt_carriers(dist)
     t0 = time.perf_counter()
-    print(f"lf-kt: installing {len(reached)} carriers and the locked closure into {venv} (several GB) ...")
-    got = uv_installed(uv_install(venv, req, "the lf-kt profile"))
+    got, exercised = install_published(venv, dist, "lf-kt")  # dist/install/lf-kt-cp3XX.txt, as users get it
     install_s = time.perf_counter() - t0
     _fail("lf-kt", install_problems(got, kt=True, carriers=reached))
     result = kt_checks(venv, work, "lf-kt")
@@ -217,7 +211,9 @@ def verify_kt(dist: Path, work: Path) -> dict[str, Any]:
         raise VerifyError(f"packing with use_kt should be refused with what to set, got: {refused}")
     if "use_cpu: true" not in refused.get("model_off_cpu", ""):
         raise VerifyError(f"use_kt with the model off the CPU should be refused with what to set, got: {refused}")
-    result.update(install_s=round(install_s, 1), installed=len(got), carriers=reached, refused=refused)
+    result.update(
+        install_file=exercised, install_s=round(install_s, 1), installed=len(got), carriers=reached, refused=refused
+    )
     return result
 
 
@@ -226,9 +222,9 @@ def verify_upgrade(dist: Path, work: Path) -> dict[str, Any]:
     then the KT checks."""
     venv = fresh_venv(work / "lf-upgrade")
     before = install_standard(venv, work)
-    req, reached = kt_requirements(dist, work)
+    reached = kt_carriers(dist)
     t0 = time.perf_counter()
-    uv_install(venv, req, "the lf-kt profile over lf-standard")
+    _, exercised = install_published(venv, dist, "lf-kt")  # the published file, over the upstream environment
     report = doctor(venv, "--find-links", str(dist))  # the release's wheels: no index holds them here
     conflicted = sorted(p["package"] for p in report["packages"] if p["state"] == "conflict")
     repairs = [cmd for p in report["packages"] for cmd in p["repair"]]
@@ -246,6 +242,7 @@ def verify_upgrade(dist: Path, work: Path) -> dict[str, Any]:
         repairs=repairs,
         torch={"before": before.get("torch"), "after": after.get("torch")},
         carriers=reached,
+        install_file=exercised,
     )
     return result
 

@@ -1,7 +1,7 @@
-"""The serve profile: a real install of ktransformers[serve] (the CUDA torch and NVIDIA runtime wheels
-included), pip check, the payload materialized from the installed carriers and re-verified, every
-DT_NEEDED of every extracted library resolved inside the environment, and how far `import sglang`
-gets on this host."""
+"""The serve profile: a real install of the published dist/install/serve-cp3XX.txt by hash, as users
+get it (ktransformers[serve], the CUDA torch and NVIDIA runtime wheels included), pip check, the payload
+materialized from the installed carriers and re-verified, every DT_NEEDED of every extracted library
+resolved inside the environment, and how far `import sglang` gets on this host."""
 
 from __future__ import annotations
 
@@ -11,21 +11,18 @@ import time
 from pathlib import Path
 from typing import Any
 
-from base.paths import LOCKFILES
 from carriers.graph import closure
 
 from . import owners
 from .profiles import root
 from .venv import (
     VerifyError,
-    carrier_lines,
     clean_env,
     doctor_run,
     fresh_venv,
+    install_published,
     pip_check,
     run_probe,
-    uv_install,
-    uv_installed,
 )
 
 
@@ -119,14 +116,10 @@ def serving_checks(venv: Path, work: Path) -> dict[str, Any]:
 
 def verify_serve(dist: Path, work: Path) -> dict[str, Any]:
     """The serve profile, installed for real and proven (the module's docstring)."""
-    lock = LOCKFILES / "serve.txt"
     venv = fresh_venv(work / "serve")
     reached, _ = closure(dist, root("serve"))
-    req = work / "serve.txt"
-    req.write_text(lock.read_text() + "\n".join(carrier_lines(dist, reached, {"ktransformers": "serve"})) + "\n")
     t0 = time.perf_counter()
-    print(f"serve: installing {len(reached)} carriers and the locked closure into {venv} (several GB) ...", flush=True)
-    got = uv_installed(uv_install(venv, req, "the serve closure"))
+    got, exercised = install_published(venv, dist, "serve")  # dist/install/serve-cp3XX.txt, as users get it
     install_s = time.perf_counter() - t0
     names = sorted(got)
     torch = got.get("torch") or "?"
@@ -166,6 +159,7 @@ def verify_serve(dist: Path, work: Path) -> dict[str, Any]:
         if imports.get(mod) != "ok":
             raise VerifyError(f"import {mod} fails in the serve environment: {imports.get(mod)}")
     return {
+        "install_file": exercised,
         "resolved": len(names),
         "carriers": sorted(set(reached)),
         "upstream": upstream,

@@ -21,6 +21,7 @@ from .venv import (
     doctor,
     fresh_venv,
     install,
+    install_published,
     pip_check,
     probe,
     run_probe,
@@ -54,28 +55,53 @@ def verify_sft_cpu(dist: Path, work: Path) -> dict[str, Any]:
     changed = sorted(n for n in base if before[n] != after[n])
     if changed:
         raise VerifyError(f"adding peft-kt/trl-kt changed the installed files of {changed}")
+    result = sft_checks(venv, "sft-cpu")
+    result["install_s"] = round(t1 - t0, 1)
+    result["core_unchanged"] = base
+    return result
+
+
+def sft_checks(venv: Path, tag: str) -> dict[str, Any]:
+    """What every SFT environment must show: pip check, the imports, the forks own their import packages,
+    no path written twice, lookups by upstream name, kt-doctor clean and running, the training/resume
+    control and kt_kernel.sft end to end (on the CPU, whatever torch build the profile installs)."""
     pip_check(venv)
     result: dict[str, Any] = run_probe(venv, "import smoke test", "smoke")
     result["forks"] = owners.fork_status(venv, ("transformers", "accelerate", "peft", "trl"))
     bad = {k: v for k, v in result["forks"].items() if not v.endswith("-kt")}
     if bad:
-        raise VerifyError(f"upstream distributions provide {sorted(bad)} instead of the forks: {bad}")
+        raise VerifyError(f"upstream distributions provide {sorted(bad)} instead of the forks in {tag}: {bad}")
     result["shared_paths"] = owners.check_collisions(venv)
     result["dist_names"] = owners.dist_names(venv)
     result["dist_names"]["closure"] = owners.closure_lookups(venv, set(owners.upstream()))
     if wrong := owners.dist_name_problems(result["dist_names"]):
-        raise VerifyError("lookups by upstream distribution name in the sft-cpu profile:\n" + "\n".join(wrong))
+        raise VerifyError(f"lookups by upstream distribution name in the {tag} profile:\n" + "\n".join(wrong))
     result["doctor"] = doctor(venv, "--run")  # the ownership report and the checks, in one run
     if result["doctor"]["conflicts"]:
-        raise VerifyError(f"kt-doctor finds conflicts in the fresh sft-cpu profile: {result['doctor']}")
+        raise VerifyError(f"kt-doctor finds conflicts in the fresh {tag} profile: {result['doctor']}")
     result["doctor_run"] = run_summary(venv, result["doctor"])  # the CPU kernels run; no CUDA payload here
     result["train_resume"] = run_probe(venv, "training/resume control", "train_control")
     e2e = venv_json(venv, "kt_kernel.sft end-to-end", probe("sft_e2e"))
     wrong = sft_e2e.problems(e2e)
     if wrong:
-        what = "kt_kernel.sft end-to-end (verify/probes/sft_e2e.py) in the sft-cpu profile"
+        what = f"kt_kernel.sft end-to-end (verify/probes/sft_e2e.py) in the {tag} profile"
         raise VerifyError(what + ":\n" + "\n".join(wrong))
     result["kt_sft"] = {k: e2e[k] for k in ("losses", "torch_losses", "trajectory_rel_diff")}
-    result["install_s"] = round(t1 - t0, 1)
-    result["core_unchanged"] = base
+    return result
+
+
+def verify_sft(dist: Path, work: Path) -> dict[str, Any]:
+    """The sft profile as users get it: a fresh venv from the published dist/install/sft-cp3XX.txt by hash
+    (torch's CUDA build, which runs on the CPU here), then every SFT check, the training step included."""
+    venv = fresh_venv(work / "sft")
+    t0 = time.perf_counter()
+    got, exercised = install_published(venv, dist, "sft")
+    install_s = time.perf_counter() - t0
+    upstream = sorted(set(got) & set(owners.upstream()))
+    if upstream:
+        raise VerifyError(f"{exercised['file']} installs upstream {upstream} beside the forks")
+    result = sft_checks(venv, "sft")
+    result.update(
+        install_file=exercised, torch=got.get("torch", "?"), installed=len(got), install_s=round(install_s, 1)
+    )
     return result

@@ -75,6 +75,34 @@ def carrier_lines(dist: Path, names: list[str], extras: dict[str, str] | None = 
     return lines
 
 
+def published(dist: Path, profile: str) -> tuple[Path, str]:
+    """The install file users get for `profile` on this interpreter's Python (dist/install/, as manifest.json
+    lists it) and its sha256, checked against SHA256SUMS: what the profile installs, as published."""
+    python = f"{sys.version_info.major}.{sys.version_info.minor}"
+    manifest = json.loads((dist / "manifest.json").read_text())
+    entry = next(
+        (f for f in manifest.get("install", []) if f.get("profile") == profile and f.get("python") == python), None
+    )
+    if entry is None or not str(entry.get("file", "")).endswith(".txt"):
+        raise VerifyError(
+            f"{dist / 'manifest.json'} lists no {profile} install file for CPython {python}; rebuild the release"
+        )
+    digest = sums(dist).get(entry["file"])
+    if digest is None:
+        raise VerifyError(f"{dist / entry['file']} is not in SHA256SUMS; rebuild the release")
+    return dist / entry["file"], digest
+
+
+def install_published(venv: Path, dist: Path, profile: str) -> tuple[dict[str, str], dict[str, str]]:
+    """The published install file of `profile`, installed by hash into `venv` exactly as a user would
+    (`pip install --require-hashes -r FILE`, the release's wheels found beside it): (what uv installed,
+    {"file", "sha256"} of the file exercised)."""
+    path, digest = published(dist, profile)
+    print(f"{profile}: installing the published {path.name} into {venv} (several GB) ...", flush=True)
+    got = uv_installed(uv_install(venv, path, f"the published {path.name}", "--find-links", str(dist)))
+    return got, {"file": path.name, "sha256": digest}
+
+
 def clean_env() -> dict[str, str]:
     """This process's environment without pip/uv settings and colour forcing (a user's clean shell)."""
     return {k: v for k, v in os.environ.items() if not k.startswith(("PIP_", "UV_", "FORCE_COLOR", "CLICOLOR"))}

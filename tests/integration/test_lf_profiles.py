@@ -17,7 +17,7 @@ from carriers import load
 from carriers.assemble import assemble
 from verify import lf as verify_lf
 from verify import serve
-from verify.venv import fresh_venv, uv_install, venv_json
+from verify.venv import fresh_venv, install_published, venv_json
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -67,11 +67,10 @@ def test_standard_environment_upgrades_to_kt_through_kt_doctor(lf_dist: Path, tm
 
 @pytest.fixture(scope="module")
 def kt_venv(lf_dist: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """ktransformers[serve,sft] and llamafactory-kt from lf_dist, by hash (the lf-kt profile's closure)."""
+    """ktransformers[serve,sft] and llamafactory-kt from lf_dist, by hash: its published lf-kt install file."""
     work = tmp_path_factory.mktemp("kt-venv")
     venv = fresh_venv(work / "venv")
-    req, _ = verify_lf.kt_requirements(lf_dist, work)
-    uv_install(venv, req, "the lf-kt closure")
+    install_published(venv, lf_dist, "lf-kt")
     return venv
 
 

@@ -1,5 +1,5 @@
-"""Install verification: hash refusal, the fork-not-upstream check, and the full
-sft-cpu profile (fresh venv, forks, training/resume control) on a real dist/."""
+"""Install verification: hash refusal, the fork-not-upstream check, and the full sft-cpu profile (fresh
+venv, forks, training/resume control) on a real dist/, then the published sft install file the same way."""
 
 from __future__ import annotations
 
@@ -105,6 +105,23 @@ def test_sft_cpu_profile_end_to_end(tmp_path: Path, kt_wheel: Path) -> None:
         "require_version": "ok",
     }
     assert json.loads(json.dumps(result)) == result  # the result is JSON as the report writes it
+    _the_published_sft_file_trains(dist, tmp_path / "work")
+
+
+def _the_published_sft_file_trains(dist: Path, work: Path) -> None:
+    """What users get: dist/install/sft-cp311.txt installed by hash exactly as published (its torch is the
+    CUDA build, which runs on the CPU here), then every SFT check, the training and resume control included."""
+    published = sft.verify_sft(dist, work)
+    manifest = json.loads((dist / "manifest.json").read_text())
+    (entry,) = [f for f in manifest["install"] if f["profile"] == "sft" and f["python"] == "3.11"]
+    assert published["install_file"] == {"file": entry["file"], "sha256": entry["sha256"]}
+    pinned = (dist / entry["file"]).read_text().split("\ntorch==", 1)[1].split()[0]
+    assert published["torch"] == pinned
+    assert "+cpu" not in pinned  # the file users get, not the CPU lock sft-cpu trains on
+    assert published["train_resume"]["adapter_bit_identical"] is True
+    assert published["train_resume"]["trained"] is True
+    assert published["kt_sft"]["trajectory_rel_diff"] < 0.01
+    assert published["forks"]["transformers"] == "transformers-kt"
 
 
 def _doctor_finds_and_repairs_a_clobbered_peft(venv: Path, dist: Path, tmp: Path) -> None:

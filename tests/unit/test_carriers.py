@@ -156,7 +156,8 @@ def test_a_failing_tool_is_the_callers_error_naming_the_step() -> None:
 def test_requirement_edits_are_validated(tmp_path: Path, new: str, message: str) -> None:
     text = DEFINITIONS.read_text()
     key = new.split(" =", 1)[0]
-    old = next(line for line in text.splitlines() if line.startswith(f"{key} ="))
+    # the last carrier that has the key: llamafactory-kt, whose requires_edit the clash case needs
+    old = [line for line in text.splitlines() if line.startswith(f"{key} =")][-1]
     bad = tmp_path / "carriers.toml"
     bad.write_text(text.replace(old, new, 1))
     with pytest.raises(DefinitionError, match=message):

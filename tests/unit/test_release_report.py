@@ -105,7 +105,7 @@ def test_a_passing_candidate(tmp_path: Path, capsys: pytest.CaptureFixture[str])
     verify = _complete(dist, tmp_path, {"install_s": 41.0, "elapsed_s": 90.2})
     assert release_report.main(["--dist", str(dist), "--verify", str(verify)]) == 0
     out = capsys.readouterr().out
-    assert "release verdict: PASSED (10 of 10 checks passed)" in out
+    assert "release verdict: PASSED (11 of 11 checks passed)" in out
     judged = json.loads((dist / "manifest.json").read_text())["release"]
     assert judged["verdict"] == "PASSED"
     assert judged["publishable"] is True
@@ -231,7 +231,9 @@ def test_results_on_other_wheels_are_not_shown_as_this_builds(
     verify.write_text(json.dumps(results))
     assert release_report.main(["--dist", str(dist), "--verify", str(verify)]) == 2  # INCOMPLETE
     out = capsys.readouterr().out
-    assert "missing verify:serve: not verified for this build (obtained on other wheels" in out
+    missing = {i["item"]: i["detail"] for i in json.loads((dist / "manifest.json").read_text())["release"]["missing"]}
+    assert missing["verify:serve"].startswith("not verified for this build (obtained on other wheels")
+    assert "verify:sft-cpu" not in missing  # reused, on these wheels
     assert "verify_install sft-cpu: ok (install_s=41.0), reused: produced 2026-12-01 09:00:00 UTC" in out
     assert (
         "verify_install serve: not verified for this build (obtained on other wheels, produced 2026-11-30 10:00:00 UTC)"
