@@ -650,6 +650,7 @@ def judge(
         *verdicts.audit_items(audit),
         *verdicts.vulnerability_items(vulnerabilities),
         *verdicts.verify_items(list(RUN), current, other),
+        *verdicts.published_items(manifest, current, f"{sys.version_info.major}.{sys.version_info.minor}"),
         *verdicts.resolution_items([(p, v) for p in install_profiles() for v in pythons], _load(args.resolution), key),
         *verdicts.interpreter_items(sorted(SUITES), *for_this_build(_load(args.interpreters) or {}, key)),
     ]

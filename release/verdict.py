@@ -9,6 +9,8 @@ Each check the release makes is an item with a stable name (what `--accept NAME=
   ``vulnerabilities:NAME==VERSION`` for each pin it could not check; ``vulnerability:NAME==VERSION:ID``
   for each vulnerability found and not waived (a failure);
 - ``verify:PROFILE``: each install-verification profile (build/verify.json);
+- ``published:FILE``: each install file of dist/install/, installed by hash exactly as published and
+  exercised (a verification result that names its sha256);
 - ``resolve:PROFILE-cp3NN``: normal resolution of each install profile on each Python of the release;
 - ``python:3.N``: the release exercised on another interpreter (build/verify-interpreters.json).
 
@@ -26,6 +28,7 @@ import datetime
 import fnmatch
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from .errors import ReleaseError
@@ -265,6 +268,29 @@ def resolution_items(expected: Sequence[tuple[str, str]], data: Any, key: str | 
             items.append(Item(name, "missing", f"NOT VERIFIED: {r['not_verified']}"))
         else:
             items.append(Item(name, "passed"))
+    return items
+
+
+def published_items(manifest: Mapping[str, Any], current: Mapping[str, Any], here: str) -> list[Item]:
+    """`published:FILE`: each install file users get (dist/install/*.txt), exercised as published when a
+    verification result of these wheels installed exactly it (its sha256); `here`: this host's Python."""
+    exercised = {
+        str(r["install_file"].get("sha256"))
+        for r in current.values()
+        if isinstance(r, dict) and isinstance(r.get("install_file"), dict)
+    }
+    items = []
+    for f in manifest.get("install", []):
+        if not str(f.get("file", "")).endswith(".txt"):
+            continue
+        name = f"published:{Path(f['file']).name}"
+        if f.get("sha256") in exercised:
+            items.append(Item(name, "passed"))
+        elif f.get("python") == here:
+            items.append(Item(name, "missing", f"not exercised (nox -s verify_install -- --profile {f['profile']})"))
+        else:
+            why = f"not exercised: no environment of CPython {f.get('python')} installs the published files here"
+            items.append(Item(name, "missing", why))
     return items
 
 

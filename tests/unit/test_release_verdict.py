@@ -153,3 +153,21 @@ def test_many_missing_items_of_one_family_are_one_line_with_their_glob() -> None
     assert len(judged.as_dict()["missing"]) == 272  # manifest.json keeps each one
     accepted = v.Verdict(_items(unchecked), v.parse_accept(["vulnerabilities:*=offline mirror"]))
     assert accepted.lines()[1] == "  accepted vulnerabilities:* (272 items) (by command line: offline mirror)"
+
+
+def test_each_published_install_file_is_an_item_passed_only_when_installed_as_published() -> None:
+    manifest = {
+        "install": [
+            {"profile": "sft", "python": "3.11", "file": "install/sft-cp311.txt", "sha256": "a" * 64},
+            {"profile": "sft", "python": "3.11", "file": "install/pylock.sft-cp311.toml", "sha256": "b" * 64},
+            {"profile": "serve", "python": "3.11", "file": "install/serve-cp311.txt", "sha256": "c" * 64},
+            {"profile": "sft", "python": "3.12", "file": "install/sft-cp312.txt", "sha256": "d" * 64},
+        ]
+    }
+    current = {"sft": {"install_file": {"file": "install/sft-cp311.txt", "sha256": "a" * 64}}, "sft-cpu": {}}
+    items = {i.name: i for i in v.published_items(manifest, current, "3.11")}
+    assert sorted(items) == ["published:serve-cp311.txt", "published:sft-cp311.txt", "published:sft-cp312.txt"]
+    assert items["published:sft-cp311.txt"].state == "passed"
+    assert items["published:serve-cp311.txt"].state == "missing"
+    assert "--profile serve" in items["published:serve-cp311.txt"].detail
+    assert "no environment of CPython 3.12" in items["published:sft-cp312.txt"].detail
