@@ -19,6 +19,27 @@ from ._common import finding
 _STRAY = re.compile(r"(^|/)(__pycache__/|CMakeFiles/|\.git/)|\.(pyc|pyo|o|obj)$|(^|/)build/(temp|lib)\.")
 
 
+def _record_rows(fn: str, name: str, actual: str, size: int, listed: list[tuple[str, ...]]) -> list[Finding]:
+    """wheel.record-mismatch for each RECORD row of `name` that is not its bytes: a path listed twice is
+    judged row by row (an installer may take either), whichever comes first."""
+    out = []
+    for n, row in enumerate(listed, 1):
+        digest, claimed = (row[1] if len(row) > 1 else ""), (row[2] if len(row) > 2 else "")
+        if digest != actual or (claimed and claimed != str(size)):
+            which = f" (row {n} of the {len(listed)} that list it)" if len(listed) > 1 else ""
+            out.append(
+                finding(
+                    "wheel.record-mismatch",
+                    fn,
+                    name,
+                    f"RECORD says {digest or 'no hash'}, {claimed or '?'} bytes{which}; the member is {actual}, "
+                    f"{size} bytes",
+                    "the file was changed after RECORD was written: rebuild the wheel rather than editing it",
+                )
+            )
+    return out
+
+
 def integrity(w: WheelFacts) -> list[Finding]:
     """RECORD against the members (missing, unlisted, phantom, mismatched), duplicates and debris."""
     out: list[Finding] = []
@@ -57,13 +78,15 @@ def integrity(w: WheelFacts) -> list[Finding]:
                 "rebuild with a PEP 427 wheel builder; installers cannot read this RECORD either",
             )
         )
-    rows = {r[0]: r for r in parsed}
+    rows: dict[str, list[tuple[str, ...]]] = {}  # a path listed twice keeps every row: each is checked
+    for r in parsed:
+        rows.setdefault(r[0], []).append(r)
     present = {m.name for m in w.members}
     for m in w.members:
         if m.name == record_name or m.name.endswith((".dist-info/RECORD.jws", ".dist-info/RECORD.p7s")):
             continue
-        row = rows.get(m.name)
-        if row is None:
+        listed = rows.get(m.name)
+        if listed is None:
             out.append(
                 finding(
                     "wheel.record-unlisted",
@@ -76,18 +99,7 @@ def integrity(w: WheelFacts) -> list[Finding]:
             continue
         if not m.record_hash:  # not read: refused by a limit or unreadable, reported by its own rule
             continue
-        digest, size = (row[1] if len(row) > 1 else ""), (row[2] if len(row) > 2 else "")
-        actual = m.record_hash
-        if digest != actual or (size and size != str(m.size)):
-            out.append(
-                finding(
-                    "wheel.record-mismatch",
-                    fn,
-                    m.name,
-                    f"RECORD says {digest or 'no hash'}, {size or '?'} bytes; the member is {actual}, {m.size} bytes",
-                    "the file was changed after RECORD was written: rebuild the wheel rather than editing it",
-                )
-            )
+        out += _record_rows(fn, m.name, m.record_hash, m.size, listed)
     for name in rows:
         if name not in present:
             out.append(

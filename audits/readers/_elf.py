@@ -127,22 +127,30 @@ def _isa_needed(elf: ELFFile, seg: NoteSegment) -> str:
 
 
 def _forbidden_candidates(by_name: dict[str, Any], forbidden: frozenset[str]) -> tuple[str, ...]:
-    """The undefined dynamic symbols named in `forbidden`. Only names that are whole strings of
-    .dynstr can be symbols; of those, one the hash table finds is defined here, so the symbol table
-    is walked only for a library without one (libtorch: one section read, no walk)."""
+    """The undefined dynamic symbols named in `forbidden` that the loader must resolve: a weak reference
+    (STB_WEAK) is optional, the library works without it, and is no use (as auditwheel's blacklist check
+    sees it). Only names that are whole strings of .dynstr can be symbols; of those, one the hash table
+    finds is defined here, so the symbol table is walked only for what remains (libtorch: one section
+    read, no walk)."""
     dynstr, dynsym = by_name.get(".dynstr"), by_name.get(".dynsym")
     if not forbidden or dynstr is None or not isinstance(dynsym, SymbolTableSection):
         return ()
     strings = b"\0" + dynstr.data()
     named = sorted(n for n in forbidden if b"\0" + n.encode() + b"\0" in strings)
-    if not named:
-        return ()
     table = by_name.get(".gnu.hash") or by_name.get(".hash")
     if isinstance(table, GNUHashSection | ELFHashSection):
-        return tuple(n for n in named if table.get_symbol(n) is None)
+        named = [n for n in named if table.get_symbol(n) is None]
+    if not named:
+        return ()
     wanted = set(named)
     return tuple(
-        sorted({s.name for s in dynsym.iter_symbols() if s.entry.st_shndx == "SHN_UNDEF" and s.name in wanted})
+        sorted(
+            {
+                s.name
+                for s in dynsym.iter_symbols()
+                if s.entry.st_shndx == "SHN_UNDEF" and s.entry.st_info.bind != "STB_WEAK" and s.name in wanted
+            }
+        )
     )
 
 

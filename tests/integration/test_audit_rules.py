@@ -62,6 +62,25 @@ def test_tampered_member_behind_unchanged_record(members: dict[str, bytes], out:
     assert rules_of(write_wheel(out, m, regenerate_record=False)) == {"wheel.record-mismatch"}
 
 
+@pytest.mark.parametrize("wrong_first", [True, False], ids=["wrong-row-first", "wrong-row-last"])
+def test_a_record_path_listed_twice_is_judged_row_by_row(
+    members: dict[str, bytes], out: Path, wrong_first: bool
+) -> None:
+    """An installer may take either row of a path RECORD lists twice: whichever is wrong, it is a mismatch."""
+    w = write_wheel(out, members)
+    m = read_members(w)
+    record = next(n for n in m if n.endswith(".dist-info/RECORD"))
+    rows = m[record].decode().splitlines()
+    (good,) = [r for r in rows if r.startswith("kt_kernel/_cpu.py,")]
+    bad = "kt_kernel/_cpu.py,sha256=" + "A" * 43 + ",1"
+    pair = [bad, good] if wrong_first else [good, bad]
+    m[record] = ("\n".join(x for r in rows for x in (pair if r == good else [r])) + "\n").encode()
+    res = audit_wheel(write_wheel(out, m, regenerate_record=False), POLICY)
+    (f,) = [f for f in res.findings if f.rule == "wheel.record-mismatch"]
+    assert f.member == "kt_kernel/_cpu.py"
+    assert f"(row {1 if wrong_first else 2} of the 2 that list it)" in f.message
+
+
 def test_member_missing_from_record(members: dict[str, bytes], out: Path) -> None:
     w = write_wheel(out, members)  # RECORD now correct; add a member after it
     m = read_members(w)
@@ -177,6 +196,25 @@ def test_symbol_the_policy_forbids(members: dict[str, bytes], out: Path, tmp_pat
     (f,) = [f for f in res.findings if f.rule == "tag.forbidden-symbol"]
     assert "_tr_init (libz.so.1)" in f.message
     assert res.platform == "linux_x86_64"
+
+
+def test_a_weak_reference_to_a_forbidden_symbol_is_no_use(members: dict[str, bytes], out: Path, tmp_path: Path) -> None:
+    """A weak undefined reference is optional (the library checks it for NULL and falls back, as Rust's
+    std does with __cxa_thread_atexit_impl): no tag.forbidden-symbol, as auditwheel; the strong one of
+    test_symbol_the_policy_forbids still is. Both compiled here, so the ELF binding is the real one."""
+    src = "extern void _tr_init(void *) __attribute__((weak));void kt_cuda_z(void) { if (_tr_init) _tr_init(0); }"
+    lib = compile_so(tmp_path, "zweak.so", src, "-Wl,--no-as-needed", "/lib/x86_64-linux-gnu/libz.so.1")
+    from elftools.elf.elffile import ELFFile
+    from elftools.elf.sections import SymbolTableSection
+
+    with (tmp_path / "zweak.so").open("rb") as f:
+        dynsym = ELFFile(f).get_section_by_name(".dynsym")
+        assert isinstance(dynsym, SymbolTableSection)
+        (sym,) = [s for s in dynsym.iter_symbols() if s.name == "_tr_init"]
+        assert (sym.entry.st_shndx, sym.entry.st_info.bind) == ("SHN_UNDEF", "STB_WEAK")
+    res = audit_wheel(write_wheel(out, _with_lib(members, "kt_kernel/zweak.so", lib)), POLICY)
+    assert [f for f in res.findings if f.rule == "tag.forbidden-symbol"] == []
+    assert res.platform != "linux_x86_64"
 
 
 def test_native_library_in_an_any_wheel(tmp_path: Path) -> None:
