@@ -640,19 +640,26 @@ def judge(
     """Every check's item for this build, and the acceptances of the command line and the policy."""
     from locks.read import install_profiles
     from verify.__main__ import RUN
-    from verify.interpreters import SUITES
+    from verify.interpreters import PUBLISHED, SUITES
 
     current, other = verified
     pythons = list(manifest.get("pythons", []))
+    interpreters = for_this_build(_load(args.interpreters) or {}, key)
+    elsewhere = [r for i in interpreters[0].values() for r in (i.get("published") or {}).values()]
     items = [
         *verdicts.dist_items(key),
         *verdicts.partial_items(manifest),
         *verdicts.audit_items(audit),
         *verdicts.vulnerability_items(vulnerabilities),
         *verdicts.verify_items(list(RUN), current, other),
-        *verdicts.published_items(manifest, current, f"{sys.version_info.major}.{sys.version_info.minor}"),
         *verdicts.resolution_items([(p, v) for p in install_profiles() for v in pythons], _load(args.resolution), key),
-        *verdicts.interpreter_items(sorted(SUITES), *for_this_build(_load(args.interpreters) or {}, key)),
+        *verdicts.interpreter_items(sorted(SUITES), *interpreters),
+        *verdicts.published_items(
+            manifest,
+            [*current.values(), *elsewhere],
+            f"{sys.version_info.major}.{sys.version_info.minor}",
+            dict.fromkeys(SUITES, PUBLISHED),
+        ),
     ]
     accepted = verdicts.parse_accept(args.accept) + verdicts.from_policy(load_policy().incomplete_acceptances)
     return verdicts.Verdict(items, accepted)

@@ -271,25 +271,35 @@ def resolution_items(expected: Sequence[tuple[str, str]], data: Any, key: str | 
     return items
 
 
-def published_items(manifest: Mapping[str, Any], current: Mapping[str, Any], here: str) -> list[Item]:
+def published_items(
+    manifest: Mapping[str, Any],
+    results: Iterable[Any],
+    here: str,
+    elsewhere: Mapping[str, Sequence[str]] | None = None,
+) -> list[Item]:
     """`published:FILE`: each install file users get (dist/install/*.txt), exercised as published when a
-    verification result of these wheels installed exactly it (its sha256); `here`: this host's Python."""
+    verification result of these wheels installed exactly it (its `install_file` sha256). `here`: this
+    host's Python (every profile can run); `elsewhere`: other Pythons run here and the profiles each runs."""
+    elsewhere = elsewhere or {}
     exercised = {
         str(r["install_file"].get("sha256"))
-        for r in current.values()
+        for r in results
         if isinstance(r, dict) and isinstance(r.get("install_file"), dict)
     }
     items = []
     for f in manifest.get("install", []):
         if not str(f.get("file", "")).endswith(".txt"):
             continue
-        name = f"published:{Path(f['file']).name}"
+        name, python, profile = f"published:{Path(f['file']).name}", f.get("python"), f.get("profile")
         if f.get("sha256") in exercised:
             items.append(Item(name, "passed"))
-        elif f.get("python") == here:
-            items.append(Item(name, "missing", f"not exercised (nox -s verify_install -- --profile {f['profile']})"))
+        elif python == here:
+            items.append(Item(name, "missing", f"not exercised (nox -s verify_install -- --profile {profile})"))
+        elif profile in elsewhere.get(str(python), ()):
+            cmd = f"nox -s verify_install -- --profile cp{str(python).replace('.', '')}"
+            items.append(Item(name, "missing", f"not exercised ({cmd})"))
         else:
-            why = f"not exercised: no environment of CPython {f.get('python')} installs the published files here"
+            why = f"not exercised: no environment of CPython {python} runs the {profile} profile here"
             items.append(Item(name, "missing", why))
     return items
 

@@ -13,6 +13,7 @@ import argparse
 import functools
 import json
 import os
+import re
 import shutil
 import subprocess
 import time
@@ -157,7 +158,81 @@ def run(dist: Path, python: str, cache: Path) -> dict[str, Any]:
             f"on CPython {python} kt-kernel's MoE is {result['moe_max_rel_error']:.3g} off the numpy reference "
             f"(bound {BOUND})"
         )
+    result["published"] = {p: exercise_published(dist, python, root, p) for p in PUBLISHED}
     return result
+
+
+PUBLISHED = ("sft",)  # the install files exercised as published on another interpreter (serve, lf-kt: resolved)
+
+
+def _third_party(text: str, carriers: set[str]) -> str:
+    """The install file's pins without the release's own wheels (they come from dist/, not the index)."""
+    blocks = re.split(r"\n(?=[A-Za-z0-9])", text)
+    keep = [b for b in blocks if canonicalize_name(b.split("==", 1)[0].strip()) not in carriers or "==" not in b]
+    return "\n".join(b for b in keep if "==" in b) + "\n"
+
+
+def exercise_published(dist: Path, python: str, root: Path, profile: str) -> dict[str, Any]:
+    """dist/install/<profile>-cp3NN.txt installed in the Debian root exactly as published (pip
+    --require-hashes -r FILE, its wheels beside it: the release's from dist/, the rest downloaded here by
+    hash for that Python), then the training/resume control and kt_kernel.sft end to end in it."""
+    from carriers.inputs import MANYLINUX_2_34, download, serves
+
+    from .probes import sft_e2e
+
+    t0 = time.perf_counter()
+    manifest = json.loads((dist / "manifest.json").read_text())
+    (entry,) = [
+        f
+        for f in manifest["install"]
+        if f["profile"] == profile and f["python"] == python and f["file"].endswith(".txt")
+    ]
+    published = dist / entry["file"]
+    work = root / "kt-published"
+    shutil.rmtree(work, ignore_errors=True)
+    (work / "wheels").mkdir(parents=True)
+    ours = {str(canonicalize_name(w["name"])) for w in manifest["wheels"]}
+    for w in manifest["wheels"]:
+        if serves(w["filename"], python):
+            shutil.copyfile(dist / w["filename"], work / "wheels" / w["filename"])
+    third = work / "third-party.txt"
+    third.write_text(_third_party(published.read_text(), ours))
+    label = f"cp{python.replace('.', '')}: the published {published.name}'s wheels"
+    got = download(["--require-hashes", "-r", str(third)], python, work / "wheels", label, platforms=MANYLINUX_2_34)
+    if got.returncode != 0:
+        raise InterpreterError(
+            f"downloading {published.name}'s wheels for CPython {python} failed:\n{got.stderr[-2000:]}"
+        )
+    shutil.copyfile(published, work / published.name)
+    for probe in ("train_control", "sft_e2e"):
+        shutil.copyfile(PROBE.with_name(f"{probe}.py"), work / f"{probe}.py")
+    venv = "/kt-published/venv"
+    script = (
+        f"set -e; python{python} -m venv {venv}; "
+        f"{venv}/bin/pip install --quiet --isolated --no-index --find-links /kt-published/wheels --require-hashes "
+        f"-r /kt-published/{published.name}; cd /; "
+        f"{venv}/bin/python /kt-published/train_control.py; {venv}/bin/python /kt-published/sft_e2e.py"
+    )
+    print(f"[cp{python.replace('.', '')}] the published {published.name}: install and train ...", flush=True)
+    ran = subprocess.run(["chroot", str(root), "sh", "-c", script], capture_output=True, text=True, check=False)
+    shutil.rmtree(work, ignore_errors=True)  # several GB of venv and wheels; the root stays
+    if ran.returncode != 0:
+        raise InterpreterError(
+            f"the published {published.name} on CPython {python} failed:\n{ran.stdout[-2000:]}{ran.stderr[-2000:]}"
+        )
+    found = [json.loads(ln) for ln in ran.stdout.splitlines() if ln.startswith("{")]
+    train, e2e = found[-2], found[-1]
+    wrong = sft_e2e.problems(e2e)
+    if not (train.get("trained") and train.get("adapter_bit_identical") and train.get("optimizer_bit_identical")):
+        wrong.append(f"training/resume control: {train}")
+    if wrong:
+        raise InterpreterError(f"the published {published.name} on CPython {python}:\n  " + "\n  ".join(wrong))
+    return {
+        "install_file": {"file": entry["file"], "sha256": entry["sha256"]},
+        "train_resume": train,
+        "kt_sft": {k: e2e[k] for k in ("losses", "torch_losses", "trajectory_rel_diff")},
+        "seconds": round(time.perf_counter() - t0, 1),
+    }
 
 
 def main(argv: list[str] | None = None) -> int:

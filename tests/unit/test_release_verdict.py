@@ -165,9 +165,11 @@ def test_each_published_install_file_is_an_item_passed_only_when_installed_as_pu
         ]
     }
     current = {"sft": {"install_file": {"file": "install/sft-cp311.txt", "sha256": "a" * 64}}, "sft-cpu": {}}
-    items = {i.name: i for i in v.published_items(manifest, current, "3.11")}
+    items = {i.name: i for i in v.published_items(manifest, current.values(), "3.11")}
     assert sorted(items) == ["published:serve-cp311.txt", "published:sft-cp311.txt", "published:sft-cp312.txt"]
     assert items["published:sft-cp311.txt"].state == "passed"
     assert items["published:serve-cp311.txt"].state == "missing"
     assert "--profile serve" in items["published:serve-cp311.txt"].detail
-    assert "no environment of CPython 3.12" in items["published:sft-cp312.txt"].detail
+    assert "no environment of CPython 3.12 runs the sft profile here" in items["published:sft-cp312.txt"].detail
+    elsewhere = {i.name: i for i in v.published_items(manifest, [], "3.11", {"3.12": ("sft",)})}
+    assert "--profile cp312" in elsewhere["published:sft-cp312.txt"].detail

@@ -102,3 +102,18 @@ def test_the_cp313_result_is_keyed_by_the_debian_root_s_package_list(tmp_path: P
     assert first == "libc6=2.41-12\npython3.13=3.13.5-2"
     status.write_text(status.read_text().replace("3.13.5-2", "3.13.7-1"))
     assert interpreters.package_list("3.13", tmp_path) != first
+
+
+def test_the_published_file_s_third_party_pins_leave_the_release_s_own_wheels_out() -> None:
+    text = (
+        "# KT release install file\n--only-binary :all:\n"
+        "kt-kernel==0.6.1 \\\n    --hash=sha256:" + "a" * 64 + "\n"
+        "Transformers_KT==5.19.0.post1 \\\n    --hash=sha256:" + "b" * 64 + "\n"
+        "torch==2.15.0 \\\n    --hash=sha256:" + "c" * 64 + "\n"
+        "numpy==2.4.0 \\\n    --hash=sha256:" + "d" * 64 + " \\\n    --hash=sha256:" + "e" * 64 + "\n"
+    )
+    out = interpreters._third_party(text, {"kt-kernel", "transformers-kt"})
+    assert out.splitlines()[0] == "torch==2.15.0 \\"
+    assert "kt-kernel" not in out
+    assert "Transformers_KT" not in out
+    assert out.count("--hash=sha256:") == 3  # numpy keeps both of its hashes
