@@ -260,14 +260,15 @@ def verify_install(session: nox.Session) -> None:
         if venvs or not args.profile:
             profiles = (f"--profile={x}" for x in venvs)
             session.run("python", "-m", "verify", "--dist", str(DIST), "--json", report, *profiles, *fresh)
+        if "cp313" in args.profile or not args.profile:
+            # The release on Debian trixie's CPython 3.13 (a debootstrap'ed root; no 3.12 interpreter exists here),
+            # first: normal resolution for 3.13 then runs in that root, with 3.13's own environment markers.
+            exercised = str(paths.VERIFY_INTERPRETERS_JSON)
+            session.run("python", "-m", "verify.interpreters", "--dist", str(DIST), "--json", exercised, *fresh)
         if "resolve" in args.profile or not args.profile:
             # Normal resolution from an index serving dist/ (PyPI behind it), every install profile and Python.
             resolved = str(paths.VERIFY_RESOLUTION_JSON)
             session.run("python", "-m", "verify.resolution", "--dist", str(DIST), "--json", resolved, *pythons)
-        if "cp313" in args.profile or not args.profile:
-            # The release on Debian trixie's CPython 3.13 (a debootstrap'ed root; no 3.12 interpreter exists here).
-            exercised = str(paths.VERIFY_INTERPRETERS_JSON)
-            session.run("python", "-m", "verify.interpreters", "--dist", str(DIST), "--json", exercised, *fresh)
 
 
 @nox.session(venv_backend="none", default=False)

@@ -11,9 +11,11 @@ equals dist/install/<profile>-cp3XX.txt's."""
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import re
+import shutil
 import socket
 import subprocess
 import sys
@@ -29,7 +31,7 @@ from typing import Any
 from packaging.utils import canonicalize_name
 from packaging.version import Version
 
-from base import progress, stages
+from base import paths, progress, stages
 from base.errors import StageError, report
 from carriers.inputs import MANYLINUX_2_34, target_args
 
@@ -58,6 +60,7 @@ class Result:
     drift: list[str] = field(default_factory=list)  # newer third-party releases than the lock: re-lock to ship
     not_verified: str = ""  # why this profile cannot be resolved here (it is not a pass)
     seconds: float = 0.0
+    interpreter: str = ""  # how the Python was resolved for (its own interpreter, or simulated)
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -68,6 +71,7 @@ class Result:
             "problems": self.problems,
             "drift": self.drift,
             "not_verified": self.not_verified,
+            "interpreter": self.interpreter,
             "ok": not self.problems and not self.not_verified,
             "seconds": round(self.seconds, 1),
         }
@@ -107,9 +111,70 @@ def index(dist: Path, fallback: str = PUBLIC, timeout: float = 30.0) -> Iterator
             server.wait(timeout=10)
 
 
+def interpreter_root(python: str) -> Path | None:
+    """The Debian root whose CPython `python` pip can run in (verify_install --profile cp313 makes it), if
+    there is one and this process may chroot into it: resolving there evaluates environment markers as that
+    Python does (pip's --python-version changes tags and Requires-Python, not markers)."""
+    from .interpreters import SUITES
+
+    suite = SUITES.get(python)
+    if suite is None or os.geteuid() != 0 or shutil.which("chroot") is None:
+        return None
+    root = paths.CACHE / f"debian-{suite}"
+    return root if (root / "usr" / "bin" / f"python{python}").exists() else None
+
+
+def how(python: str) -> str:
+    """How a Python is resolved for here (part of the result and of its key)."""
+    if python == HERE:
+        return f"CPython {python}, this interpreter"
+    root = interpreter_root(python)
+    if root is not None:
+        from .interpreters import package_list
+
+        packages = hashlib.sha256(package_list(python, paths.CACHE).encode()).hexdigest()[:16]
+        return f"CPython {python} in {root.name} (packages {packages})"
+    return f"simulated: pip --python-version {python} on CPython {HERE} (environment markers are {HERE}'s)"
+
+
+def _resolve_in(root: Path, python: str, index_url: str, requirements: list[str]) -> dict[str, Any]:
+    """pip's --dry-run --report with the root's own CPython (a venv made there); the report's JSON."""
+    work = root / "kt-resolve"
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir()
+    try:
+        made = subprocess.run(
+            ["chroot", str(root), f"python{python}", "-m", "venv", "/kt-resolve/venv"],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        if made.returncode != 0:
+            raise ResolutionError(f"a venv of CPython {python} in {root} failed: {made.stderr[-1500:]}")
+        cmd = ["chroot", str(root), "/kt-resolve/venv/bin/python", "-m", "pip", "install", "--isolated", "--dry-run"]
+        cmd += ["--quiet", "--ignore-installed", "--report", "/kt-resolve/report.json", "--index-url", index_url]
+        got = progress.run_quiet([*cmd, *requirements], f"resolve: CPython {python} ({root.name})")
+        if got.returncode != 0:
+            raise ResolutionError(
+                f"pip could not resolve {' '.join(requirements)} on CPython {python} ({root}):\n{got.stderr[-3000:]}"
+            )
+        data: dict[str, Any] = json.loads((work / "report.json").read_text())
+        return data
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
 def resolve(index_url: str, requirements: list[str], python: str) -> dict[str, tuple[str, str]]:
     """name -> (version, file URL) pip would install for `requirements` on CPython `python` (x86_64
-    Linux), from `index_url` alone."""
+    Linux), from `index_url` alone: with that Python itself where this machine has it (here, or in its
+    Debian root), else simulated from this one (pip's --python-version)."""
+    root = None if python == HERE else interpreter_root(python)
+    if root is not None:
+        data = _resolve_in(root, python, index_url, requirements)
+        return {
+            canonicalize_name(i["metadata"]["name"]): (i["metadata"]["version"], i["download_info"]["url"])
+            for i in data["install"]
+        }
     target = [] if python == HERE else target_args(python, MANYLINUX_2_34)
     with tempfile.TemporaryDirectory() as tmp:
         report = Path(tmp) / "report.json"
@@ -148,7 +213,7 @@ def check(dist: Path, profile: str, python: str, roots: list[str], index_url: st
     versions = {w["name"]: w["version"] for w in manifest["wheels"]}
     files = {w["filename"] for w in manifest["wheels"]}
     reqs = [f"{r}=={versions[canonicalize_name(r.split('[')[0])]}" for r in roots]
-    result = Result(profile, python, reqs)
+    result = Result(profile, python, reqs, interpreter=how(python))
     install = dist / "install" / f"{profile}-cp{python.replace('.', '')}.txt"
     sdists = re.findall(r"^--no-binary (\S+)", install.read_text(), re.MULTILINE)
     if sdists and python != HERE:
@@ -234,7 +299,7 @@ def main(argv: list[str] | None = None) -> int:
         results: list[dict[str, Any]] = []
         for profile in args.profile:
             for python in args.python:
-                extra = {"profile": profile, "python": python, "fallback": args.fallback}
+                extra = {"profile": profile, "python": python, "fallback": args.fallback, "interpreter": how(python)}
                 name = f"resolve-{profile}-cp{python.replace('.', '')}"
                 found = cached.Lookup(
                     name, args.dist, key, extra=extra, fresh=args.fresh, max_age_s=args.max_age * 3600
