@@ -137,11 +137,31 @@ def how(python: str) -> str:
     return f"simulated: pip --python-version {python} on CPython {HERE} (environment markers are {HERE}'s)"
 
 
+def host_ca() -> Path | None:
+    """The CA bundle this machine's pip trusts (PIP_CERT, REQUESTS_CA_BUNDLE, SSL_CERT_FILE, OpenSSL's
+    default): a site behind a TLS-inspecting proxy trusts its CA there, and a bare root does not."""
+    import ssl
+
+    for candidate in (
+        os.environ.get("PIP_CERT"),
+        os.environ.get("REQUESTS_CA_BUNDLE"),
+        os.environ.get("SSL_CERT_FILE"),
+        ssl.get_default_verify_paths().cafile,
+    ):
+        if candidate and Path(candidate).is_file():
+            return Path(candidate)
+    return None
+
+
 def _resolve_in(root: Path, python: str, index_url: str, requirements: list[str]) -> dict[str, Any]:
-    """pip's --dry-run --report with the root's own CPython (a venv made there); the report's JSON."""
+    """pip's --dry-run --report with the root's own CPython (a venv made there), trusting the CAs this
+    machine's pip trusts (the index behind the release's is reached over TLS); the report's JSON."""
     work = root / "kt-resolve"
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir()
+    ca = host_ca()
+    if ca is not None:
+        shutil.copyfile(ca, work / "ca.pem")
     try:
         made = subprocess.run(
             ["chroot", str(root), f"python{python}", "-m", "venv", "/kt-resolve/venv"],
@@ -153,7 +173,9 @@ def _resolve_in(root: Path, python: str, index_url: str, requirements: list[str]
             raise ResolutionError(f"a venv of CPython {python} in {root} failed: {made.stderr[-1500:]}")
         cmd = ["chroot", str(root), "/kt-resolve/venv/bin/python", "-m", "pip", "install", "--isolated", "--dry-run"]
         cmd += ["--quiet", "--ignore-installed", "--report", "/kt-resolve/report.json", "--index-url", index_url]
-        got = progress.run_quiet([*cmd, *requirements], f"resolve: CPython {python} ({root.name})")
+        # pip 25 verifies through truststore (the system's store: OpenSSL's, which SSL_CERT_FILE sets), not --cert
+        env = {**os.environ, "SSL_CERT_FILE": "/kt-resolve/ca.pem"} if ca is not None else None
+        got = progress.run_quiet([*cmd, *requirements], f"resolve: CPython {python} ({root.name})", env=env)
         if got.returncode != 0:
             raise ResolutionError(
                 f"pip could not resolve {' '.join(requirements)} on CPython {python} ({root}):\n{got.stderr[-3000:]}"

@@ -117,3 +117,34 @@ def test_the_published_file_s_third_party_pins_leave_the_release_s_own_wheels_ou
     assert "kt-kernel" not in out
     assert "Transformers_KT" not in out
     assert out.count("--hash=sha256:") == 3  # numpy keeps both of its hashes
+
+
+def test_a_python_without_an_interpreter_here_is_resolved_simulated_and_says_so(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from base import paths
+
+    monkeypatch.setattr(paths, "CACHE", tmp_path)
+    assert resolution.how(resolution.HERE) == f"CPython {resolution.HERE}, this interpreter"
+    simulated = resolution.how("3.13")
+    assert simulated.startswith("simulated: pip --python-version 3.13")
+    assert "environment markers are" in simulated
+    (tmp_path / "debian-trixie" / "usr" / "bin").mkdir(parents=True)
+    (tmp_path / "debian-trixie" / "usr" / "bin" / "python3.13").write_text("")
+    monkeypatch.setattr("os.geteuid", lambda: 0)
+    monkeypatch.setattr("shutil.which", lambda name: f"/usr/sbin/{name}")
+    assert resolution.interpreter_root("3.13") == tmp_path / "debian-trixie"
+    assert resolution.how("3.13").startswith("CPython 3.13 in debian-trixie (packages ")
+    monkeypatch.setattr("os.geteuid", lambda: 1000)  # no chroot without root: simulated again
+    assert resolution.interpreter_root("3.13") is None
+
+
+def test_the_root_trusts_the_ca_bundle_this_machine_s_pip_trusts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    bundle = tmp_path / "site-ca.pem"
+    bundle.write_text("-----BEGIN CERTIFICATE-----\n")
+    monkeypatch.setenv("PIP_CERT", str(bundle))
+    assert resolution.host_ca() == bundle
+    monkeypatch.setenv("PIP_CERT", str(tmp_path / "missing.pem"))
+    assert resolution.host_ca() != tmp_path / "missing.pem"
