@@ -163,7 +163,8 @@ def run(dist: Path, python: str, cache: Path) -> dict[str, Any]:
     return result
 
 
-PUBLISHED = ("sft",)  # the install files exercised as published on another interpreter (serve, lf-kt: resolved)
+PUBLISHED = ("sft", "serve", "lf-kt")  # the install files exercised as published on another interpreter
+VENV = "/kt-published/venv"
 
 
 def _third_party(text: str, carriers: set[str]) -> str:
@@ -173,13 +174,57 @@ def _third_party(text: str, carriers: set[str]) -> str:
     return "\n".join(b for b in keep if "==" in b) + "\n"
 
 
+def _in_root(root: Path, what: str, *argv: str, whole: bool = False) -> Any:
+    """Run `argv` in the root (the published venv's tools); its JSON (the last output line, or `whole`)."""
+    env = {**os.environ, "KT_KERNEL_CACHE_DIR": "/kt-published/cache", "HF_HUB_OFFLINE": "1"}
+    ran = subprocess.run(["chroot", str(root), *argv], capture_output=True, text=True, check=False, env=env)
+    if ran.returncode not in ((0, 1) if whole else (0,)):
+        raise InterpreterError(f"{what} failed in {root}:\n{ran.stdout[-2000:]}{ran.stderr[-2000:]}")
+    return json.loads(ran.stdout if whole else ran.stdout.strip().splitlines()[-1])
+
+
+def _probe(root: Path, what: str, name: str, *args: str) -> Any:
+    return _in_root(root, what, f"{VENV}/bin/python", f"/kt-published/probes/{name}.py", *args)
+
+
+def _exercise(root: Path, profile: str) -> tuple[dict[str, Any], list[str]]:
+    """The profile's checks in the published venv (those its CPython 3.11 profile runs on the CPU): the
+    result and what it shows wrong."""
+    from .lf import control_problems
+    from .serve import serving_problems
+    from .venv import run_summary
+
+    if profile == "sft":
+        from .probes import sft_e2e
+
+        train = _probe(root, "the training/resume control", "train_control")
+        e2e = _probe(root, "kt_kernel.sft end to end", "sft_e2e")
+        wrong = sft_e2e.problems(e2e)
+        if not (train.get("trained") and train.get("adapter_bit_identical") and train.get("optimizer_bit_identical")):
+            wrong.append(f"training/resume control: {train}")
+        kt_sft = {k: e2e[k] for k in ("losses", "torch_losses", "trajectory_rel_diff")}
+        return {"train_resume": train, "kt_sft": kt_sft}, wrong
+    doctor = _in_root(root, "kt-doctor --run", f"{VENV}/bin/kt-doctor", "--json", "--run", whole=True)
+    doctor["seconds"] = 0.0
+    try:
+        summary: dict[str, Any] = run_summary(Path(VENV), doctor)
+    except VerifyError as exc:
+        return {}, [str(exc)]
+    if profile == "serve":
+        found = _probe(root, "SGLang tokenizer and JSON-schema grammar on CPU", "serving", "/kt-published/serving")
+        return {"serving": found, "doctor_run": summary}, serving_problems(found)
+    run = _probe(root, "LlamaFactory control with use_kt", "lf_control", "/kt-published/lf-run", "--kt")
+    checks = _probe(root, "LlamaFactory's dependency check", "lf_checks")
+    return {"control_kt": run, "llamafactory": checks, "doctor_run": summary}, control_problems(run, kt=True)
+
+
 def exercise_published(dist: Path, python: str, root: Path, profile: str) -> dict[str, Any]:
     """dist/install/<profile>-cp3NN.txt installed in the Debian root exactly as published (pip
     --require-hashes -r FILE, its wheels beside it: the release's from dist/, the rest downloaded here by
-    hash for that Python), then the training/resume control and kt_kernel.sft end to end in it."""
+    hash for that Python), then the profile's checks in it (sft: the training/resume control and
+    kt_kernel.sft; serve: SGLang's tokenizer and grammars on CPU and kt-doctor --run; lf-kt: LlamaFactory
+    training with use_kt and kt-doctor --run)."""
     from carriers.inputs import MANYLINUX_2_34, download, serves
-
-    from .probes import sft_e2e
 
     t0 = time.perf_counter()
     manifest = json.loads((dist / "manifest.json").read_text())
@@ -205,33 +250,25 @@ def exercise_published(dist: Path, python: str, root: Path, profile: str) -> dic
             f"downloading {published.name}'s wheels for CPython {python} failed:\n{got.stderr[-2000:]}"
         )
     shutil.copyfile(published, work / published.name)
-    for probe in ("train_control", "sft_e2e"):
-        shutil.copyfile(PROBE.with_name(f"{probe}.py"), work / f"{probe}.py")
-    venv = "/kt-published/venv"
-    script = (
-        f"set -e; python{python} -m venv {venv}; "
-        f"{venv}/bin/pip install --quiet --isolated --no-index --find-links /kt-published/wheels --require-hashes "
-        f"-r /kt-published/{published.name}; cd /; "
-        f"{venv}/bin/python /kt-published/train_control.py; {venv}/bin/python /kt-published/sft_e2e.py"
-    )
-    print(f"[cp{python.replace('.', '')}] the published {published.name}: install and train ...", flush=True)
-    ran = subprocess.run(["chroot", str(root), "sh", "-c", script], capture_output=True, text=True, check=False)
-    shutil.rmtree(work, ignore_errors=True)  # several GB of venv and wheels; the root stays
-    if ran.returncode != 0:
-        raise InterpreterError(
-            f"the published {published.name} on CPython {python} failed:\n{ran.stdout[-2000:]}{ran.stderr[-2000:]}"
+    shutil.copytree(PROBE.parent, work / "probes", ignore=shutil.ignore_patterns("__pycache__"))
+    print(f"[cp{python.replace('.', '')}] the published {published.name}: install and exercise ...", flush=True)
+    try:
+        _in_root(
+            root,
+            f"pip install -r {published.name}",
+            "sh",
+            "-c",
+            f"set -e; python{python} -m venv {VENV}; {VENV}/bin/pip install --quiet --isolated --no-index "
+            f"--find-links /kt-published/wheels --require-hashes -r /kt-published/{published.name}; echo '{{}}'",
         )
-    found = [json.loads(ln) for ln in ran.stdout.splitlines() if ln.startswith("{")]
-    train, e2e = found[-2], found[-1]
-    wrong = sft_e2e.problems(e2e)
-    if not (train.get("trained") and train.get("adapter_bit_identical") and train.get("optimizer_bit_identical")):
-        wrong.append(f"training/resume control: {train}")
+        result, wrong = _exercise(root, profile)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)  # several GB of venv and wheels; the root stays
     if wrong:
         raise InterpreterError(f"the published {published.name} on CPython {python}:\n  " + "\n  ".join(wrong))
     return {
         "install_file": {"file": entry["file"], "sha256": entry["sha256"]},
-        "train_resume": train,
-        "kt_sft": {k: e2e[k] for k in ("losses", "torch_losses", "trajectory_rel_diff")},
+        **result,
         "seconds": round(time.perf_counter() - t0, 1),
     }
 
