@@ -100,7 +100,7 @@ def install_published(venv: Path, dist: Path, profile: str) -> tuple[dict[str, s
     path, digest = published(dist, profile)
     print(f"{profile}: installing the published {path.name} into {venv} (several GB) ...", flush=True)
     got = uv_installed(uv_install(venv, path, f"the published {path.name}", "--find-links", str(dist)))
-    return got, {"file": path.name, "sha256": digest}
+    return got, {"file": str(path.relative_to(dist)), "sha256": digest}  # as manifest.json names it
 
 
 def clean_env() -> dict[str, str]:

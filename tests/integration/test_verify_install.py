@@ -113,7 +113,9 @@ def _the_published_sft_file_trains(dist: Path, work: Path) -> None:
     CUDA build, which runs on the CPU here), then every SFT check, the training and resume control included."""
     published = sft.verify_sft(dist, work)
     manifest = json.loads((dist / "manifest.json").read_text())
-    (entry,) = [f for f in manifest["install"] if f["profile"] == "sft" and f["python"] == "3.11"]
+    (entry,) = [
+        f for f in manifest["install"] if f["profile"] == "sft" and f["python"] == "3.11" and f["file"].endswith(".txt")
+    ]
     assert published["install_file"] == {"file": entry["file"], "sha256": entry["sha256"]}
     pinned = (dist / entry["file"]).read_text().split("\ntorch==", 1)[1].split()[0]
     assert published["torch"] == pinned
