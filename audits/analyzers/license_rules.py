@@ -73,6 +73,32 @@ def expression(w: WheelFacts) -> str | None:
     return _expression(*parsed) if parsed is not None else None
 
 
+def _listed(w: WheelFacts, listed: list[Any], present: set[str], metadata_version: str, pep639: bool) -> list[Finding]:
+    """Each License-File by the rule of the wheel's own Metadata-Version: from 2.4 (PEP 639) a path under
+    .dist-info/licenses/; before it, setuptools' convention, the file in .dist-info/ itself (or, from newer
+    setuptools, under licenses/ there)."""
+    prefix = f"{w.dist_info}/"
+    in_dist_info = {m.name[len(prefix) :] for m in w.members if m.name.startswith(prefix)}
+    where = ".dist-info/licenses/" if pep639 else f".dist-info/ (where Metadata-Version {metadata_version} puts it)"
+    out = []
+    for value in listed:
+        name = str(value)
+        climbs = name.startswith("/") or "\\" in name or ".." in name.split("/")
+        found = f"{LICENSES}/{name}" in present if pep639 else {name, f"{LICENSES}/{name}"} & in_dist_info
+        if climbs or not found:
+            why = f"climbs out of {where}" if climbs else f"names no file under {where}"
+            out.append(
+                finding(
+                    "license.invalid",
+                    w.filename,
+                    f"{w.dist_info}/METADATA",
+                    f"License-File {name!r} {why}" + (" (PEP 639)" if pep639 else ""),
+                    f"ship the file under {where.split(' ', 1)[0]} by that relative path, or drop the header",
+                )
+            )
+    return out
+
+
 def declared(w: WheelFacts, origins: Iterable[str] = ()) -> list[Finding]:
     """The license findings of one wheel; `origins`: the distributions its SBOM says archived payload
     files came from (the provider only)."""
@@ -103,32 +129,20 @@ def declared(w: WheelFacts, origins: Iterable[str] = ()) -> list[Finding]:
                 )
             )
     metadata_version = str(fields.get("metadata_version", ""))
-    if (stated is not None or listed) and _version(metadata_version) < (2, 4):
+    pep639 = _version(metadata_version) >= (2, 4)
+    if stated is not None and not pep639:
         out.append(
             finding(
                 "license.invalid",
                 fn,
                 member,
-                f"License-Expression/License-File under Metadata-Version {metadata_version}: they mean something "
-                "only from 2.4 (PEP 639), and older readers ignore them",
+                f"License-Expression under Metadata-Version {metadata_version}: it means something only from 2.4 "
+                "(PEP 639), and older readers ignore it",
                 "write Metadata-Version: 2.4 (any PEP 639 build backend does)",
             )
         )
     present = set(license_files(w))
-    for value in listed if isinstance(listed, list) else [listed]:
-        name = str(value)
-        climbs = name.startswith("/") or "\\" in name or ".." in name.split("/")
-        if climbs or f"{LICENSES}/{name}" not in present:
-            why = "climbs out of .dist-info/licenses/" if climbs else "names no file under .dist-info/licenses/"
-            out.append(
-                finding(
-                    "license.invalid",
-                    fn,
-                    member,
-                    f"License-File {name!r} {why} (PEP 639)",
-                    "ship the file under .dist-info/licenses/ by that relative path, or drop the header",
-                )
-            )
+    out += _listed(w, listed if isinstance(listed, list) else [listed], present, metadata_version, pep639)
     out += _unlicensed(w, present, origins)
     return out
 

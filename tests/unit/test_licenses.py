@@ -66,6 +66,27 @@ def test_a_malformed_license_header_is_invalid(tmp_path: Path, old: str, new: st
     assert {r for r, _, _ in found} == {"license.invalid"}, found
 
 
+@pytest.mark.parametrize("where", ["LICENSE", "licenses/LICENSE"])
+def test_a_metadata_2_1_license_file_is_found_where_that_version_puts_it(tmp_path: Path, where: str) -> None:
+    """Before PEP 639, setuptools wrote License-File for a file at the .dist-info root (newer setuptools:
+    under licenses/ there): a well-formed wheel of that Metadata-Version, no finding."""
+    members = {k: v for k, v in pure_wheel_members(license=None).items() if "/licenses/" not in k}
+    members = _meta(members, "Metadata-Version: 2.4", "Metadata-Version: 2.1")
+    members = _meta(members, "Version: 1.0\n", "Version: 1.0\nLicense-File: LICENSE\n")
+    members[f"{DI}/{where}"] = b"MIT\n"
+    assert [f for f in _audit(tmp_path, members) if f[0] == "license.invalid"] == []
+    del members[f"{DI}/{where}"]  # the file it names is gone: that is still wrong
+    (invalid,) = [f for f in _audit(tmp_path, members) if f[0] == "license.invalid"]
+    assert invalid[1] == f"{DI}/METADATA"
+
+
+def test_a_pep_639_license_file_at_the_dist_info_root_is_not_where_2_4_puts_it(tmp_path: Path) -> None:
+    members = pure_wheel_members()
+    members[f"{DI}/LICENSE"] = members.pop(f"{DI}/licenses/LICENSE")
+    found = _audit(tmp_path, members)
+    assert ("license.invalid", f"{DI}/METADATA", "error") in found
+
+
 def test_compiled_code_without_a_license_file_is_unlicensed(tmp_path: Path, elf: bytes) -> None:
     members = {k: v for k, v in pure_wheel_members().items() if "/licenses/" not in k}
     members = _meta(members, "License-File: LICENSE\n", "")
