@@ -156,13 +156,6 @@ def packages_read(entries: Iterable[str], root: Path | None = None) -> list[str]
     return sorted({m.split(".")[0] for m in import_closure(entries, root)})
 
 
-def code_ingredients(entries: Iterable[str], root: Path | None = None, digest: Digests | None = None) -> dict[str, str]:
-    """``code:PKG`` -> one digest over every file under each package the entries reach."""
-    root = root or paths.ROOT
-    d = digest or Digests()
-    return {f"code:{p}": d.tree(root / p, root=root) for p in packages_read(entries, root)}
-
-
 def environment(kind: str) -> dict[str, str | None]:
     """The allowlisted variables that reach stages of `kind`, with their values (None: unset)."""
     if kind not in KINDS:

@@ -152,8 +152,17 @@ def _say(msg: str) -> None:
 # --- authenticated records ---------------------------------------------------------------------------
 
 
+_SECRETS: dict[Path, bytes] = {}  # each checkout's key, read once per process
+
+
 def _secret(cache: Path) -> bytes:
     """This checkout's record key: made once (32 random bytes, mode 0600), never leaves build/."""
+    if cache not in _SECRETS:
+        _SECRETS[cache] = _read_or_make_secret(cache)
+    return _SECRETS[cache]
+
+
+def _read_or_make_secret(cache: Path) -> bytes:
     path = cache / KEY_FILE
     try:
         data = path.read_bytes()
@@ -364,22 +373,27 @@ class Stage:
         self.covers = [Path(c) for c in covers]  # the trees the ingredients hash (reads inside them are keyed)
         READS.start()
 
-    def _load(self, say: bool = True) -> dict[str, Any] | None:
+    def _load(self) -> dict[str, Any] | None:
         if not self.path.exists():
             return None
         record, why = _verified(self.path, self.cache)
-        if record is None and say:
+        if record is None:
             _say(f"{self.name}: the record {self.path} is refused: {why}; re-running the stage")
         return record
 
     def why_not(self) -> str | None:
         """None when the stage can be reused; otherwise why it must run."""
+        return self._judge()[0]
+
+    def _judge(self) -> tuple[str | None, dict[str, Any] | None]:
+        """(why it must run, or None; the record when it can be reused): the record loaded once."""
         if self.fresh:
-            return "--fresh: every stage runs"
+            return "--fresh: every stage runs", None
         record = self._load()
         if record is None:
-            return "no record of a previous run" if not self.path.exists() else "refused record"
-        return self._changed(record) or self._expired(record) or _reads_changed(record) or _outputs_changed(record)
+            return ("no record of a previous run" if not self.path.exists() else "refused record"), None
+        why = self._changed(record) or self._expired(record) or _reads_changed(record) or _outputs_changed(record)
+        return why, record
 
     def _changed(self, record: Mapping[str, Any]) -> str | None:
         if record.get("key") == self.key:
@@ -404,12 +418,10 @@ class Stage:
         """The previous result if nothing changed (and a line saying so), else None (and why). Takes the
         stage's lock: held until ``done()`` or ``release()`` (or this process's end) on a miss."""
         _lock(self.lock_path, self.name)
-        why = self.why_not()
-        if why is not None:
+        why, record = self._judge()
+        if why is not None or record is None:
             _say(f"{self.name}: running ({why}); key {self.key[:16]}")
             return None
-        record = self._load()
-        assert record is not None
         _say(f"{self.name}: reused, key {self.key[:16]}, produced {record['produced']} (--fresh re-runs it)")
         record["last"] = {"outcome": "reused", "at": time.time()}
         self._write(record)

@@ -14,7 +14,6 @@ import contextlib
 import functools
 import json
 import os
-import re
 import shutil
 import subprocess
 import time
@@ -28,6 +27,7 @@ from base.errors import StageError, report
 
 from . import cached
 from .venv import VerifyError
+from .venv import published as published_file
 
 SUITES = {"3.13": "trixie"}  # CPython -> the Debian suite whose python3 it is
 MIRROR = "http://deb.debian.org/debian"
@@ -167,11 +167,16 @@ PUBLISHED = ("sft", "serve", "lf-kt")  # the install files exercised as publishe
 VENV = "/kt-published/venv"
 
 
-def _third_party(text: str, carriers: set[str]) -> str:
-    """The install file's pins without the release's own wheels (they come from dist/, not the index)."""
-    blocks = re.split(r"\n(?=[A-Za-z0-9])", text)
-    keep = [b for b in blocks if canonicalize_name(b.split("==", 1)[0].strip()) not in carriers or "==" not in b]
-    return "\n".join(b for b in keep if "==" in b) + "\n"
+def _third_party(path: Path, carriers: set[str]) -> str:
+    """The install file's pins (locks.read.parse_lock) without the release's own wheels, which come from
+    dist/, not the index; each with its hashes, in the file's own form."""
+    from locks.read import parse_lock
+
+    return "".join(
+        f"{p.name}=={p.version} \\\n" + " \\\n".join(f"    --hash=sha256:{h}" for h in p.hashes) + "\n"
+        for p in parse_lock(path).values()
+        if p.name not in carriers
+    )
 
 
 def _in_root(root: Path, what: str, *argv: str, whole: bool = False) -> Any:
@@ -228,12 +233,7 @@ def exercise_published(dist: Path, python: str, root: Path, profile: str) -> dic
 
     t0 = time.perf_counter()
     manifest = json.loads((dist / "manifest.json").read_text())
-    (entry,) = [
-        f
-        for f in manifest["install"]
-        if f["profile"] == profile and f["python"] == python and f["file"].endswith(".txt")
-    ]
-    published = dist / entry["file"]
+    published, digest = published_file(dist, profile, python)
     work = root / "kt-published"
     shutil.rmtree(work, ignore_errors=True)
     (work / "wheels").mkdir(parents=True)
@@ -242,7 +242,7 @@ def exercise_published(dist: Path, python: str, root: Path, profile: str) -> dic
         if serves(w["filename"], python):
             shutil.copyfile(dist / w["filename"], work / "wheels" / w["filename"])
     third = work / "third-party.txt"
-    third.write_text(_third_party(published.read_text(), ours))
+    third.write_text(_third_party(published, ours))
     label = f"cp{python.replace('.', '')}: the published {published.name}'s wheels"
     got = download(["--require-hashes", "-r", str(third)], python, work / "wheels", label, platforms=MANYLINUX_2_34)
     if got.returncode != 0:
@@ -267,7 +267,7 @@ def exercise_published(dist: Path, python: str, root: Path, profile: str) -> dic
     if wrong:
         raise InterpreterError(f"the published {published.name} on CPython {python}:\n  " + "\n  ".join(wrong))
     return {
-        "install_file": {"file": entry["file"], "sha256": entry["sha256"]},
+        "install_file": {"file": str(published.relative_to(dist)), "sha256": digest},
         **result,
         "seconds": round(time.perf_counter() - t0, 1),
     }

@@ -75,15 +75,21 @@ def carrier_lines(dist: Path, names: list[str], extras: dict[str, str] | None = 
     return lines
 
 
-def published(dist: Path, profile: str) -> tuple[Path, str]:
-    """The install file users get for `profile` on this interpreter's Python (dist/install/, as manifest.json
-    lists it) and its sha256, checked against SHA256SUMS: what the profile installs, as published."""
-    python = f"{sys.version_info.major}.{sys.version_info.minor}"
+def published(dist: Path, profile: str, python: str | None = None) -> tuple[Path, str]:
+    """The pip install file users get for `profile` on CPython `python` (default: this interpreter's;
+    dist/install/, as manifest.json lists it, not the PEP 751 lock beside it) and its sha256, checked
+    against SHA256SUMS: what the profile installs, as published."""
+    python = python or f"{sys.version_info.major}.{sys.version_info.minor}"
     manifest = json.loads((dist / "manifest.json").read_text())
     entry = next(
-        (f for f in manifest.get("install", []) if f.get("profile") == profile and f.get("python") == python), None
+        (
+            f
+            for f in manifest.get("install", [])
+            if f.get("profile") == profile and f.get("python") == python and str(f.get("file", "")).endswith(".txt")
+        ),
+        None,
     )
-    if entry is None or not str(entry.get("file", "")).endswith(".txt"):
+    if entry is None:
         raise VerifyError(
             f"{dist / 'manifest.json'} lists no {profile} install file for CPython {python}; rebuild the release"
         )

@@ -104,7 +104,7 @@ def test_the_cp313_result_is_keyed_by_the_debian_root_s_package_list(tmp_path: P
     assert interpreters.package_list("3.13", tmp_path) != first
 
 
-def test_the_published_file_s_third_party_pins_leave_the_release_s_own_wheels_out() -> None:
+def test_the_published_file_s_third_party_pins_leave_the_release_s_own_wheels_out(tmp_path: Path) -> None:
     text = (
         "# KT release install file\n--only-binary :all:\n"
         "kt-kernel==0.6.1 \\\n    --hash=sha256:" + "a" * 64 + "\n"
@@ -112,7 +112,8 @@ def test_the_published_file_s_third_party_pins_leave_the_release_s_own_wheels_ou
         "torch==2.15.0 \\\n    --hash=sha256:" + "c" * 64 + "\n"
         "numpy==2.4.0 \\\n    --hash=sha256:" + "d" * 64 + " \\\n    --hash=sha256:" + "e" * 64 + "\n"
     )
-    out = interpreters._third_party(text, {"kt-kernel", "transformers-kt"})
+    (tmp_path / "sft-cp313.txt").write_text(text)
+    out = interpreters._third_party(tmp_path / "sft-cp313.txt", {"kt-kernel", "transformers-kt"})
     assert out.splitlines()[0] == "torch==2.15.0 \\"
     assert "kt-kernel" not in out
     assert "Transformers_KT" not in out
