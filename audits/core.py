@@ -12,7 +12,7 @@ from typing import Any
 
 from packaging.utils import InvalidWheelFilename, parse_wheel_filename
 
-from . import manylinux
+from . import manylinux, platforms
 from .analyzers import (
     cuda_rules,
     dist_rules,
@@ -80,7 +80,7 @@ def read_options(policy: Policy, dist_name: str = "") -> ReadOptions:
         code=wants_code,
         exports=dist_name in policy.exports_applies_to,
         cuobjdump=find_cuobjdump(),
-        forbidden=manylinux.forbidden_symbols(),
+        forbidden=platforms.forbidden_symbols(),
     )
 
 
@@ -98,7 +98,8 @@ class WheelContext:
     uses: dict[str, dict[str, FeatureUse]]  # feature use of the CPU variants and loaders
     kernel_payload: KernelPayload | None  # kt-kernel's own CUDA archive
     baseline: dict[str, Any] | None
-    arch: str  # the architecture the verdict is computed for
+    target: platforms.Target | None  # the libc family and architecture the verdict is computed for
+    untargeted: str  # why no target (no ELF of a known architecture, a non-Linux platform), or ""
     sboms: tuple[list[str], dict[str, str]] = ([], {})  # the SBOM members, and why any is not valid CycloneDX
 
 
@@ -124,18 +125,20 @@ def read_context(path: Path, policy: Policy, baseline: dict[str, Any] | None) ->
             [lib.member for lib in policy.cuda_libraries],
             policy.limits.memory_max_bytes,
         )
-    arch = next(iter(sorted(manylinux.tag_architectures(w))), None) or _arch_of(list(elfs))
+    plats = [t.platform for t in w.tags]
+    target, untargeted = platforms.target(plats, list(elfs))
     return WheelContext(
         w=w,
         elfs=elfs,
         tree=tree,
-        system=manylinux.system_libraries(w),
+        system=platforms.system_libraries(target, plats),
         external=tuple(p for p in policy.external if p.provider in required),
         chains=elf_rules.load_chains(list(elfs), tree),
         uses=isa_rules.disassembled_members(w.elfs, policy),
         kernel_payload=kp,
         baseline=baseline,
-        arch=arch,
+        target=target,
+        untargeted=untargeted,
         sboms=(sbom_reader.documents(w), sbom_reader.schema_problems(w)),
     )
 
@@ -237,9 +240,32 @@ def audit_wheel(path: Path, policy: Policy, baseline: dict[str, Any] | None = No
     res.cuda = (
         {**sections["cuda"], "embedded": sections["cuda-listing"]} if sections["cuda-listing"] else sections["cuda"]
     )
-    res.platform, res.platform_reason = manylinux.honest_platform(list(ctx.elfs), ctx.chains, ctx.arch)
+    res.platform, res.platform_reason = platforms.verdict(ctx.target, list(ctx.elfs), ctx.chains)
+    if res.platform is None and ctx.untargeted:
+        res.platform_reason = ctx.untargeted
+    if ctx.target is not None and ctx.target.assumed:
+        res.findings.append(_assumed_libc(ctx, res.platform))
     res.findings = [_waive(f, str(w.name), policy) for f in res.findings]
     return res
+
+
+def _assumed_libc(ctx: WheelContext, verdict: str | None) -> Finding:
+    """The note on a verdict no tag and no ELF file decided the C library of: what the binaries
+    also satisfy under musl."""
+    t = ctx.target
+    assert t is not None
+    musl = platforms.Target("musllinux", t.arch, platforms.policies("musllinux", t.arch), "")
+    also, _ = platforms.verdict(musl, list(ctx.elfs), ctx.chains)
+    both = f"consistent with both {verdict} and {also}" if also and also != musl.linux else f"judged {verdict}"
+    return finding(
+        "tag.libc-assumed",
+        ctx.w.filename,
+        "",
+        f"{both}: {t.how}",
+        "nothing to fix where the binaries are static; otherwise tag the wheel for the C library it was built "
+        "against (manylinux or musllinux)",
+        "info",
+    )
 
 
 def _sbom_for_releases(results: list[WheelResult], policy: Policy) -> None:
@@ -268,15 +294,6 @@ def _release_manifest(path: Path) -> tuple[dict[str, Any] | None, str]:
     except (OSError, ValueError, RecursionError) as exc:
         return None, f"{type(exc).__name__}: {str(exc)[:200]}"
     return (data, "") if isinstance(data, dict) else (None, "not a JSON object")
-
-
-def _arch_of(elfs: list[ElfFacts]) -> str:
-    """The platform-tag architecture of the first host ELF (a wheel tagged `any` or unknown)."""
-    for e in elfs:
-        for arch, (machine, cls, little) in manylinux.ARCH.items():
-            if (e.machine, e.elfclass, e.little_endian) == (machine, cls, little):
-                return arch
-    return "x86_64"
 
 
 def _waive(f: Finding, dist_name: str, policy: Policy) -> Finding:

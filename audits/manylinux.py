@@ -10,8 +10,8 @@ import re
 from functools import cache
 from typing import Any
 
+from . import platforms
 from .readers import ElfFacts, WheelFacts
-from .readers._elf import is_loader
 
 _LEGACY = {"manylinux1": (2, 5), "manylinux2010": (2, 12), "manylinux2014": (2, 17)}
 
@@ -69,12 +69,6 @@ def most_portable_first() -> tuple[dict[str, Any], ...]:
     return tuple(sorted(_manylinux_policies(), key=lambda p: p["priority"], reverse=True))
 
 
-@cache
-def forbidden_symbols() -> frozenset[str]:
-    """Every symbol some manylinux policy forbids a library to use (auditwheel's "blacklist")."""
-    return frozenset(s for p in _manylinux_policies() for syms in p.get("blacklist", {}).values() for s in syms)
-
-
 def forbidden_uses(pol: dict[str, Any], e: ElfFacts) -> list[tuple[str, str]]:
     """(library, symbol) pairs `pol` forbids that `e` uses: as auditwheel, an undefined symbol of
     the ELF named in the blacklist of a library it needs."""
@@ -87,46 +81,11 @@ def honest_platform(
     elfs: list[ElfFacts], where: dict[tuple[str, str], str | None] | None = None, arch: str = "x86_64"
 ) -> tuple[str | None, str]:
     """(the most portable manylinux tag for `arch` the ELF files allow, what keeps a more portable
-    one out), by auditwheel's policy data and rules: every symbol version needed from a library
-    outside the wheel is allowed, and every library outside the wheel is a system library of that
-    tag (one that resolves nowhere, or only elsewhere on this machine, makes it linux_<arch>).
-    `where`: elf_rules.load_chains (None: every DT_NEEDED counts as outside). No ELF: (None, "")."""
+    one out): platforms.verdict for a glibc wheel of that architecture. No ELF: (None, "")."""
     if not elfs:
         return None, ""
-    isa = next((e for e in elfs if e.isa_needed), None)
-    if isa is not None:  # auditwheel's machine policy: no manylinux tag for an ISA extension level
-        return f"linux_{arch}", f"{isa.member} declares {isa.isa_needed} in its GNU property note (ISA_1_NEEDED)"
-    where = where or {}
-    outside = [
-        (e.member, lib) for e in elfs for lib in e.needed if where.get((e.member, lib)) is None and not is_loader(lib)
-    ]
-    inside_names = {(e.member, lib) for e in elfs for lib in e.needed if where.get((e.member, lib)) is not None}
-    versions = [
-        (e.member, lib, v)
-        for e in elfs
-        for lib, vs in e.version_needs
-        if (e.member, lib) not in inside_names
-        for v in vs
-    ]
-    reason = ""
-    for pol in most_portable_first():
-        if pol["name"] == "linux" or arch not in pol["symbol_versions"]:
-            continue
-        bad_lib = next(((m, lib) for m, lib in outside if lib not in pol["lib_whitelist"]), None)
-        bad_sym = next(((m, lib, v) for m, lib, v in versions if not admits(pol, v, arch)), None)
-        bad_use = next(((e.member, use) for e in elfs for use in forbidden_uses(pol, e)), None)
-        if bad_lib is None and bad_sym is None and bad_use is None:
-            return f"{pol['name']}_{arch}", reason
-        # Kept from the last failure before the verdict: what the next more portable tag lacks.
-        if bad_lib is not None:
-            reason = (
-                f"{bad_lib[1]} (needed by {bad_lib[0]}) is neither in the wheel nor a system library of {pol['name']}"
-            )
-        elif bad_sym is not None:
-            reason = f"{bad_sym[2]} from {bad_sym[1]} (needed by {bad_sym[0]}) is newer than {pol['name']} allows"
-        elif bad_use is not None:
-            reason = f"{bad_use[0]} uses {bad_use[1][1]} of {bad_use[1][0]}, which {pol['name']} forbids"
-    return f"linux_{arch}", reason
+    t = platforms.Target("manylinux", arch, platforms.policies("manylinux", arch), "")
+    return platforms.verdict(t, elfs, where)
 
 
 def version_key(v: str) -> tuple[int, ...]:

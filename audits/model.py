@@ -112,6 +112,8 @@ RULES: dict[str, Rule] = {
         Rule("tag.not-portable", "wheel", "a native wheel with a plain linux_* tag"),
         Rule("tag.isa-level", "wheel", "an ELF declares an x86-64 ISA level above baseline under a manylinux tag"),
         Rule("tag.forbidden-symbol", "wheel", "an ELF uses a symbol the claimed manylinux policy forbids"),
+        Rule("tag.libc-mismatch", "wheel", "an ELF file or extension suffix names the other C library than the tag"),
+        Rule("tag.libc-assumed", "wheel", "no tag and no ELF file names the C library: the verdict assumes glibc"),
         Rule("tag.native-any", "wheel", "a wheel tagged for any platform holds native libraries"),
         # 3. ELF / ABI
         Rule("elf.needed-forbidden", "wheel", "DT_NEEDED names a library that must never be needed"),

@@ -54,10 +54,12 @@ def sbom(
         return []  # whether it must have one is the release's question (missing)
     out = [finding("sbom.invalid", w.filename, m, problem, FIX) for m, problem in sorted(problems.items())]
     components: list[dict[str, Any]] = []
+    repaired = False
     for member in documents:
         if member in problems:
             continue
         doc = json.loads(w.text(member) or "{}")
+        repaired = repaired or _by_auditwheel(doc)
         root = (doc.get("metadata") or {}).get("component") or {}
         if canonicalize_name(str(root.get("name", ""))) != w.name or str(root.get("version")) != str(w.version):
             out.append(
@@ -72,13 +74,31 @@ def sbom(
         components += [c for c in doc.get("components", []) if isinstance(c, dict)]
     if out:
         return out
-    return _coverage(w, components, payload_manifest, upstream, documents[0])
+    return _coverage(w, components, payload_manifest, upstream, documents[0], grafts=not repaired)
+
+
+def _by_auditwheel(doc: dict[str, Any]) -> bool:
+    """Whether `auditwheel repair` wrote the SBOM (its metadata names the tool: a list in CycloneDX 1.4,
+    {"components": [...]} from 1.5). Such an SBOM records the system package each grafted library came
+    from, with the hash of the library as that package installed it: auditwheel renames and patches
+    the copy it grafts, so the wheel's bytes are never the recorded ones, and a library no package
+    provided (built by the project) is not listed at all."""
+    tools = (doc.get("metadata") or {}).get("tools") or []
+    if isinstance(tools, dict):
+        tools = tools.get("components") or []
+    return any(isinstance(t, dict) and t.get("name") == "auditwheel" for t in tools)
 
 
 def _coverage(
-    w: WheelFacts, components: list[dict[str, Any]], payload_manifest: str | None, upstream: str | None, member: str
+    w: WheelFacts,
+    components: list[dict[str, Any]],
+    payload_manifest: str | None,
+    upstream: str | None,
+    member: str,
+    grafts: bool = True,
 ) -> list[Finding]:
-    """What the wheel holds that its SBOM must list."""
+    """What the wheel holds that its SBOM must list (`grafts`: the .libs/ libraries by their sha256, unless
+    auditwheel's SBOM records where they came from instead)."""
     out = []
     purls = {str(c.get("purl", "")) for c in components}
     files = {str(c.get("name", "")): c for c in components if c.get("type") == "file"}
@@ -100,7 +120,7 @@ def _coverage(
             )
     for m in w.members:
         top = m.name.split("/", 1)[0]
-        grafted = top.endswith(".libs") and ".so" in m.name.rsplit("/", 1)[-1]
+        grafted = grafts and top.endswith(".libs") and ".so" in m.name.rsplit("/", 1)[-1]
         part = "/_kt_payload/" in m.name
         if (grafted or part) and m.sha256 not in _hashes(files.get(m.name, {})):
             what = "a library grafted into .libs/" if grafted else "a part of the lazy CUDA archive"

@@ -7,12 +7,14 @@ from email.message import Message
 from email.parser import HeaderParser
 
 from packaging.requirements import InvalidRequirement, Requirement
+from packaging.tags import parse_tag
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
-from ..manylinux import ARCH, admits, glibc_of, most_portable_first, policy_for, tag_architectures, version_key
+from ..manylinux import admits, glibc_of, most_portable_first, policy_for, tag_architectures, version_key
 from ..manylinux import forbidden_uses as manylinux_forbidden
 from ..model import Finding
+from ..platforms import LIBC, NON_LINUX, TAG_ARCHS, elf_arch, elf_libc, family_of
 from ..readers import ElfFacts, WheelFacts
 from ._common import finding
 
@@ -153,6 +155,14 @@ def _headers(w: WheelFacts, file: str) -> tuple[str, Message | None]:
     return name, None if text is None else HeaderParser().parsestr(text)
 
 
+def _expand(tag: str) -> list[str]:
+    """A compressed tag set as its tags (the line itself if it is not a tag)."""
+    try:
+        return [str(t) for t in parse_tag(tag)]
+    except ValueError:
+        return [tag]
+
+
 def wheel_file(w: WheelFacts, elfs: list[ElfFacts]) -> list[Finding]:
     """The WHEEL file: Tag lines equal the filename's tags, Root-Is-Purelib fits the content."""
     fn = w.filename
@@ -160,7 +170,9 @@ def wheel_file(w: WheelFacts, elfs: list[ElfFacts]) -> list[Finding]:
     if msg is None:
         return [finding("wheel.wheel-file", fn, name, "no WHEEL file", "rebuild with a PEP 427 wheel builder")]
     out = []
-    tags = {t.strip() for t in msg.get_all("Tag", [])}
+    # A Tag line is one tag; a compressed one (maturin writes cp311-cp311-manylinux_2_17_x.manylinux2014_x)
+    # is read expanded: installers do not read Tag lines, and the set is what must agree.
+    tags = {str(t) for line in msg.get_all("Tag", []) for t in _expand(line.strip())}
     expected = {str(t) for t in w.tags}
     if tags != expected:
         out.append(
@@ -270,8 +282,9 @@ def tags(w: WheelFacts, elfs: list[ElfFacts]) -> list[Finding]:
     fn = w.filename
     interp = {t.interpreter for t in w.tags}
     abis = {t.abi for t in w.tags}
+    families = {f for t in w.tags if (f := family_of(t.platform)) in ("manylinux", "musllinux")}
     for e in elfs:
-        m = re.search(r"\.(cpython-(\d+)[a-z]*-[^.]+|abi3)\.so$", e.member)
+        m = re.search(r"\.(cpython-(\d+)([a-z]*)-[^.]+|abi3)\.so$", e.member)
         if not m:
             continue
         if m.group(1) == "abi3":
@@ -287,17 +300,35 @@ def tags(w: WheelFacts, elfs: list[ElfFacts]) -> list[Finding]:
                         "abi3 extensions are for CPython: tag the wheel cpXY",
                     )
                 )
-        elif f"cp{m.group(2)}" not in interp or f"cp{m.group(2)}" not in abis:
+            continue
+        # The ABI tag carries the suffix's flags: cpython-37m -> cp37m, cpython-313t -> cp313t (free-threaded).
+        version, flags = m.group(2), m.group(3)
+        if f"cp{version}" not in interp or f"cp{version}{flags}" not in abis:
             out.append(
                 finding(
                     "tag.ext-suffix",
                     fn,
                     e.member,
-                    f"extension built for CPython {m.group(2)} in a wheel tagged {sorted(interp)}/{sorted(abis)}",
+                    f"extension built for CPython {version}{flags} (ABI cp{version}{flags}) in a wheel tagged "
+                    f"{sorted(interp)}/{sorted(abis)}",
                     "build the wheel with the interpreter its tag names",
                 )
             )
     host = [e for e in elfs if e.machine not in _DEVICE_CODE]
+    for e in host:
+        libc, how = elf_libc(e)
+        if libc and len(families) == 1 and libc not in families:
+            (tagged,) = families
+            out.append(
+                finding(
+                    "tag.libc-mismatch",
+                    fn,
+                    e.member,
+                    f"{how} names {LIBC[libc]}, the wheel is tagged {tagged} ({LIBC[tagged]}): it cannot be loaded "
+                    "where the tag lets it install",
+                    f"build it in a {tagged} image, or tag the wheel {libc}",
+                )
+            )
     if host and all(t.platform == "any" for t in w.tags):
         out.append(
             finding(
@@ -455,7 +486,7 @@ def architecture(w: WheelFacts, elfs: list[ElfFacts], non_elf: list[str]) -> lis
     """Every ELF file is built for the architecture the platform tag names; a .so member is ELF."""
     out: list[Finding] = []
     fn = w.filename
-    archs = tag_architectures(w)
+    archs = {a for t in w.tags for name, a in TAG_ARCHS.items() if t.platform.endswith("_" + name)}
     for e in elfs:
         if e.machine in _DEVICE_CODE:  # GPU code objects ride as data; the GPU runtime loads them
             continue
@@ -463,20 +494,22 @@ def architecture(w: WheelFacts, elfs: list[ElfFacts], non_elf: list[str]) -> lis
             out.append(finding("elf.arch-mismatch", fn, e.member, f"OS ABI {e.osabi}, not Linux", "build it for Linux"))
         if not archs:
             continue
-        got = (e.machine, e.elfclass, e.little_endian)
-        if got not in {ARCH[a] for a in archs}:
+        got, why = elf_arch(e)
+        if got not in archs:
             want = ", ".join(sorted(archs))
+            what = why or (f"{e.machine} ELF{e.elfclass} {'little' if e.little_endian else 'big'}-endian ({got} code)")
             out.append(
                 finding(
                     "elf.arch-mismatch",
                     fn,
                     e.member,
-                    f"{e.machine} ELF{e.elfclass} "
-                    f"{'little' if e.little_endian else 'big'}-endian in a wheel tagged for {want}",
+                    f"{what} in a wheel tagged for {want}",
                     f"build it for {want}, or tag the wheel for the architecture it holds",
                 )
             )
-    for name in non_elf:
+    # A macOS or iOS wheel's libraries are Mach-O, which no rule here reads (auditwheel neither).
+    foreign = bool(w.tags) and all(family_of(t.platform) in NON_LINUX for t in w.tags)
+    for name in [] if foreign else non_elf:
         out.append(
             finding(
                 "elf.not-elf",

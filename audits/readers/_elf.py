@@ -13,7 +13,7 @@ from elftools.elf.elffile import ELFFile
 from elftools.elf.gnuversions import GNUVerNeedSection
 from elftools.elf.hash import ELFHashSection, GNUHashSection
 from elftools.elf.sections import SymbolTableSection
-from elftools.elf.segments import NoteSegment
+from elftools.elf.segments import InterpSegment, NoteSegment
 
 PF_X, PF_W = 0x1, 0x2
 SHF_EXECINSTR = 0x4
@@ -48,6 +48,12 @@ class ElfFacts:
     isa_needed: str = ""
     # Undefined dynamic symbols that some manylinux policy forbids (auditwheel's "blacklist").
     forbidden_candidates: tuple[str, ...] = ()
+    interp: str = ""  # PT_INTERP: the program interpreter an executable names ("" for a library)
+    eflags: int = 0  # e_flags: for 32-bit ARM, the EABI version and float ABI
+    # A Python extension module: 3 (PyInit_<name> defined), 2 (init<name>, _cffi_pypyinit_<name>), 0 not one.
+    py_ext: int = 0
+    pyfpe: bool = False  # references PyFPE_jbuf/PyFPE_dummy/PyFPE_counter (fpectl builds only)
+    ucs2: bool = False  # references PyUnicodeUCS2_* functions (a narrow-unicode Python 2)
 
     def symbol_at(self, address: int) -> str:
         i = bisect_right(self.symbols, (address, "\uffff")) - 1
@@ -154,6 +160,39 @@ def _forbidden_candidates(by_name: dict[str, Any], forbidden: frozenset[str]) ->
     )
 
 
+_PYFPE = ("PyFPE_jbuf", "PyFPE_dummy", "PyFPE_counter")
+
+
+def _python_facts(member: str, by_name: dict[str, Any]) -> tuple[int, bool, bool]:
+    """(extension version, PyFPE use, UCS2 use) as auditwheel reads them from the first symbol table:
+    an extension defines its init function (PyInit_<module>: 3; init<module> or _cffi_pypyinit_<module>:
+    2); a use is an undefined function (or untyped) symbol. The walk runs only where .dynstr names one."""
+    table = by_name.get(".dynsym") or by_name.get(".symtab")
+    dynstr = by_name.get(".dynstr")
+    if not isinstance(table, SymbolTableSection):
+        return 0, False, False
+    modname = member.rsplit("/", 1)[-1].rsplit("!", 1)[-1].split(".", 1)[0]
+    inits = {f"PyInit_{modname}": 3, f"init{modname}": 2, f"_cffi_pypyinit_{modname}": 2}
+    strings = b"\0" + dynstr.data() if dynstr is not None and table.name == ".dynsym" else None
+    wanted = [n.encode() for n in (*inits, *_PYFPE)] + [b"PyUnicodeUCS2_"]
+    if strings is not None and not any(w in strings for w in wanted):
+        return 0, False, False
+    ext, fpe, ucs2 = 0, False, False
+    for s in table.iter_symbols():
+        name = s.name
+        if not name.startswith(("Py", "init", "_cffi_pypyinit_")):
+            continue
+        e = s.entry
+        kind = e.st_info.type
+        if name in inits and e.st_shndx != "SHN_UNDEF" and kind == "STT_FUNC":
+            ext = ext or inits[name]
+        elif e.st_shndx == "SHN_UNDEF" and name in _PYFPE and kind in ("STT_FUNC", "STT_NOTYPE"):
+            fpe = True
+        elif e.st_shndx == "SHN_UNDEF" and "PyUnicodeUCS2_" in name and kind == "STT_FUNC":
+            ucs2 = True
+    return ext, fpe, ucs2
+
+
 def read_elf_stream(
     member: str, stream: BinaryIO, *, code: bool = True, exports: bool = True, forbidden: frozenset[str] = frozenset()
 ) -> ElfFacts:
@@ -204,9 +243,12 @@ def read_elf_stream(
         execstack = False
         rwx: list[int] = []
         isa = ""
+        interp = ""
         for i, seg in enumerate(elf.iter_segments()):
             if isinstance(seg, NoteSegment) and not isa:
                 isa = _isa_needed(elf, seg)
+            if isinstance(seg, InterpSegment) and not interp:
+                interp = seg.get_interp_name()
             flags = seg["p_flags"]
             if seg["p_type"] == "PT_GNU_STACK" and flags & PF_X:
                 execstack = True
@@ -225,6 +267,7 @@ def read_elf_stream(
                 ):
                     exported.append(s.name)
         exec_secs = tuple(exec_list)
+        py_ext, pyfpe, ucs2 = _python_facts(member, by_name)
         fatbin: Any = by_name.get(".nv_fatbin")
         table = by_name.get(".symtab") or dynsym
         syms: list[tuple[int, str]] = []
@@ -252,6 +295,11 @@ def read_elf_stream(
             fatbin_bytes=fatbin["sh_size"] if fatbin is not None else 0,
             isa_needed=isa,
             forbidden_candidates=_forbidden_candidates(by_name, forbidden),
+            interp=interp,
+            eflags=elf["e_flags"],
+            py_ext=py_ext,
+            pyfpe=pyfpe,
+            ucs2=ucs2,
         )
     except Exception as exc:  # any of them is a verdict on the bytes (see the docstring)
         raise ValueError(f"{member}: malformed ELF: {type(exc).__name__}: {exc}") from exc

@@ -633,3 +633,60 @@ def test_embedded_cuda_code_without_cuobjdump_is_noted(
     assert [f.severity for f in noted] == ["warning"]
     assert noted[0].message.startswith("cuda: not inspected")
     assert res.cuda["embedded"] == {"inspected": False, "files": {"kt_kernel/dev.so": 64}}
+
+
+# --- 2b. the libc family and the architecture, as auditwheel decides them ------------------
+
+
+def _native(tmp_path: Path, tags: list[str], libs: dict[str, bytes]) -> Path:
+    """demo_pkg, tagged with `tags` (one wheel file name), holding `libs` (member -> ELF bytes)."""
+    members = pure_wheel_members()
+    wheel = "Wheel-Version: 1.0\nGenerator: wheelkit\nRoot-Is-Purelib: false\n" + "".join(f"Tag: {t}\n" for t in tags)
+    members["demo_pkg-1.0.dist-info/WHEEL"] = wheel.encode()
+    members |= libs
+    interp, abi = tags[0].split("-")[:2]
+    platforms = ".".join(t.split("-")[2] for t in tags)
+    return write_wheel(tmp_path / f"demo_pkg-1.0-{interp}-{abi}-{platforms}.whl", members)
+
+
+def test_a_glibc_library_in_a_musllinux_wheel(tmp_path: Path) -> None:
+    """Built here against glibc (DT_NEEDED libc.so.6), tagged musllinux: it cannot load on Alpine."""
+    ext = compile_so(tmp_path, "x.so", "int x(void) { return 1; }", "-Wl,--no-as-needed", "-lc")
+    path = _native(tmp_path, ["cp311-cp311-musllinux_1_2_x86_64"], {"demo_pkg/x.so": ext})
+    res = audit_wheel(path, POLICY)
+    (f,) = [f for f in res.findings if f.rule == "tag.libc-mismatch"]
+    assert (f.severity, f.member) == ("error", "demo_pkg/x.so")
+    assert "libc.so.6" in f.message
+    assert res.platform == "musllinux_1_2_x86_64"  # as auditwheel: the tags decide the family
+
+
+def test_an_extension_suffix_of_the_other_libc(tmp_path: Path) -> None:
+    ext = compile_so(tmp_path, "x.so", "int x(void) { return 1; }", "-nostdlib")
+    member = "demo_pkg/_x.cpython-311-x86_64-linux-musl.so"
+    res = audit_wheel(_native(tmp_path, ["cp311-cp311-manylinux_2_17_x86_64"], {member: ext}), POLICY)
+    assert [(f.rule, f.member) for f in res.findings if f.rule == "tag.libc-mismatch"] == [
+        ("tag.libc-mismatch", member)
+    ]
+
+
+def test_a_library_that_names_no_libc_under_tags_naming_both(tmp_path: Path) -> None:
+    """-nostdlib: no DT_NEEDED, no interpreter; the tags name both families. Judged as glibc (auditwheel on a
+    glibc host), and the note says musllinux fits too."""
+    lib = compile_so(tmp_path, "x.so", "int x(void) { return 1; }", "-nostdlib")
+    tags = ["py3-none-manylinux_2_17_x86_64", "py3-none-musllinux_1_2_x86_64"]
+    res = audit_wheel(_native(tmp_path, tags, {"demo_pkg/x.so": lib}), POLICY)
+    (f,) = [f for f in res.findings if f.rule == "tag.libc-assumed"]
+    assert f.severity == "info"
+    assert "manylinux_2_5_x86_64 and musllinux_1_2_x86_64" in f.message
+    assert res.platform == "manylinux_2_5_x86_64"
+
+
+def test_abi_flags_are_part_of_the_extension_suffix(tmp_path: Path) -> None:
+    """cpython-311d (a debug build) needs the ABI tag cp311d: a cp311 wheel is the wrong one; the right tag passes."""
+    ext = compile_so(tmp_path, "x.so", "int x(void) { return 1; }")
+    member = "demo_pkg/_x.cpython-311d-x86_64-linux-gnu.so"
+    wrong = audit_wheel(_native(tmp_path, ["cp311-cp311-manylinux_2_17_x86_64"], {member: ext}), POLICY)
+    (f,) = [f for f in wrong.findings if f.rule == "tag.ext-suffix"]
+    assert "cp311d" in f.message
+    right = audit_wheel(_native(tmp_path, ["cp311-cp311d-manylinux_2_17_x86_64"], {member: ext}), POLICY)
+    assert [f for f in right.findings if f.rule == "tag.ext-suffix"] == []

@@ -9,7 +9,8 @@ from pathlib import Path
 
 from audits.analyzers.elf_rules import load_chains
 from audits.analyzers.wheel_rules import platform_overclaims, tags
-from audits.manylinux import forbidden_symbols, honest_platform
+from audits.manylinux import honest_platform
+from audits.platforms import forbidden_symbols
 from audits.readers._wheel import WheelFacts
 from tests.factkit import elf_facts
 
