@@ -4,7 +4,6 @@ allow (the verdict `auditwheel show` gives). Pure functions of that data and of 
 
 from __future__ import annotations
 
-import importlib.resources
 import json
 import re
 from functools import cache
@@ -19,7 +18,7 @@ _LEGACY = {"manylinux1": (2, 5), "manylinux2010": (2, 12), "manylinux2014": (2, 
 @cache
 def _manylinux_policies() -> list[dict[str, Any]]:
     """auditwheel's manylinux policy data (symbol versions, library whitelist)."""
-    path = importlib.resources.files("auditwheel.policy") / "manylinux-policy.json"
+    path = platforms.policy_file("manylinux-policy.json")
     data: list[dict[str, Any]] = json.loads(path.read_text())
     return data
 

@@ -16,11 +16,12 @@ Pure functions of that data and of reader facts."""
 
 from __future__ import annotations
 
-import importlib.resources
+import importlib.util
 import json
 import re
 from dataclasses import dataclass
 from functools import cache
+from pathlib import Path
 from typing import Any
 
 from .readers import ElfFacts
@@ -115,8 +116,16 @@ def forbidden_symbols() -> frozenset[str]:
 @cache
 def _data(family: str) -> tuple[dict[str, Any], ...]:
     """auditwheel's policy data for one family."""
-    path = importlib.resources.files("auditwheel.policy") / POLICY_FILES[family]
-    return tuple(json.loads(path.read_text()))
+    return tuple(json.loads(policy_file(POLICY_FILES[family]).read_text()))
+
+
+def policy_file(name: str) -> Path:
+    """One of auditwheel's policy JSON files, found without importing auditwheel.policy (whose
+    package imports auditwheel's ELF and lddtree modules: 80 ms the audit does not use)."""
+    spec = importlib.util.find_spec("auditwheel")
+    if spec is None or not spec.submodule_search_locations:
+        raise ModuleNotFoundError("auditwheel is not installed: the platform verdict reads its policy data")
+    return Path(next(iter(spec.submodule_search_locations))) / "policy" / name
 
 
 def family_of(platform: str) -> str | None:

@@ -7,7 +7,7 @@ import difflib
 import fnmatch
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -306,8 +306,24 @@ def unknown_keys(validator: Any, data: Mapping[str, Any]) -> list[str]:
     ]
 
 
+def _checked(kind: str, data: Mapping[str, Any], check: Callable[[], None]) -> None:
+    """Run `check` (it raises PolicyError) unless the same data passed it before (readers._memo)."""
+    from .readers._memo import checked
+
+    def run() -> str:
+        check()
+        return ""
+
+    blob = json.dumps(data, sort_keys=True, default=str).encode()
+    checked(f"policy-{kind}", [blob, SCHEMA_FILE.read_bytes()], ("jsonschema",), run)
+
+
 def _check_keys(data: Mapping[str, Any], source: Path) -> None:
     """Every key of one policy file (before `extends` merges it) is one the schema names."""
+    _checked("keys", data, lambda: _keys_known(data, source))
+
+
+def _keys_known(data: Mapping[str, Any], source: Path) -> None:
     problems = unknown_keys(_validator(), data)
     if problems:
         raise PolicyError(f"{source}: " + f"\n{source}: ".join(problems))
@@ -316,6 +332,10 @@ def _check_keys(data: Mapping[str, Any], source: Path) -> None:
 def _check_types(data: Mapping[str, Any], source: Path) -> None:
     """Every value has the type audits/policy/schema.json gives it: a string where a list belongs
     would otherwise be read as a set of characters and silently disable a rule."""
+    _checked("types", data, lambda: _types_right(data, source))
+
+
+def _types_right(data: Mapping[str, Any], source: Path) -> None:
     validator = _validator()
     errors = sorted(validator.iter_errors(data), key=lambda e: [str(x) for x in e.absolute_path])
     if errors:

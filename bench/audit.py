@@ -1,8 +1,10 @@
-"""Benchmark: the audit on the largest wheel we have (torch CPU, 183 MB) and on a 2 GiB zip bomb,
-beside `auditwheel show` measured in the same run on the same files.
+"""Benchmark: the audit on the largest wheel we have (torch CPU, 183 MB), on a 2 GiB zip bomb, and
+on every wheel of the audit corpus (the integration tests' cache: real PyPI wheels of every libc and
+architecture, auditwheel's own test wheels), beside `auditwheel show` measured in the same run on
+the same files.
 
 Each measurement runs in a fresh child process so its peak RSS (getrusage of the child) is
-its own: python -m bench.audit [--wheel PATH] [--json FILE]."""
+its own: python -m bench.audit [--wheel PATH] [--corpus DIR] [--json FILE]."""
 
 from __future__ import annotations
 
@@ -25,10 +27,15 @@ from . import results as bench_results
 TORCH = "torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl"
 
 
+# Both tools run as an installed tool does: from compiled bytecode (pip compiles it at install; a
+# PYTHONDONTWRITEBYTECODE=1 shell would make every run compile its modules again, the larger tool more).
+_ENV = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+
+
 def measure(cmd: list[str]) -> dict[str, Any]:
     """Wall time and peak RSS of one child process (the audit's exit code is data, not failure)."""
     t0 = time.perf_counter()
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=_ENV)
     _, rusage = os.wait4(proc.pid, 0)[1:]
     wall = time.perf_counter() - t0
     err = proc.stderr.read() if proc.stderr else ""
@@ -49,6 +56,40 @@ def zip_bomb(path: Path, gib: float = 2.0) -> Path:
     return path
 
 
+def corpus(root: Path) -> dict[str, Any]:
+    """Each corpus wheel under `root`, audited and shown by auditwheel one child process at a time:
+    per-wheel time and RSS ratios (median, worst) and the totals."""
+    import statistics
+
+    py = sys.executable
+    wheels = sorted(root.rglob("*.whl"))
+    rows = []
+    for warm in wheels[:1]:  # compile both tools' bytecode and fill the audit's schema-check memo once
+        measure([py, "-m", "audits", "--policy", "third-party", str(warm)])
+        measure([py, "-m", "auditwheel", "show", str(warm)])
+    for i, w in enumerate(wheels, 1):
+        print(f"[bench audit] corpus {i}/{len(wheels)}: {w.name}", flush=True)
+        ours = measure([py, "-m", "audits", "--policy", "third-party", str(w)])
+        theirs = measure([py, "-m", "auditwheel", "show", str(w)])
+        rows.append((w.name, ours, theirs))
+    if not rows:
+        return {}
+    time_ratios = [o["wall_s"] / max(t["wall_s"], 0.01) for _, o, t in rows]
+    rss_ratios = [o["peak_rss_mib"] / max(t["peak_rss_mib"], 1) for _, o, t in rows]
+    worst = max(range(len(rows)), key=lambda i: time_ratios[i])
+    return {
+        "wheels": len(rows),
+        "ours_total_s": round(sum(o["wall_s"] for _, o, _ in rows), 2),
+        "auditwheel_total_s": round(sum(t["wall_s"] for _, _, t in rows), 2),
+        "time_ratio_median": round(statistics.median(time_ratios), 2),
+        "time_ratio_worst": round(time_ratios[worst], 2),
+        "time_ratio_worst_wheel": rows[worst][0],
+        "rss_ratio_median": round(statistics.median(rss_ratios), 2),
+        "rss_ratio_worst": round(max(rss_ratios), 2),
+        "per_wheel": {n: {"ours": o, "auditwheel": t} for n, o, t in rows},
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     """Audit time and peak RSS on the torch wheel and a zip bomb, beside auditwheel show."""
     p = argparse.ArgumentParser(prog="python -m bench.audit")
@@ -58,6 +99,12 @@ def main(argv: list[str] | None = None) -> int:
         type=Path,
         default=(local or paths.CACHE / "corpus") / TORCH,
         help="the wheel to measure (default: the torch CPU wheel from the local mirror or the corpus cache)",
+    )
+    p.add_argument(
+        "--corpus",
+        type=Path,
+        default=paths.CACHE / "corpus",
+        help="a directory of wheels to measure one by one (default: the audit corpus cache; nox -s tests fills it)",
     )
     p.add_argument("--json", type=Path, default=paths.BENCH_JSON["audit"])
     args = p.parse_args(argv)
@@ -95,6 +142,19 @@ def main(argv: list[str] | None = None) -> int:
         f"  audit / auditwheel wall time: {results['time_ratio']}x (target <= 0.5x); peak RSS targets <= 256 MiB",
         flush=True,
     )
+    if args.corpus.is_dir():
+        results["corpus"] = c = corpus(args.corpus)
+        if c:
+            print(
+                f"  corpus of {c['wheels']} wheels: audit {c['ours_total_s']} s, "
+                f"auditwheel {c['auditwheel_total_s']} s "
+                f"(target: audit <= auditwheel); per wheel time ratio median {c['time_ratio_median']}x, worst "
+                f"{c['time_ratio_worst']}x ({c['time_ratio_worst_wheel']}); peak RSS ratio median "
+                f"{c['rss_ratio_median']}x, worst {c['rss_ratio_worst']}x (target <= 2x)",
+                flush=True,
+            )
+    else:
+        print(f"  corpus: {args.corpus} is missing (nox -s tests downloads it); not measured", flush=True)
     bench_results.write(args.json, results)
     return 0
 

@@ -31,3 +31,12 @@ def _own_stage_records(tmp_path_factory: pytest.TempPathFactory, monkeypatch: py
     from base import stagecache
 
     monkeypatch.setattr(stagecache, "CACHE", tmp_path_factory.mktemp("stage-cache"))
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _own_audit_memo(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """The audit's remembered schema checks (audits/readers/_memo.py) go to the session's folder, not
+    the user's cache, for the tests and the audits they start."""
+    import os
+
+    os.environ.setdefault("KT_AUDIT_CACHE", str(tmp_path_factory.mktemp("kt-audit-cache")))

@@ -8,12 +8,7 @@ from bisect import bisect_right
 from dataclasses import dataclass, field
 from typing import Any, BinaryIO, cast
 
-from elftools.elf.dynamic import DynamicSection
-from elftools.elf.elffile import ELFFile
-from elftools.elf.gnuversions import GNUVerNeedSection
-from elftools.elf.hash import ELFHashSection, GNUHashSection
-from elftools.elf.sections import SymbolTableSection
-from elftools.elf.segments import InterpSegment, NoteSegment
+# pyelftools is imported where an ELF file is read (90 ms that a wheel without one never needs).
 
 PF_X, PF_W = 0x1, 0x2
 SHF_EXECINSTR = 0x4
@@ -113,7 +108,7 @@ class _Bounded(io.RawIOBase):
         return len(data)
 
 
-def _isa_needed(elf: ELFFile, seg: NoteSegment) -> str:
+def _isa_needed(elf: Any, seg: Any) -> str:
     """auditwheel's reading of GNU_PROPERTY_X86_ISA_1_NEEDED (bit 0 baseline, 1 v2, 2 v3, 3 v4),
     from one PT_NOTE segment."""
     if elf["e_machine"] != "EM_X86_64":
@@ -138,6 +133,9 @@ def _forbidden_candidates(by_name: dict[str, Any], forbidden: frozenset[str]) ->
     sees it). Only names that are whole strings of .dynstr can be symbols; of those, one the hash table
     finds is defined here, so the symbol table is walked only for what remains (libtorch: one section
     read, no walk)."""
+    from elftools.elf.hash import ELFHashSection, GNUHashSection
+    from elftools.elf.sections import SymbolTableSection
+
     dynstr, dynsym = by_name.get(".dynstr"), by_name.get(".dynsym")
     if not forbidden or dynstr is None or not isinstance(dynsym, SymbolTableSection):
         return ()
@@ -167,6 +165,8 @@ def _python_facts(member: str, by_name: dict[str, Any]) -> tuple[int, bool, bool
     """(extension version, PyFPE use, UCS2 use) as auditwheel reads them from the first symbol table:
     an extension defines its init function (PyInit_<module>: 3; init<module> or _cffi_pypyinit_<module>:
     2); a use is an undefined function (or untyped) symbol. The walk runs only where .dynstr names one."""
+    from elftools.elf.sections import SymbolTableSection
+
     table = by_name.get(".dynsym") or by_name.get(".symtab")
     dynstr = by_name.get(".dynstr")
     if not isinstance(table, SymbolTableSection):
@@ -204,6 +204,12 @@ def read_elf_stream(
     Raises ValueError for any file pyelftools cannot walk: on a damaged ELF it raises ELFError,
     struct and construct errors, KeyError, IndexError, TypeError, OverflowError, RecursionError...
     all of them a verdict on the bytes, never a crash of the audit."""
+    from elftools.elf.dynamic import DynamicSection
+    from elftools.elf.elffile import ELFFile
+    from elftools.elf.gnuversions import GNUVerNeedSection
+    from elftools.elf.sections import SymbolTableSection
+    from elftools.elf.segments import InterpSegment, NoteSegment
+
     try:
         # BytesIO already clamps a read to what is left; a file must be told (a read of 2**62 bytes
         # would allocate them first).

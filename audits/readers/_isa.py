@@ -3,12 +3,20 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-
-import iced_x86
+from functools import cache
+from typing import Any
 
 from ._elf import ElfFacts
 
-_FEATURE_NAMES = {v: k for k, v in vars(iced_x86.CpuidFeature).items() if not k.startswith("_") and isinstance(v, int)}
+
+@cache
+def _iced() -> tuple[Any, dict[int, str]]:
+    """The disassembler and its CPUID feature names, imported on first disassembly (60 ms that a
+    wheel without CPU variants never needs)."""
+    import iced_x86
+
+    names = {v: k for k, v in vars(iced_x86.CpuidFeature).items() if not k.startswith("_") and isinstance(v, int)}
+    return iced_x86, names
 
 
 @dataclass(frozen=True)
@@ -26,12 +34,15 @@ def feature_uses(elf: ElfFacts) -> dict[str, FeatureUse]:
     """Every CPUID feature the executable sections use, with its first use."""
     counts: dict[str, int] = {}
     first: dict[str, tuple[int, str]] = {}
+    if not elf.exec_sections:
+        return {}
+    iced_x86, feature_names = _iced()
     for _name, addr, code in elf.exec_sections:
         for ins in iced_x86.Decoder(64, code, ip=addr):
             if ins.is_invalid:
                 continue
             for f in ins.cpuid_features():
-                name = _FEATURE_NAMES.get(f, str(f))
+                name = feature_names.get(f, str(f))
                 counts[name] = counts.get(name, 0) + 1
                 if name not in first:
                     first[name] = (ins.ip, str(ins))

@@ -4,9 +4,10 @@ own JSON schema by the CycloneDX library's validator, before any analyzer looks 
 from __future__ import annotations
 
 import json
-from functools import cache
+from functools import cache, partial
 from typing import Any
 
+from ._memo import checked
 from ._wheel import WheelFacts
 
 
@@ -37,16 +38,23 @@ def schema_problems(w: WheelFacts) -> dict[str, str]:
         if not isinstance(doc, dict) or doc.get("bomFormat") != "CycloneDX":
             out[member] = "not a CycloneDX document (bomFormat)"
             continue
-        spec = str(doc.get("specVersion"))
-        try:
-            validator = _validator(spec)
-        except ValueError:
-            out[member] = f"specVersion {spec!r} is no CycloneDX version this audit knows"
-            continue
-        error = validator.validate_str(text)
-        if error is not None:
-            out[member] = f"not valid CycloneDX {spec}: {str(error).splitlines()[0][:300]}"
+        problem = checked(
+            "cyclonedx", [text.encode()], ("cyclonedx-python-lib", "jsonschema"), partial(_invalid, text, doc)
+        )
+        if problem:
+            out[member] = problem
     return out
+
+
+def _invalid(text: str, doc: dict[str, Any]) -> str:
+    """Why the CycloneDX document is not valid against its specVersion's schema, or ""."""
+    spec = str(doc.get("specVersion"))
+    try:
+        validator = _validator(spec)
+    except ValueError:
+        return f"specVersion {spec!r} is no CycloneDX version this audit knows"
+    error = validator.validate_str(text)
+    return f"not valid CycloneDX {spec}: {str(error).splitlines()[0][:300]}" if error is not None else ""
 
 
 def components(w: WheelFacts, documents: list[str], problems: dict[str, str]) -> tuple[int, frozenset[str]]:

@@ -1,0 +1,52 @@
+"""A schema check that passed is remembered by the hash of everything it reads, and only a pass:
+the same bytes skip the check, other bytes, another validator version or a failure run it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from audits import PolicyError, load_policy
+from audits.readers import _memo
+
+
+def test_a_pass_is_remembered_and_nothing_else(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("KT_AUDIT_CACHE", str(tmp_path))
+    runs: list[bytes] = []
+
+    def check(data: bytes, problem: str = "") -> str:
+        runs.append(data)
+        return problem
+
+    assert _memo.checked("k", [b"a"], ("jsonschema",), lambda: check(b"a")) == ""
+    assert _memo.checked("k", [b"a"], ("jsonschema",), lambda: check(b"a")) == ""
+    assert runs == [b"a"]
+    assert _memo.checked("k", [b"b"], ("jsonschema",), lambda: check(b"b")) == ""
+    assert _memo.checked("other", [b"a"], ("jsonschema",), lambda: check(b"a")) == ""
+    assert len(runs) == 3
+    for _ in range(2):
+        assert _memo.checked("k", [b"bad"], ("jsonschema",), lambda: check(b"bad", "wrong")) == "wrong"
+    assert runs[-2:] == [b"bad", b"bad"]
+    monkeypatch.setattr(_memo, "_version", lambda dist: "0.0-other")
+    _memo.checked("k", [b"a"], ("jsonschema",), lambda: check(b"a"))
+    assert len(runs) == 6
+
+
+def test_an_empty_cache_setting_checks_every_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("KT_AUDIT_CACHE", "")
+    runs = []
+    for _ in range(2):
+        _memo.checked("k", [b"a"], ("jsonschema",), lambda: runs.append(1) or "")  # type: ignore[func-returns-value]
+    assert len(runs) == 2
+
+
+def test_a_remembered_policy_is_still_refused_once_edited(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("KT_AUDIT_CACHE", str(tmp_path / "memo"))
+    good = tmp_path / "p.toml"
+    good.write_text('extends = "' + str(load_policy("third-party").source) + '"\n')
+    load_policy(good)
+    load_policy(good)  # remembered
+    good.write_text(good.read_text() + "[size]\nwheel_budget_mib = 'big'\n")
+    with pytest.raises(PolicyError, match="wheel_budget_mib"):
+        load_policy(good)
