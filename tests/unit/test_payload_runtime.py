@@ -230,3 +230,53 @@ def test_long_member_names_use_pax_headers(tmp_path: Path, monkeypatch: pytest.M
     monkeypatch.syspath_prepend(str(rel.site))
     out = payload.materialize(rel.manifest, tmp_path / "cache")
     assert (out / name).read_bytes() == b"z" * 5000
+
+
+@pytest.mark.parametrize(
+    ("shape", "says"),
+    [
+        ([], "the manifest is a JSON list, not an object"),
+        ("text", "the manifest is a JSON str, not an object"),
+        ({"files": {"sgl_kernel/a.so": "x"}}, "files['sgl_kernel/a.so'] is a JSON str, not an object"),
+        ({"files": {"sgl_kernel/a.so": {"size": "12", "sha256": "0" * 64}}}, "size is '12', not a int"),
+        ({"files": {"sgl_kernel/a.so": {"size": True, "sha256": "0" * 64}}}, "size is True, not a int"),
+        ({"parts": [7]}, "parts[0] is a JSON int, not an object"),
+        ({"archive": []}, "the manifest.archive is [], not a dict"),
+        (
+            {"files": {"sgl_kernel/a": {"size": 1, "sha256": "0"}, "sgl_kernel/a/b.so": {"size": 1, "sha256": "0"}}},
+            "'sgl_kernel/a' is a file and also the directory of 'sgl_kernel/a/b.so'",
+        ),
+    ],
+)
+def test_every_malformed_manifest_shape_is_a_payload_error_naming_the_file(
+    release: FakeRelease, tmp_path: Path, capsys: pytest.CaptureFixture[str], shape: Any, says: str
+) -> None:
+    """Each shape the schema refuses is a PayloadError naming the file, the problem and the fix, in the
+    library and in the command (exit 2, no traceback)."""
+    import json
+
+    data = shape if not isinstance(shape, dict) else {**release.data(), **shape}
+    bad = tmp_path / "manifest.json"
+    bad.write_text(json.dumps(data))
+    with pytest.raises(payload.PayloadError) as exc:
+        payload.materialize(bad)
+    assert str(bad) in str(exc.value)
+    assert says in str(exc.value)
+    assert "reinstall sglang-kernel-kt" in str(exc.value)
+    assert payload.main(["materialize", "--manifest", str(bad)]) == 2
+    assert says in capsys.readouterr().err
+
+
+def test_a_non_integer_crash_hook_is_a_payload_error(release: FakeRelease, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("KT_KERNEL_TEST_CRASH_AFTER_MEMBERS", "two")
+    with pytest.raises(payload.PayloadError, match="KT_KERNEL_TEST_CRASH_AFTER_MEMBERS='two' is not an integer"):
+        payload.materialize(release.manifest)
+    assert not list(Path(os.environ["KT_KERNEL_CACHE_DIR"]).glob(".tmp-*"))
+
+
+def test_a_file_where_the_cache_entry_belongs_is_named(release: FakeRelease) -> None:
+    root = Path(os.environ["KT_KERNEL_CACHE_DIR"])
+    root.mkdir(mode=0o700)
+    (root / release.data()["archive"]["sha256"]).write_text("not a directory")
+    with pytest.raises(payload.PayloadError, match="is not a directory; remove it"):
+        payload.materialize(release.manifest)

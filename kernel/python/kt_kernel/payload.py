@@ -138,30 +138,81 @@ def find_manifest() -> Path:
     )
 
 
+def _field(obj: Any, key: str, kind: type, where: str) -> Any:
+    """obj[key], which must be a `kind` (bool is no int); ValueError naming where and what otherwise."""
+    if not isinstance(obj, dict):
+        raise ValueError(f"{where} is a JSON {type(obj).__name__}, not an object")
+    if key not in obj:
+        raise ValueError(f"{where} has no {key!r}")
+    value = obj[key]
+    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+        raise ValueError(f"{where}.{key} is {value!r}, not a {kind.__name__}")
+    return value
+
+
+def _files(data: Any, fix: str) -> dict[str, dict[str, Any]]:
+    """The manifest's files: each name inside the archive root, each entry an object with an integer
+    size and a sha256, and no name both a file and a directory of another (`a` and `a/b`)."""
+    files = _field(data, "files", dict, "the manifest")
+    out: dict[str, dict[str, Any]] = {}
+    for name, entry in files.items():
+        where = f"files[{name!r}]"
+        size, sha = _field(entry, "size", int, where), _field(entry, "sha256", str, where)
+        if size < 0:
+            raise ValueError(f"{where}.size is negative")
+        norm = safe_member_name(name, "CUDA payload manifest", fix)
+        if norm in out:
+            raise ValueError(f"{where} names the file {norm!r} twice")
+        out[norm] = {**entry, "size": size, "sha256": sha}
+    for name in out:
+        parent = posixpath.dirname(name)
+        while parent:
+            if parent in out:
+                raise ValueError(
+                    f"{parent!r} is a file and also the directory of {name!r}: both cannot exist in the cache"
+                )
+            parent = posixpath.dirname(parent)
+    return out
+
+
 def load_manifest(path: Path | None = None) -> Manifest:
-    """The manifest at `path` (default: the installed one), validated; PayloadError if unreadable."""
+    """The manifest at `path` (default: the installed one), validated shape by shape; PayloadError naming
+    the file, what is wrong and the fix otherwise (never another exception)."""
     path = path or find_manifest()
+    fix = "reinstall sglang-kernel-kt"
     try:
         data = json.loads(path.read_text())
-        if data.get("schema_version") != SCHEMA_VERSION:
-            raise ValueError(f"schema_version {data.get('schema_version')!r}, this kt-kernel reads {SCHEMA_VERSION}")
-        archive = data["archive"]
-        parts = tuple(
-            Part(int(p["index"]), p["distribution"], p["version"], p["member"], int(p["size"]), p["sha256"])
-            for p in data["parts"]
-        )
+        if _field(data, "schema_version", int, "the manifest") != SCHEMA_VERSION:
+            raise ValueError(f"schema_version {data['schema_version']!r}, this kt-kernel reads {SCHEMA_VERSION}")
+        archive = _field(data, "archive", dict, "the manifest")
+        parts = []
+        for i, p in enumerate(_field(data, "parts", list, "the manifest")):
+            where = f"parts[{i}]"
+            parts.append(
+                Part(
+                    _field(p, "index", int, where),
+                    _field(p, "distribution", str, where),
+                    _field(p, "version", str, where),
+                    _field(p, "member", str, where),
+                    _field(p, "size", int, where),
+                    _field(p, "sha256", str, where),
+                )
+            )
+        window = archive.get("window_log", 27)
+        if not isinstance(window, int) or isinstance(window, bool):
+            raise ValueError(f"archive.window_log is {window!r}, not an int")
         return Manifest(
             path,
-            data["release"],
-            archive["sha256"],
-            int(archive["size"]),
-            archive["compression"],
-            int(archive.get("window_log", 27)),
-            parts,
-            dict(data["files"]),
+            _field(data, "release", str, "the manifest"),
+            _field(archive, "sha256", str, "archive"),
+            _field(archive, "size", int, "archive"),
+            _field(archive, "compression", str, "archive"),
+            window,
+            tuple(parts),
+            _files(data, fix),
         )
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise PayloadError(f"{path}: unreadable CUDA payload manifest ({exc}); reinstall sglang-kernel-kt") from None
+    except (OSError, ValueError, RecursionError) as exc:
+        raise PayloadError(f"{path}: unreadable CUDA payload manifest ({exc}); {fix}") from None
 
 
 def cache_root(kind: str = "payload") -> Path:
@@ -462,10 +513,19 @@ def _tar_members(raw: Any) -> Iterator[tarfile.TarInfo]:
         yield info
 
 
+def _crash_after() -> int:
+    """The crash-test hook: exit after this many members (0: never); PayloadError for a non-integer."""
+    value = os.environ.get(_CRASH_ENV, "").strip() or "0"
+    try:
+        return int(value)
+    except ValueError:
+        raise PayloadError(f"{_CRASH_ENV}={value!r} is not an integer (a test hook); unset it") from None
+
+
 def _untar(m: Manifest, stream: _PartStream, tmp: Path, fix: str) -> None:
     import zstandard
 
-    crash_after = int(os.environ.get(_CRASH_ENV, "0") or 0)
+    crash_after = _crash_after()
     if not 10 <= m.window_log <= MAX_WINDOW_LOG:
         raise PayloadError(
             f"{m.path}: window_log {m.window_log} needs a {2**m.window_log / 2**20:.0f} MiB window, over this "
