@@ -345,9 +345,13 @@ def bundle(session: nox.Session) -> None:
 
 @nox.session(python=PYTHON, default=False, tags=["publish"])
 def publish(session: nox.Session) -> None:
-    """Upload dist/ in dependency order, hash-verified; same-version different bytes is an error."""
+    """Check the plan against the index, upload what SHA256SUMS lists in dependency order (hash-verified),
+    then resolve the release from that index."""
     if not session.posargs:
-        session.error("usage: nox -s publish -- --repository-url URL [--index-url URL] [--attestations]")
+        session.error(
+            "usage: nox -s publish -- --repository-url URL [--index-url URL] [--plan] [--add-to-existing] "
+            "[--no-verify] [--attestations]"
+        )
     _install_lock(session, "publish")
     session.run("python", "-m", "release.publish", "--dist", str(DIST), *session.posargs)
 

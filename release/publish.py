@@ -1,19 +1,22 @@
 """Publish dist/ to a package index, hash-verified (`nox -s publish -- --repository-url URL`).
 
+- What: the wheels SHA256SUMS lists, each re-hashed, and nothing else (a file dropped into dist/ by hand
+  stays there, said so); the release verdict in manifest.json must have judged exactly these files and
+  allow publishing (PASSED, or INCOMPLETE with every missing item accepted); a partial release never goes up.
+- Before the first upload: the plan (release/plan.py) against the index's own state and rules; anything
+  the index would refuse refuses the whole publish, with nothing uploaded. `--plan` prints it and stops.
 - Order: computed from the carriers' own requirements (dependencies first), not a list.
-- Before each upload the index is asked for the file: identical bytes -> skip (so a
-  re-run after success is a no-op); different bytes under the same name -> hard error
+- A file already there with identical bytes is skipped (a re-run after an interruption uploads the
+  rest, and says which were there); different bytes under the same name are refused by the plan
   (never `--skip-existing`, which passes an older file off as success).
 - After each upload: wait until the index serves the file, download it, compare sha256.
-- Before anything: the release verdict in manifest.json must have judged exactly these files and allow
-  publishing (PASSED, or INCOMPLETE with every missing item accepted); a partial release never goes up.
+- After the last: the release is resolved from where it went (verify.resolution --index), unless --no-verify.
 """
 
 from __future__ import annotations
 
 import argparse
 import hashlib
-import html.parser
 import json
 import os
 import subprocess
@@ -22,7 +25,6 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +38,7 @@ from carriers.graph import Graph
 from carriers.inputs import sha256
 
 from .errors import ReleaseError
+from .plan import RULES_FILE, Plan, ProjectState, load_rules, make_plan, project_state, render
 
 
 class PublishError(ReleaseError):
@@ -51,70 +54,6 @@ def upload_order(dist: Path, files: list[str]) -> list[str]:
         by_name.setdefault(str(parse_wheel_filename(f)[0]), []).append(f)
     graph = Graph({name: wheelio.read_metadata(dist / fnames[0])[1] for name, fnames in by_name.items()})
     return [f for n in graph.upload_order() for f in by_name[n]]
-
-
-# PEP 691: ask for the JSON simple API (PyPI, TestPyPI serve it, with every file's hashes); an index
-# that serves only PEP 503 HTML (pypiserver) answers with HTML, whose links carry #sha256= fragments.
-ACCEPT = "application/vnd.pypi.simple.v1+json, text/html;q=0.01"
-
-
-@dataclass(frozen=True)
-class Served:
-    """One file an index serves: where, and the sha256 it states (None if it states none)."""
-
-    url: str
-    sha256: str | None
-
-
-class _Links(html.parser.HTMLParser):
-    def __init__(self) -> None:
-        super().__init__()
-        self.links: dict[str, str] = {}
-
-    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
-        href = dict(attrs).get("href")
-        if tag == "a" and href:
-            self.links[urllib.parse.unquote(href.split("#")[0].rsplit("/", 1)[-1])] = href
-
-
-def _from_html(url: str, page: str) -> dict[str, Served]:
-    parser = _Links()
-    parser.feed(page)
-    out = {}
-    for name, href in parser.links.items():
-        fragment = urllib.parse.urldefrag(href).fragment
-        algo, _, value = fragment.partition("=")
-        out[name] = Served(
-            urllib.parse.urljoin(url, urllib.parse.urldefrag(href).url), value if algo == "sha256" else None
-        )
-    return out
-
-
-def _from_json(url: str, page: str) -> dict[str, Served]:
-    try:
-        files = json.loads(page)["files"]
-        return {
-            f["filename"]: Served(urllib.parse.urljoin(url, f["url"]), f.get("hashes", {}).get("sha256")) for f in files
-        }
-    except (ValueError, KeyError, TypeError) as exc:
-        raise PublishError(f"{url}: not a PEP 691 project page ({exc})") from None
-
-
-def index_files(index_url: str, project: str) -> dict[str, Served]:
-    """filename -> where the index serves it and the sha256 it states (empty if the project is absent)."""
-    url = f"{index_url.rstrip('/')}/{canonicalize_name(project)}/"
-    request = urllib.request.Request(url, headers={"Accept": ACCEPT})  # noqa: S310 - the operator's index URL
-    try:
-        with urllib.request.urlopen(request, timeout=30) as resp:  # noqa: S310
-            page = resp.read().decode()
-            kind = resp.headers.get_content_type()
-    except urllib.error.HTTPError as exc:
-        if exc.code == 404:
-            return {}
-        raise PublishError(f"{url}: HTTP {exc.code}") from None
-    except urllib.error.URLError as exc:
-        raise PublishError(f"cannot reach the index {url}: {exc.reason}") from None
-    return _from_json(url, page) if kind == "application/vnd.pypi.simple.v1+json" else _from_html(url, page)
 
 
 def remote_sha256(url: str) -> str:
@@ -161,59 +100,94 @@ def releasable(dist: Path) -> dict[str, Any]:
     return manifest
 
 
-def publish(
-    dist: Path, repository_url: str, index_url: str, wait_s: float = 120.0, twine_args: tuple[str, ...] = ()
-) -> list[tuple[str, str]]:
-    """Upload dist/ in dependency order and verify each served file by sha256; yields progress."""
-    manifest = releasable(dist)
-    sums = {w["filename"]: w["sha256"] for w in manifest["wheels"]}
-    for fname, digest in sums.items():
-        actual = sha256(dist / fname)
+def release_files(dist: Path, manifest: dict[str, Any]) -> tuple[dict[str, tuple[str, int]], list[str]]:
+    """({wheel: (sha256, size)} of every wheel SHA256SUMS lists, each re-hashed; the .whl files in dist/
+    it does not list, which are never uploaded). PublishError if a listed file differs or is missing, or
+    SHA256SUMS and manifest.json list other wheels."""
+    sums = dist / "SHA256SUMS"
+    try:
+        lines = [line.split(maxsplit=1) for line in sums.read_text().splitlines() if line.strip()]
+    except OSError:
+        raise PublishError(f"{sums} is missing: {dist} holds no release; build it (nox -s release)") from None
+    files: dict[str, tuple[str, int]] = {}
+    for digest, name in lines:
+        if not name.endswith(".whl"):
+            continue  # install files: published with the release page, not to an index
+        path = dist / name
+        try:
+            actual, size = sha256(path), path.stat().st_size
+        except OSError:
+            raise PublishError(f"{path} is listed in SHA256SUMS but missing; rebuild dist/") from None
         if actual != digest:
-            raise PublishError(f"{dist / fname}: sha256 {actual} is not the manifest's {digest}; rebuild dist/")
+            raise PublishError(f"{path}: sha256 {actual} is not SHA256SUMS's {digest}; rebuild dist/")
+        files[name] = (digest, size)
+    listed = {w["filename"]: w["sha256"] for w in manifest.get("wheels", [])}
+    if listed != {n: d for n, (d, _) in files.items()}:
+        odd = sorted(set(listed) ^ set(files)) or sorted(n for n in files if listed.get(n) != files[n][0])
+        raise PublishError(f"SHA256SUMS and manifest.json list other wheels ({', '.join(odd[:5])}); rebuild dist/")
+    unlisted = sorted(p.name for p in dist.glob("*.whl") if p.name not in files)
+    return files, unlisted
+
+
+def plan_for(
+    dist: Path, index_url: str, *, add_to_existing: bool = False, rules_file: Path = RULES_FILE
+) -> tuple[Plan, dict[str, tuple[str, int]], list[str]]:
+    """The release's plan against `index_url` (the verdict checked first), its files and the unlisted ones."""
+    manifest = releasable(dist)
+    files, unlisted = release_files(dist, manifest)
+    rules = load_rules(index_url, rules_file)
+    projects = sorted({canonicalize_name(str(parse_wheel_filename(f)[0])) for f in files})
+    states: dict[str, ProjectState] = {}
+    for i, project in enumerate(projects, 1):
+        print(f"[plan] {i}/{len(projects)}: {project} on {index_url} ...", flush=True)
+        states[project] = project_state(index_url, project)
+    plan = make_plan(files, index_url, rules, states, add_to_existing=add_to_existing)
+    plan.notes += [f"{n} is in {dist} but not in SHA256SUMS: not uploaded" for n in unlisted]
+    return plan, files, unlisted
+
+
+def publish(
+    dist: Path,
+    repository_url: str,
+    index_url: str,
+    wait_s: float = 120.0,
+    twine_args: tuple[str, ...] = (),
+    *,
+    add_to_existing: bool = False,
+    plan_only: bool = False,
+    rules_file: Path = RULES_FILE,
+) -> list[tuple[str, str]]:
+    """Check the plan, then upload the release's wheels in dependency order, verifying each served file by
+    sha256: (file, what happened) for each. Nothing is uploaded when the plan is refused (PublishError)."""
+    plan, files, _ = plan_for(dist, index_url, add_to_existing=add_to_existing, rules_file=rules_file)
+    print(render(plan), flush=True)
+    if not plan.ok:
+        raise PublishError(
+            f"the publish plan for {index_url} is refused; nothing was uploaded:\n  " + "\n  ".join(plan.problems)
+        )
+    if plan_only:
+        return [(r.filename, f"plan: {r.state}") for r in plan.rows]
+    sums = {n: d for n, (d, _) in files.items()}
     done: list[tuple[str, str]] = []
-    for fname in upload_order(dist, list(sums)):
-        project = parse_wheel_filename(fname)[0]
-        listed = index_files(index_url, project)
-        if fname in listed:
+    order = upload_order(dist, list(sums))
+    for i, fname in enumerate(order, 1):
+        project = str(parse_wheel_filename(fname)[0])
+        listed = project_state(index_url, project, sizes=False).files
+        if fname in listed:  # there already (a re-run after an interruption): the same bytes, or refused
             served = listed[fname].sha256 or remote_sha256(listed[fname].url)
             if served != sums[fname]:
                 raise PublishError(
-                    f"{fname} is already on {index_url} with different content (sha256 {served}, ours "
-                    f"{sums[fname]}). An index never replaces a file: bump the version (post release) instead."
+                    f"{fname} appeared on {index_url} with different content (sha256 {served}, ours "
+                    f"{sums[fname]}) after the plan was made. An index never replaces a file: publish a new version."
                 )
-            done.append((fname, "already published, identical"))
+            done.append((fname, "already there, identical (not uploaded again)"))
+            print(f"[publish] {i}/{len(order)} {fname}: already there, identical", flush=True)
             continue
-        if "--attestations" in twine_args:
-            # PEP 740: sign with the CI's ambient OIDC identity (trusted publishing); twine uploads the result.
-            sign = subprocess.run(
-                [sys.executable, "-m", "pypi_attestations", "sign", str(dist / fname)],
-                capture_output=True,
-                text=True,
-                check=False,
-            )
-            if sign.returncode != 0:
-                raise PublishError(
-                    f"attesting {fname} failed (is this CI with id-token: write?):\n{sign.stderr[-2000:]}"
-                )
-        cmd = [
-            sys.executable,
-            "-m",
-            "twine",
-            "upload",
-            "--non-interactive",
-            "--disable-progress-bar",
-            "--repository-url",
-            repository_url,
-            *twine_args,
-            str(dist / fname),
-        ]
-        proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
-        if proc.returncode != 0:
-            raise PublishError(f"twine upload {fname} failed:\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}")
+        print(f"[publish] {i}/{len(order)} {fname}: uploading {files[fname][1] / 2**20:.1f} MiB ...", flush=True)
+        _upload(dist / fname, repository_url, twine_args)
         deadline = time.monotonic() + wait_s
         while True:
-            listed = index_files(index_url, project)
+            listed = project_state(index_url, project, sizes=False).files
             if fname in listed:
                 break
             if time.monotonic() > deadline:
@@ -226,6 +200,33 @@ def publish(
     return done
 
 
+def _upload(path: Path, repository_url: str, twine_args: tuple[str, ...]) -> None:
+    """One file up with twine (PEP 740 attestations first where asked)."""
+    if "--attestations" in twine_args:
+        # PEP 740: sign with the CI's ambient OIDC identity (trusted publishing); twine uploads the result.
+        sign = subprocess.run(
+            [sys.executable, "-m", "pypi_attestations", "sign", str(path)], capture_output=True, text=True, check=False
+        )
+        if sign.returncode != 0:
+            raise PublishError(
+                f"attesting {path.name} failed (is this CI with id-token: write?):\n{sign.stderr[-2000:]}"
+            )
+    cmd = [sys.executable, "-m", "twine", "upload", "--non-interactive", "--disable-progress-bar"]
+    proc = subprocess.run(
+        [*cmd, "--repository-url", repository_url, *twine_args, str(path)], capture_output=True, text=True, check=False
+    )
+    if proc.returncode != 0:
+        raise PublishError(f"twine upload {path.name} failed:\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}")
+
+
+def verify_published(dist: Path, index_url: str) -> int:
+    """Normal resolution of every install profile from `index_url` (verify.resolution --index): the exit status."""
+    print(f"[publish] resolving the release from {index_url} (verify.resolution --index) ...", flush=True)
+    return subprocess.run(
+        [sys.executable, "-m", "verify.resolution", "--dist", str(dist), "--index", index_url], check=False
+    ).returncode
+
+
 def main(argv: list[str] | None = None) -> int:
     """The publish CLI."""
     p = argparse.ArgumentParser(prog="nox -s publish --")
@@ -234,17 +235,37 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dist", type=Path, default=DIST)
     p.add_argument("--wait", type=float, default=120.0, help="seconds to wait for an upload to be served")
     p.add_argument("--attestations", action="store_true", help="upload PEP 740 attestations (twine --attestations)")
+    p.add_argument("--plan", action="store_true", help="print the plan against the index and upload nothing")
+    p.add_argument(
+        "--add-to-existing",
+        action="store_true",
+        help="add files to a version the index already holds (only inside the index's window for that release)",
+    )
+    p.add_argument("--rules", type=Path, default=RULES_FILE, help="what each index accepts (default: %(default)s)")
+    p.add_argument("--no-verify", action="store_true", help="skip resolving the release from the index afterwards")
     args = p.parse_args(argv)
     index = args.index_url or args.repository_url.rstrip("/") + "/simple/"
     extra: tuple[str, ...] = ("--attestations",) if args.attestations else ()
     if "TWINE_USERNAME" not in os.environ and "TWINE_PASSWORD" not in os.environ and "127.0.0.1" in args.repository_url:
         extra += ("-u", "kt", "-p", "kt")  # a local test index takes any credentials
     try:
-        for fname, what in publish(args.dist, args.repository_url, index, args.wait, extra):
-            print(f"{fname}: {what}")
-    except StageError as exc:  # PublishError, and the carriers' root (unreadable wheel metadata)
+        done = publish(
+            args.dist,
+            args.repository_url,
+            index,
+            args.wait,
+            extra,
+            add_to_existing=args.add_to_existing,
+            plan_only=args.plan,
+            rules_file=args.rules,
+        )
+    except StageError as exc:  # PublishError, PlanError, and the carriers' root (unreadable wheel metadata)
         return report(exc)
-    return 0
+    if args.plan:
+        return 0
+    for fname, what in done:
+        print(f"{fname}: {what}")
+    return 0 if args.no_verify else verify_published(args.dist, index)
 
 
 if __name__ == "__main__":

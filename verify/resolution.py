@@ -153,7 +153,9 @@ def host_ca() -> Path | None:
     return None
 
 
-def _resolve_in(root: Path, python: str, index_url: str, requirements: list[str]) -> dict[str, Any]:
+def _resolve_in(
+    root: Path, python: str, index_url: str, requirements: list[str], behind: tuple[str, ...] = ()
+) -> dict[str, Any]:
     """pip's --dry-run --report with the root's own CPython (a venv made there), trusting the CAs this
     machine's pip trusts (the index behind the release's is reached over TLS); the report's JSON."""
     work = root / "kt-resolve"
@@ -173,6 +175,7 @@ def _resolve_in(root: Path, python: str, index_url: str, requirements: list[str]
             raise ResolutionError(f"a venv of CPython {python} in {root} failed: {made.stderr[-1500:]}")
         cmd = ["chroot", str(root), "/kt-resolve/venv/bin/python", "-m", "pip", "install", "--isolated", "--dry-run"]
         cmd += ["--quiet", "--ignore-installed", "--report", "/kt-resolve/report.json", "--index-url", index_url]
+        cmd += [a for url in behind for a in ("--extra-index-url", url)]
         # pip 25 verifies through truststore (the system's store: OpenSSL's, which SSL_CERT_FILE sets), not --cert
         env = {**os.environ, "SSL_CERT_FILE": "/kt-resolve/ca.pem"} if ca is not None else None
         got = progress.run_quiet([*cmd, *requirements], f"resolve: CPython {python} ({root.name})", env=env)
@@ -186,13 +189,15 @@ def _resolve_in(root: Path, python: str, index_url: str, requirements: list[str]
         shutil.rmtree(work, ignore_errors=True)
 
 
-def resolve(index_url: str, requirements: list[str], python: str) -> dict[str, tuple[str, str]]:
+def resolve(
+    index_url: str, requirements: list[str], python: str, behind: tuple[str, ...] = ()
+) -> dict[str, tuple[str, str]]:
     """name -> (version, file URL) pip would install for `requirements` on CPython `python` (x86_64
     Linux), from `index_url` alone: with that Python itself where this machine has it (here, or in its
     Debian root), else simulated from this one (pip's --python-version)."""
     root = None if python == HERE else interpreter_root(python)
     if root is not None:
-        data = _resolve_in(root, python, index_url, requirements)
+        data = _resolve_in(root, python, index_url, requirements, behind)
         return {
             canonicalize_name(i["metadata"]["name"]): (i["metadata"]["version"], i["download_info"]["url"])
             for i in data["install"]
@@ -213,6 +218,7 @@ def resolve(index_url: str, requirements: list[str], python: str) -> dict[str, t
             str(report),
             "--index-url",
             index_url,
+            *[a for url in behind for a in ("--extra-index-url", url)],
             *target,
             *requirements,
         ]
@@ -228,7 +234,9 @@ def resolve(index_url: str, requirements: list[str], python: str) -> dict[str, t
     }
 
 
-def check(dist: Path, profile: str, python: str, roots: list[str], index_url: str) -> Result:
+def check(
+    dist: Path, profile: str, python: str, roots: list[str], index_url: str, behind: tuple[str, ...] = ()
+) -> Result:
     """Resolve the profile's roots at the release's versions and compare with its install file."""
     t0 = time.perf_counter()
     manifest = json.loads((dist / "manifest.json").read_text())
@@ -245,7 +253,7 @@ def check(dist: Path, profile: str, python: str, roots: list[str], index_url: st
         )
         return result
     try:
-        got = resolve(index_url, reqs, python)
+        got = resolve(index_url, reqs, python, behind)
     except ResolutionError as exc:
         result.problems.append(str(exc))
         return result
@@ -295,6 +303,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--profile", action="append", default=[], help="install profile(s) (default: every one)")
     p.add_argument("--python", action="append", default=[], metavar="3.N", help="default: the release's matrix")
     p.add_argument("--fallback", default=PUBLIC, help="the public index behind the release's")
+    p.add_argument(
+        "--index",
+        metavar="URL",
+        help="resolve from this index (where the release was published; the public index behind it unless it is "
+        "that one) instead of a local one serving --dist; never reused",
+    )
+    p.add_argument(
+        "--no-install",
+        action="store_true",
+        help="with --index: resolve only (no real install of the sft profile from the index)",
+    )
     p.add_argument("--json", type=Path)
     p.add_argument("--fresh", action="store_true", help="resolve even if these wheels resolved before")
     p.add_argument(
@@ -313,6 +332,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {args.dist} is not an assembled release (no manifest.json or install/); run nox -s build_all")
         return 1
 
+    if args.index:
+        return _from_published(args, root)
     try:
         key = cached.dist_key(args.dist)
         # One record per profile and Python: a resolution that cannot be verified here (NOT VERIFIED)
@@ -349,6 +370,49 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         stamp = {"dist_sha256": key, "outcome": "reused" if not todo else "ran"}
         args.json.write_text(json.dumps({**stamp, "results": results}, indent=2) + "\n")
+    return 1 if any(r["problems"] for r in results) else 0
+
+
+def _falls_back(index_url: str, public: str) -> bool:
+    """Whether the index is the public one, or already serves projects it does not hold from it (pypiserver's
+    --fallback-url, a company mirror): then users point pip at it alone. Else they add the public index
+    with --extra-index-url, which merges both (a project on both offers both's files)."""
+    if index_url.rstrip("/") == public.rstrip("/"):
+        return True
+    try:
+        with urllib.request.urlopen(f"{index_url.rstrip('/')}/pip/", timeout=30):  # noqa: S310 - the operator's index
+            return True
+    except OSError:
+        return False
+
+
+def _from_published(args: argparse.Namespace, root: Path) -> int:
+    """Every profile on every Python resolved from the index the release went to, the public index behind
+    it: the same judgement as before publishing, from where users will get it."""
+    from locks.read import directive
+
+    behind: tuple[str, ...] = () if _falls_back(args.index, args.fallback) else (args.fallback,)
+    how_behind = f"with {args.fallback} behind it" if behind else "which serves the public index's projects itself"
+    print(f"[resolve] from {args.index}, {how_behind}", flush=True)
+    results = []
+    try:
+        for profile in args.profile:
+            for python in args.python:
+                roots = directive(root / "lockfiles" / f"{profile}.in", "carriers")
+                print(f"[resolve] {profile} on CPython {python} from {args.index} ...", flush=True)
+                r = check(args.dist, profile, python, roots, args.index, behind).as_dict()
+                results.append(r)
+                _say(r)
+        sft: dict[str, Any] = {}
+        if not args.no_install:
+            from .sft import verify_sft_from
+
+            sft = verify_sft_from(args.index, behind, args.dist, paths.BUILD / "verify" / "published")
+            print(f"[resolve] sft installed from {args.index} and exercised: {sft['installed']} packages", flush=True)
+    except (StageError, OSError, KeyError, ValueError) as exc:
+        return report(exc)
+    if args.json:
+        args.json.write_text(json.dumps({"index": args.index, "results": results, "sft": sft}, indent=2) + "\n")
     return 1 if any(r["problems"] for r in results) else 0
 
 

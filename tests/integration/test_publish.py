@@ -1,5 +1,6 @@
-"""Publishing to a real index server (pypiserver on 127.0.0.1): computed order,
-hash verification, idempotent re-run, and the conflicting-file hard error."""
+"""Publishing to a real index server (pypiserver on 127.0.0.1): computed order, hash verification, the
+plan checked before the first upload (a foreign build of our version, a file over the limit, a conflicting
+file: nothing uploaded), only what SHA256SUMS lists, a partial release refused, a killed publish resumed."""
 
 from __future__ import annotations
 
@@ -69,17 +70,117 @@ def test_fresh_then_idempotent(index: tuple[str, Path], tmp_path: Path) -> None:
     assert {what for _, what in first} == {"uploaded, verified"}
     assert sorted(p.name for p in packages.iterdir()) == sorted(p.name for p in dist.glob("*.whl"))
     again = publish(dist, url, url + "simple/", wait_s=30, twine_args=("-u", "kt", "-p", "kt"))
-    assert {what for _, what in again} == {"already published, identical"}
+    assert {what for _, what in again} == {"already there, identical (not uploaded again)"}
 
 
-def test_same_name_different_bytes_is_a_hard_error(index: tuple[str, Path], tmp_path: Path) -> None:
+def test_same_name_different_bytes_is_refused_before_any_upload(index: tuple[str, Path], tmp_path: Path) -> None:
     url, packages = index
     other = _dist(tmp_path, marker="2")
     shutil.copy(other / "mid_kt-1.0-py3-none-any.whl", packages)  # an older build already on the index
     dist = _dist(tmp_path, marker="1")
-    with pytest.raises(PublishError, match=r"mid_kt-1\.0-py3-none-any\.whl is already on .* with different content"):
-        publish(dist, url, url + "simple/", wait_s=30, twine_args=("-u", "kt", "-p", "kt"))
-    assert sorted(p.name for p in packages.iterdir()) == ["base_kt-1.0-py3-none-any.whl", "mid_kt-1.0-py3-none-any.whl"]
+    with pytest.raises(PublishError, match=r"mid_kt-1\.0-py3-none-any\.whl is already on .* with sha256 .*, ours is"):
+        publish(dist, url, url + "simple/", wait_s=30, twine_args=KT)
+    assert sorted(p.name for p in packages.iterdir()) == ["mid_kt-1.0-py3-none-any.whl"]  # base_kt did not go up
+
+
+KT = ("-u", "kt", "-p", "kt")
+
+
+def test_a_foreign_build_of_our_version_is_refused_and_nothing_uploaded(
+    index: tuple[str, Path], tmp_path: Path
+) -> None:
+    """Someone else's mid-kt 1.0 (another file of the same version) is there: an installer could take it."""
+    url, packages = index
+    foreign = _dist(tmp_path, marker="theirs") / "mid_kt-1.0-py3-none-any.whl"
+    shutil.copy(foreign, packages / "mid_kt-1.0-cp311-cp311-manylinux_2_28_x86_64.whl")
+    dist = _dist(tmp_path)
+    with pytest.raises(PublishError) as exc:
+        publish(dist, url, url + "simple/", wait_s=30, twine_args=KT)
+    assert "mid-kt 1.0 already exists on" in str(exc.value)
+    assert "mid_kt-1.0-cp311-cp311-manylinux_2_28_x86_64.whl" in str(exc.value)
+    assert "nothing was uploaded" in str(exc.value)
+    assert [p.name for p in packages.iterdir()] == ["mid_kt-1.0-cp311-cp311-manylinux_2_28_x86_64.whl"]
+    with pytest.raises(PublishError, match="states none"):  # pypiserver serves no upload times (PEP 700)
+        publish(dist, url, url + "simple/", wait_s=30, twine_args=KT, add_to_existing=True)
+
+
+def test_only_what_sha256sums_lists_goes_up(index: tuple[str, Path], tmp_path: Path) -> None:
+    url, packages = index
+    dist = _dist(tmp_path)
+    stray = write_wheel(dist / "stray_kt-1.0-py3-none-any.whl", pure_wheel_members("stray_kt"))
+    done = publish(dist, url, url + "simple/", wait_s=30, twine_args=KT)
+    assert stray.name not in [f for f, _ in done]
+    assert stray.name not in [p.name for p in packages.iterdir()]
+    assert len(done) == 3
+
+
+def test_a_partial_release_and_one_over_the_limit_are_refused(index: tuple[str, Path], tmp_path: Path) -> None:
+    url, packages = index
+    dist = _dist(tmp_path)
+    rules = tmp_path / "rules.toml"
+    rules.write_text(
+        "[default]\nfile_limit_mib = 0.001\nproject_quota_gib = 10\nadd_window_days = 14\nlocal_versions = false\n"
+    )
+    with pytest.raises(PublishError, match=r"over .*'s per-file limit of 0 MiB"):
+        publish(dist, url, url + "simple/", wait_s=30, twine_args=KT, rules_file=rules)
+    manifest = json.loads((dist / "manifest.json").read_text())
+    (dist / "manifest.json").write_text(json.dumps({**manifest, "partial": {"missing": ["3.12"]}}))
+    with pytest.raises(PublishError, match="partial development release"):
+        publish(dist, url, url + "simple/", wait_s=30, twine_args=KT)
+    assert list(packages.iterdir()) == []
+
+
+def test_a_killed_publish_resumes_without_uploading_anything_twice(index: tuple[str, Path], tmp_path: Path) -> None:
+    """SIGKILL once the first file is on the index, then run again: the rest goes up, the first is said to be
+    there already, and the plan shows the release half-published."""
+    import os
+    import signal
+    import time
+
+    url, packages = index
+    dist = _dist(tmp_path)
+    cmd = [sys.executable, "-m", "release.publish", "--repository-url", url, "--dist", str(dist), "--no-verify"]
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 120
+    while not list(packages.iterdir()) and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    before = sorted(p.name for p in packages.iterdir())
+    assert before
+    again = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, check=False)
+    assert again.returncode == 0, again.stdout + again.stderr
+    there = {line.split(":")[0] for line in again.stdout.splitlines() if line.endswith("(not uploaded again)")}
+    assert there == set(before)
+    if len(before) < 3:
+        assert "half-published" in again.stdout
+    assert sorted(p.name for p in packages.iterdir()) == sorted(p.name for p in dist.glob("*.whl"))
+
+
+def test_the_plan_prints_its_table_and_uploads_nothing(index: tuple[str, Path], tmp_path: Path) -> None:
+    url, packages = index
+    dist = _dist(tmp_path)
+    cmd = [sys.executable, "-m", "release.publish", "--repository-url", url, "--dist", str(dist), "--plan"]
+    got = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, check=False)
+    assert got.returncode == 0, got.stderr
+    assert "  file  " in got.stdout
+    assert "base_kt-1.0-py3-none-any.whl" in got.stdout
+    assert "base-kt: new on this index" in got.stdout  # pypiserver's fallback redirect is not its project
+    assert got.stdout.rstrip().endswith("plan: OK: 3 to upload, 0 already there")
+    assert list(packages.iterdir()) == []
+
+
+def test_no_release_in_dist_is_one_line_not_a_traceback(tmp_path: Path) -> None:
+    empty = tmp_path / "dist"
+    empty.mkdir()
+    cmd = [sys.executable, "-m", "release.publish", "--repository-url", "http://127.0.0.1:9/", "--dist", str(empty)]
+    got = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, check=False)
+    assert got.returncode == 1
+    assert "Traceback" not in got.stderr
+    assert "holds no release" in got.stderr
+
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_cli_reports_unreachable_index(tmp_path: Path) -> None:
