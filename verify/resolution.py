@@ -374,14 +374,23 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _falls_back(index_url: str, public: str) -> bool:
-    """Whether the index is the public one, or already serves projects it does not hold from it (pypiserver's
-    --fallback-url, a company mirror): then users point pip at it alone. Else they add the public index
-    with --extra-index-url, which merges both (a project on both offers both's files)."""
+    """Whether the index is the public one, or serves the public index's projects itself (pypiserver's
+    --fallback-url, a mirror): then users point pip at it alone. Told by pip's own project page: the
+    public index's newest pip file is on the index's page too. Else (TestPyPI, a private index) users add
+    the public index with --extra-index-url, which merges both: a project on both offers both's files."""
     if index_url.rstrip("/") == public.rstrip("/"):
         return True
+
+    def files(url: str) -> list[str]:
+        request = urllib.request.Request(  # noqa: S310 - the operator's index
+            f"{url.rstrip('/')}/pip/", headers={"Accept": "text/html"}
+        )
+        with urllib.request.urlopen(request, timeout=30) as resp:  # noqa: S310
+            return re.findall(r">\s*(pip-[^<\s]+)\s*<", resp.read().decode(errors="replace"))
+
     try:
-        with urllib.request.urlopen(f"{index_url.rstrip('/')}/pip/", timeout=30):  # noqa: S310 - the operator's index
-            return True
+        newest = files(public)[-1:]
+        return bool(newest) and newest[0] in files(index_url)
     except OSError:
         return False
 

@@ -235,3 +235,15 @@ def test_every_python_wheel_of_a_distribution_is_uploaded(tmp_path: Path) -> Non
         "base_kt-1.0-cp312-cp312-manylinux_2_28_x86_64.whl",
         "top_kt-1.0-py3-none-any.whl",
     ]
+
+
+@pytest.mark.network
+def test_the_index_behind_is_added_only_where_the_index_does_not_serve_it_itself(index: tuple[str, Path]) -> None:
+    """pypiserver with its fallback serves PyPI's projects itself: users point pip at it alone. TestPyPI
+    does not: users add PyPI with --extra-index-url, and the post-publish resolution does the same."""
+    from verify.resolution import PUBLIC, _falls_back
+
+    url, _ = index
+    assert _falls_back(url + "simple/", PUBLIC)
+    assert not _falls_back("https://test.pypi.org/simple/", PUBLIC)
+    assert _falls_back(PUBLIC, PUBLIC)
