@@ -22,3 +22,22 @@ def test_ci_runs_the_readme_test_command_then_lint() -> None:
     script = [ln for ln in (ROOT / ".ci" / "run").read_text().strip().splitlines() if ln and not ln.startswith("#")]
     assert script[-2] == _commands()[1]
     assert script[-1] == ".venv/bin/nox -s lint"
+
+
+def test_the_readme_is_a_front_door() -> None:
+    """At most 150 lines of at most 120 characters; every path it names exists, every link resolves."""
+    text = (ROOT / "README.md").read_text()
+    lines = text.splitlines()
+    assert len(lines) <= 150
+    assert [ln for ln in lines if len(ln) > 120] == []
+    for link in re.findall(r"\]\(([^)#]+)\)", text):
+        assert (ROOT / link).exists(), link
+    named = set(re.findall(r"`((?:[a-z_]+/)+[A-Za-z0-9_.-]*)`", text))
+    missing = [p for p in sorted(named) if not (ROOT / p.rstrip("/")).exists() and "NAME" not in p]
+    assert missing == []
+
+
+def test_every_doc_link_resolves() -> None:
+    for doc in sorted((ROOT / "docs").glob("*.md")):
+        for link in re.findall(r"\]\(([^)#:]+)(?:#[^)]*)?\)", doc.read_text()):
+            assert (doc.parent / link).exists(), f"{doc.name}: {link}"
