@@ -48,7 +48,6 @@ from .venv import (
     uv_installed,
 )
 
-PROFILES = ("lf-standard", "lf-kt", "lf-upgrade")
 # The import packages whose owner the KT profile must be the KT distribution, and those the
 # standard profile has from upstream.
 KT_PACKAGES = ("transformers", "accelerate", "peft", "trl", "llamafactory", "sglang", "sgl_kernel")

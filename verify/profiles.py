@@ -13,8 +13,6 @@ from locks.read import directive
 
 from .venv import VerifyError
 
-VENV_PROFILES = ("sft-cpu", "serve")
-
 
 @functools.cache
 def root(profile: str) -> str:
