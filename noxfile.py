@@ -249,6 +249,11 @@ def verify_install(session: nox.Session) -> None:
         help="sft-cpu, sft, serve, lf-standard, lf-kt, lf-upgrade, resolve, cp313",
     )
     p.add_argument("--python", action="append", default=[], metavar="3.N", help="resolve: only these Pythons")
+    p.add_argument(
+        "--index",
+        metavar="URL",
+        help="resolve: from the index the release was published to (and install its sft profile from there)",
+    )
     p.add_argument("--fresh", action="store_true", help="run even the profiles proven on exactly these inputs")
     args = p.parse_args(session.posargs)
     report = str(paths.VERIFY_JSON)
@@ -267,8 +272,10 @@ def verify_install(session: nox.Session) -> None:
             session.run("python", "-m", "verify.interpreters", "--dist", str(DIST), "--json", exercised, *fresh)
         if "resolve" in args.profile or not args.profile:
             # Normal resolution from an index serving dist/ (PyPI behind it), every install profile and Python.
-            resolved = str(paths.VERIFY_RESOLUTION_JSON)
-            session.run("python", "-m", "verify.resolution", "--dist", str(DIST), "--json", resolved, *pythons)
+            # From where it was published: its own report, never the evidence the release verdict reads.
+            resolved = str(paths.VERIFY_PUBLISHED_JSON if args.index else paths.VERIFY_RESOLUTION_JSON)
+            index = ["--index", args.index] if args.index else []
+            session.run("python", "-m", "verify.resolution", "--dist", str(DIST), "--json", resolved, *pythons, *index)
 
 
 @nox.session(venv_backend="none", default=False)

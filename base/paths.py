@@ -27,6 +27,7 @@ AUDIT_REPORTS = BUILD / "audit"  # `nox -s audit -- PATH...` (dist/ keeps the re
 VERIFY_WORK = BUILD / "verify"  # verify_install's venvs
 VERIFY_JSON = BUILD / "verify.json"
 VERIFY_RESOLUTION_JSON = BUILD / "verify-resolution.json"
+VERIFY_PUBLISHED_JSON = BUILD / "verify-published.json"  # resolved from where the release was published
 VERIFY_INTERPRETERS_JSON = BUILD / "verify-interpreters.json"
 EMULATED = BUILD / "emulated"  # the tests' emulated-CPU builds
 CI_LOCAL = BUILD / "ci-local"  # nox -s ci_local's clones, artifacts and index
