@@ -262,17 +262,34 @@ def target(platforms: list[str], elfs: list[ElfFacts]) -> tuple[Target | None, s
 
 
 def system_libraries(t: Target | None, platforms: list[str]) -> frozenset[str]:
-    """The libraries outside the wheel that the most portable claimed tag of the target's family
-    (else that family's most permissive policy) lets an ELF file need."""
+    """The libraries outside the wheel that the most portable claimed tag of the target's family lets an
+    ELF file need: that tag's policy (for manylinux, the newest policy not above the claimed glibc), else
+    the family's most permissive policy."""
     if t is None:
         return frozenset()
     claimed = {p for p in platforms if family_of(p) == t.family}
     pols = [p for p in t.policies if p.name in claimed or _alias(p.name) in claimed]
+    if not pols and t.family == "manylinux":
+        floors = [g for p in claimed if (g := _glibc(p))]
+        pols = [p for p in t.policies if floors and (_glibc(p.name) or (0, 0)) <= min(floors)][-1:]
     pol = pols[0] if pols else (t.policies[-1] if t.policies else None)
     libs = set(pol.whitelist) if pol else set()
     if t.family == "musllinux":
         libs.add(MUSL_LIBC.get(t.arch, ""))
     return frozenset(libs)
+
+
+def _glibc(tag: str) -> tuple[int, int] | None:
+    """The glibc (major, minor) a manylinux tag names (the legacy aliases too)."""
+    m = re.match(r"manylinux_(\d+)_(\d+)_", _unalias(tag))
+    return (int(m.group(1)), int(m.group(2))) if m else None
+
+
+def _unalias(tag: str) -> str:
+    for legacy, new in _ALIASES:
+        if tag.startswith(legacy + "_"):
+            return new + tag[len(legacy) :]
+    return tag
 
 
 def _alias(name: str) -> str:
