@@ -30,3 +30,19 @@ def kt_version(path: Path = VERSION_FILE) -> str:
 def release_date(path: Path = VERSION_FILE) -> _dt.date:
     """``__release_date__`` of _version.py."""
     return _dt.date.fromisoformat(_field("__release_date__", path))
+
+
+def python_key(version: str) -> tuple[int, int]:
+    """ "3.12" -> (3, 12), for ordering."""
+    major, minor = version.split(".")
+    return int(major), int(minor)
+
+
+def python_tag(version: str) -> str:
+    """ "3.12" -> "cp312", the interpreter tag of its wheels (and of the install files' names)."""
+    return "cp" + version.replace(".", "")
+
+
+def install_file(dist: Path, profile: str, python: str) -> Path:
+    """dist/install/PROFILE-cp3NN.txt: the pip install file users get for `profile` on CPython `python`."""
+    return dist / "install" / f"{profile}-{python_tag(python)}.txt"

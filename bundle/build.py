@@ -20,6 +20,7 @@ from pathlib import Path
 from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
 
 from base.errors import StageError
+from base.version import install_file, python_tag
 from carriers.inputs import MANYLINUX_2_34, download, sha256
 
 _PIN = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==(\S+)((?:\s*\\\n\s*--hash=sha256:[0-9a-f]{64})*)", re.MULTILINE)
@@ -63,8 +64,7 @@ def _readme(profile: str, python: str, install: str, count: int, size: int) -> s
 
 def build(dist: Path, profile: str, python: str, out: Path, *, index_url: str = "https://pypi.org/simple") -> Bundle:
     """Write the bundle of `profile` for `python` from the release in `dist` into `out` (which must not exist)."""
-    tag = f"cp{python.replace('.', '')}"
-    install = dist / "install" / f"{profile}-{tag}.txt"
+    install = install_file(dist, profile, python)
     if not install.is_file():
         have = sorted(p.name for p in (dist / "install").glob("*.txt")) if (dist / "install").is_dir() else []
         raise BundleError(
@@ -115,7 +115,7 @@ def build(dist: Path, profile: str, python: str, out: Path, *, index_url: str = 
                 flush=True,
             )
             requirements = ["--require-hashes", "-r", str(third)]
-            label = f"bundle: {profile} cp{python.replace('.', '')}"
+            label = f"bundle: {profile} {python_tag(python)}"
             got = download(requirements, python, staging, label, index_url=index_url, platforms=MANYLINUX_2_34)
             if got.returncode != 0:
                 raise BundleError(

@@ -16,6 +16,7 @@ from packaging.utils import canonicalize_name, parse_wheel_filename
 from packaging.version import Version
 
 from base import paths, progress, stagecache
+from base.version import python_tag
 from locks.read import parse_lock
 
 from . import proc
@@ -94,7 +95,7 @@ def download(
 def target_args(python: str, platforms: Sequence[str] = PLATFORMS) -> list[str]:
     """pip's options for wheels of CPython `python` ("3.12") on `platforms`, whatever runs pip (pip
     matches --platform exactly: list every tag a target installs)."""
-    abi = f"cp{python.replace('.', '')}"
+    abi = python_tag(python)
     return [
         "--only-binary",
         ":all:",
@@ -114,7 +115,7 @@ def python_abis(python: str) -> frozenset[tuple[str, str]]:
     from packaging.tags import compatible_tags, cpython_tags
 
     version = tuple(int(x) for x in python.split("."))
-    tags = [*cpython_tags(version, platforms=["any"]), *compatible_tags(version, f"cp{python.replace('.', '')}")]
+    tags = [*cpython_tags(version, platforms=["any"]), *compatible_tags(version, python_tag(python))]
     return frozenset((t.interpreter, t.abi) for t in tags)
 
 
@@ -148,7 +149,7 @@ def fetch(name: str, lock: Path = LOCK, cache: Path | None = None, *, python: st
             if digest in hashes:
                 return Input(key, version, cached, digest)
             cached.unlink()  # stale or tampered cache entry: fetch again
-    abi = f"cp{python.replace('.', '')}"
+    abi = python_tag(python)
     with tempfile.TemporaryDirectory() as tmp:
         progress.say("inputs", f"downloading {name}=={version} for CPython {python} (locked by hash) ...")
         index = os.environ.get("KT_INPUT_INDEX_URL", "https://pypi.org/simple")

@@ -20,12 +20,13 @@ from packaging.markers import default_environment
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name, parse_wheel_filename
 
+from base.version import python_tag
 from locks import indexes
 from locks import read as locks
 
 from .errors import ConsistencyError
 from .graph import closure
-from .model import CarrierSet, python_tag
+from .model import CarrierSet
 
 INSTALL_DIR = "install"
 PLATFORM = "manylinux_2_34_x86_64"  # the install profiles' locks resolve for x86_64 manylinux_2_34

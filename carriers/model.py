@@ -15,6 +15,7 @@ from packaging.utils import canonicalize_name
 from audits.readers import hint, unknown_keys
 from base import version as _version
 from base.paths import VERSION_FILE
+from base.version import python_key
 
 from .errors import DefinitionError
 
@@ -225,17 +226,6 @@ def _pythons(data: dict[str, Any], path: Path) -> tuple[str, ...]:
     if ordered != raw:
         raise DefinitionError(f"{path}: pythons = {raw}; list each version once, ascending: {ordered}")
     return tuple(raw)
-
-
-def python_key(version: str) -> tuple[int, int]:
-    """ "3.12" -> (3, 12), for ordering."""
-    major, minor = version.split(".")
-    return int(major), int(minor)
-
-
-def python_tag(version: str) -> str:
-    """ "3.12" -> "cp312", the interpreter tag of its wheels (and of the install files' names)."""
-    return "cp" + version.replace(".", "")
 
 
 def _license(spec: dict[str, Any], path: Path, name: str) -> str:

@@ -19,6 +19,7 @@ from packaging.version import Version
 
 from base.errors import StageError
 from base.paths import LOCKFILES
+from base.version import python_tag
 
 LOCKDIR = LOCKFILES  # lockfiles/ (base.paths owns it)
 
@@ -105,7 +106,7 @@ def install_profiles() -> list[str]:
 
 def pylock_path(name: str, python: str) -> Path:
     """lockfiles/pylock.NAME-cp3XX.toml: PEP 751's `pylock.<name>.toml` form."""
-    return LOCKDIR / f"pylock.{name}-cp{python.replace('.', '')}.toml"
+    return LOCKDIR / f"pylock.{name}-{python_tag(python)}.toml"
 
 
 def read_pylock(path: Path) -> Any:

@@ -31,6 +31,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from base.version import python_tag
+
 from .errors import ReleaseError
 
 PASSED, FAILED, INCOMPLETE = "PASSED", "FAILED", "INCOMPLETE"
@@ -257,7 +259,7 @@ def resolution_items(expected: Sequence[tuple[str, str]], data: Any, key: str | 
         results = {(r["profile"], r["python"]): r for r in data.get("results", [])}
     items = []
     for profile, python in expected:
-        name = f"resolve:{profile}-cp{python.replace('.', '')}"
+        name = f"resolve:{profile}-{python_tag(python)}"
         r = results.get((profile, python))
         if r is None:
             why = "not run for these wheels" if not this_build else "not among the resolutions run"
@@ -296,7 +298,7 @@ def published_items(
         elif python == here:
             items.append(Item(name, "missing", f"not exercised (nox -s verify_install -- --profile {profile})"))
         elif profile in elsewhere.get(str(python), ()):
-            cmd = f"nox -s verify_install -- --profile cp{str(python).replace('.', '')}"
+            cmd = f"nox -s verify_install -- --profile {python_tag(str(python))}"
             items.append(Item(name, "missing", f"not exercised ({cmd})"))
         else:
             why = f"not exercised: no environment of CPython {python} runs the {profile} profile here"

@@ -24,6 +24,7 @@ from packaging.utils import canonicalize_name
 
 from base import paths
 from base.errors import StageError, report
+from base.version import python_tag
 
 from . import cached
 from .venv import VerifyError
@@ -62,7 +63,7 @@ def debian_root(python: str, cache: Path) -> Path:
     tmp = root.with_name(f".{root.name}.{os.getpid()}.part")  # base.swap.sweep removes a killed one
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.parent.mkdir(parents=True, exist_ok=True)
-    print(f"[cp{python.replace('.', '')}] debootstrap {suite} (python{python}) into {root} ...", flush=True)
+    print(f"[{python_tag(python)}] debootstrap {suite} (python{python}) into {root} ...", flush=True)
     got = subprocess.run(
         ["debootstrap", "--variant=minbase", f"--include=python{python},python{python}-venv", suite, str(tmp), MIRROR],
         capture_output=True,
@@ -123,7 +124,7 @@ def run(dist: Path, python: str, cache: Path) -> dict[str, Any]:
     third = work / "third-party.txt"
     third.write_text("".join(ln + "\n" for ln in req.splitlines() if ln.split("==")[0] in THIRD_PARTY))
     requirements = ["--require-hashes", "-r", str(third)]
-    label = f"cp{python.replace('.', '')}: numpy, zstandard"
+    label = f"{python_tag(python)}: numpy, zstandard"
     got = download(requirements, python, work / "wheels", label, platforms=MANYLINUX_2_34)
     if got.returncode != 0:
         raise InterpreterError(f"downloading numpy and zstandard for CPython {python} failed:\n{got.stderr[-2000:]}")
@@ -151,7 +152,7 @@ def run(dist: Path, python: str, cache: Path) -> dict[str, Any]:
     # alone (--no-deps, no torch); the MoE and payload checks above are its cpu and payload checks.
     result["doctor_run"] = "not run: the carriers alone, without torch (their MoE and payload are checked above)"
     result["seconds"] = round(time.perf_counter() - t0, 1)
-    tag = f"cp{python.replace('.', '')}"
+    tag = python_tag(python)
     if not all(t.startswith(f"{tag}-{tag}-") for t in result["sglang_kt_tags"]):
         raise InterpreterError(f"CPython {python} got sglang-kt tagged {result['sglang_kt_tags']}, not its own wheel")
     if not result["moe_max_rel_error"] <= BOUND:
@@ -243,7 +244,7 @@ def exercise_published(dist: Path, python: str, root: Path, profile: str) -> dic
             shutil.copyfile(dist / w["filename"], work / "wheels" / w["filename"])
     third = work / "third-party.txt"
     third.write_text(_third_party(published, ours))
-    label = f"cp{python.replace('.', '')}: the published {published.name}'s wheels"
+    label = f"{python_tag(python)}: the published {published.name}'s wheels"
     got = download(["--require-hashes", "-r", str(third)], python, work / "wheels", label, platforms=MANYLINUX_2_34)
     if got.returncode != 0:
         raise InterpreterError(
@@ -251,7 +252,7 @@ def exercise_published(dist: Path, python: str, root: Path, profile: str) -> dic
         )
     shutil.copyfile(published, work / published.name)
     shutil.copytree(PROBE.parent, work / "probes", ignore=shutil.ignore_patterns("__pycache__"))
-    print(f"[cp{python.replace('.', '')}] the published {published.name}: install and exercise ...", flush=True)
+    print(f"[{python_tag(python)}] the published {published.name}: install and exercise ...", flush=True)
     try:
         _in_root(
             root,
@@ -293,7 +294,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         key = cached.dist_key(args.dist)
         for python in args.python or sorted(SUITES):
-            name = f"cp{python.replace('.', '')}"
+            name = python_tag(python)
             with contextlib.suppress(Unavailable):  # without it, work() says NOT VERIFIED with the fix
                 debian_root(python, args.cache)  # first: the result is keyed by what the root holds
             r, stamp = cached.run(

@@ -33,6 +33,7 @@ from packaging.version import Version
 
 from base import paths, progress, stages
 from base.errors import StageError, report
+from base.version import install_file, python_tag
 from carriers.inputs import MANYLINUX_2_34, target_args
 
 from . import cached
@@ -244,7 +245,7 @@ def check(
     files = {w["filename"] for w in manifest["wheels"]}
     reqs = [f"{r}=={versions[canonicalize_name(r.split('[')[0])]}" for r in roots]
     result = Result(profile, python, reqs, interpreter=how(python))
-    install = dist / "install" / f"{profile}-cp{python.replace('.', '')}.txt"
+    install = install_file(dist, profile, python)
     sdists = re.findall(r"^--no-binary (\S+)", install.read_text(), re.MULTILINE)
     if sdists and python != HERE:
         result.not_verified = (
@@ -343,7 +344,7 @@ def main(argv: list[str] | None = None) -> int:
         for profile in args.profile:
             for python in args.python:
                 extra = {"profile": profile, "python": python, "fallback": args.fallback, "interpreter": how(python)}
-                name = f"resolve-{profile}-cp{python.replace('.', '')}"
+                name = f"resolve-{profile}-{python_tag(python)}"
                 found = cached.Lookup(
                     name, args.dist, key, extra=extra, fresh=args.fresh, max_age_s=args.max_age * 3600
                 )
@@ -450,8 +451,7 @@ def _say(r: dict[str, Any]) -> None:
         else f"{len(r['problems'])} problems"
     )
     print(
-        f"[resolve] {r['profile']} cp{r['python'].replace('.', '')}: {r['packages']} packages, "
-        f"{verdict} ({r['seconds']:.0f}s)"
+        f"[resolve] {r['profile']} {python_tag(r['python'])}: {r['packages']} packages, {verdict} ({r['seconds']:.0f}s)"
     )
     for problem in r["problems"]:
         print(f"  error: {problem}", file=sys.stderr)

@@ -19,7 +19,8 @@ from typing import Any
 import pytest
 
 from audits import core, load_policy
-from carriers import InputError, load, model, wheelio
+from base.version import python_tag
+from carriers import InputError, load, wheelio
 from carriers.assemble import assemble
 from locks.read import parse_lock
 from tests.conftest import KT_SRC, ROOT, load_source_module
@@ -252,7 +253,7 @@ def test_every_python_of_the_matrix_gets_its_wheels_each_carrying_the_same_part(
     pythons = list(load().pythons)
     assert summary["pythons"] == pythons
     assert "partial" not in summary
-    tags = [model.python_tag(v) for v in pythons]
+    tags = [python_tag(v) for v in pythons]
     for name in ("sglang_kt", "xgrammar_kt"):
         assert sorted(p.name.split("-")[2] for p in dist.glob(f"{name}-*.whl")) == tags, name
     (kernel,) = dist.glob("kt_kernel-*.whl")
@@ -261,7 +262,7 @@ def test_every_python_of_the_matrix_gets_its_wheels_each_carrying_the_same_part(
         expected = (
             pythons
             if w["name"] not in ("sglang-kt", "xgrammar-kt")
-            else [v for v in pythons if model.python_tag(v) in w["filename"]]
+            else [v for v in pythons if python_tag(v) in w["filename"]]
         )
         assert w["pythons"] == expected, w["filename"]
     sums = (dist / "SHA256SUMS").read_text()
@@ -315,7 +316,7 @@ def test_install_files_for_every_profile_and_python_pin_the_release_wheels(
     dist, summary = release
     pythons = load().pythons
     expected = sorted(
-        f"install/{form.format(p=p, t=model.python_tag(v))}"
+        f"install/{form.format(p=p, t=python_tag(v))}"
         for p in lock.install_profiles()
         for v in pythons
         for form in ("{p}-{t}.txt", "pylock.{p}-{t}.toml")

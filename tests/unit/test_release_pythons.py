@@ -7,10 +7,11 @@ from pathlib import Path
 
 import pytest
 
+from base.version import python_tag
 from carriers import DefinitionError, load
 from carriers.assemble import Built, coverage_problems
 from carriers.inputs import serves
-from carriers.model import DEFINITIONS, python_tag
+from carriers.model import DEFINITIONS
 from locks import read as locks
 from maint import lock
 
@@ -126,3 +127,13 @@ def test_an_sdist_only_package_is_allowed_but_nothing_at_all_is_not(lockdir: Pat
     assert any(
         "not a valid PEP 751 lock" in p and "sdist and wheels are not set" in p for p in lock.check_pylocks("serve")
     )
+
+
+def test_the_python_tag_and_the_install_file_are_named_in_one_place(tmp_path: Path) -> None:
+    """base.version names them for every stage; the assembly writes install files where it says."""
+    from base.version import install_file, python_key
+    from carriers.install import INSTALL_DIR
+
+    assert [python_tag(v) for v in ("3.11", "3.13")] == ["cp311", "cp313"]
+    assert sorted(["3.13", "3.9", "3.11"], key=python_key) == ["3.9", "3.11", "3.13"]
+    assert install_file(tmp_path, "sft", "3.12") == tmp_path / INSTALL_DIR / "sft-cp312.txt"
