@@ -29,8 +29,8 @@ from typing import Any
 
 from base import paths
 from base.errors import StageError, report
+from base.keys import file_sha256
 from base.paths import ROOT
-from carriers.inputs import sha256
 
 from . import results
 from .errors import BenchError
@@ -147,9 +147,9 @@ def reference_pack(files: Path, names: list[str], out: Path, parts: int) -> tupl
             p = out / f"payload.part{i}"
             p.write_bytes(fh.read(step))
             paths.append(p)
-    digest = sha256(tgz)
+    digest = file_sha256(tgz)
     tgz.unlink()
-    return paths, digest, {n: sha256(files / n) for n in names}
+    return paths, digest, {n: file_sha256(files / n) for n in names}
 
 
 def reference_materialize(parts: list[Path], digest: str, hashes: dict[str, str], cache: Path) -> None:
@@ -165,13 +165,13 @@ def reference_materialize(parts: list[Path], digest: str, hashes: dict[str, str]
             for p in parts:
                 with p.open("rb") as src:
                     shutil.copyfileobj(src, out, _CHUNK)
-        if sha256(tgz) != digest:
+        if file_sha256(tgz) != digest:
             raise BenchError("reference archive hash mismatch")
         dest = Path(tmp) / "x"
         with tarfile.open(tgz, "r:gz") as tar:
             tar.extractall(dest, filter="data")
         for n, h in hashes.items():
-            if sha256(dest / n) != h:
+            if file_sha256(dest / n) != h:
                 raise BenchError(f"reference: {n} hash mismatch")
         dest.rename(final)
 
@@ -179,7 +179,7 @@ def reference_materialize(parts: list[Path], digest: str, hashes: dict[str, str]
 def reference_warm(final: Path, hashes: dict[str, str]) -> None:
     """The gzip reference's warm path: every extracted file re-hashed against its manifest."""
     for n, h in hashes.items():
-        if sha256(final / n) != h:
+        if file_sha256(final / n) != h:
             raise BenchError(f"reference: {n} hash mismatch")
 
 

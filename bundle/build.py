@@ -20,8 +20,9 @@ from pathlib import Path
 from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
 
 from base.errors import StageError
+from base.keys import file_sha256
 from base.version import install_file, python_tag
-from carriers.inputs import MANYLINUX_2_34, download, sha256
+from carriers.inputs import MANYLINUX_2_34, download
 
 _PIN = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==(\S+)((?:\s*\\\n\s*--hash=sha256:[0-9a-f]{64})*)", re.MULTILINE)
 
@@ -83,7 +84,7 @@ def build(dist: Path, profile: str, python: str, out: Path, *, index_url: str = 
         except InvalidWheelFilename:
             raise BundleError(f"{wheel}: not a wheel filename; {dist} is not a release nox -s build_all made") from None
         release.add(name)
-        if name in wanted and sha256(wheel) in wanted[name][1]:
+        if name in wanted and file_sha256(wheel) in wanted[name][1]:
             local[name] = wheel
     manifest = dist / "manifest.json"  # the release's distributions, also those whose wheel went missing
     if manifest.is_file():
@@ -148,7 +149,7 @@ def check(directory: Path, wanted: dict[str, tuple[str, frozenset[str]]]) -> lis
         key = canonicalize_name(name)
         if key not in wanted:
             problems.append(f"{wheel.name} is not in the install file")
-        elif str(version) != wanted[key][0] or sha256(wheel) not in wanted[key][1]:
+        elif str(version) != wanted[key][0] or file_sha256(wheel) not in wanted[key][1]:
             problems.append(f"{wheel.name}: not the pinned {key}=={wanted[key][0]} (version or sha256 differ)")
         else:
             found.setdefault(key, []).append(wheel.name)

@@ -32,10 +32,10 @@ from packaging.utils import canonicalize_name, parse_wheel_filename
 
 from base import stagecache
 from base.errors import StageError, report
+from base.keys import file_sha256
 from base.paths import DIST
 from carriers import wheelio
 from carriers.graph import Graph
-from carriers.inputs import sha256
 
 from .errors import ReleaseError
 from .plan import RULES_FILE, Plan, ProjectState, load_rules, make_plan, project_state, render
@@ -115,7 +115,7 @@ def release_files(dist: Path, manifest: dict[str, Any]) -> tuple[dict[str, tuple
             continue  # install files: published with the release page, not to an index
         path = dist / name
         try:
-            actual, size = sha256(path), path.stat().st_size
+            actual, size = file_sha256(path), path.stat().st_size
         except OSError:
             raise PublishError(f"{path} is listed in SHA256SUMS but missing; rebuild dist/") from None
         if actual != digest:

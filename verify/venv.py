@@ -19,7 +19,7 @@ from packaging.utils import parse_wheel_filename
 
 from base import progress
 from base.errors import StageError
-from carriers.inputs import sha256
+from base.keys import file_sha256
 from locks import indexes
 
 PROBES = Path(__file__).resolve().parent / "probes"
@@ -52,7 +52,7 @@ def sums(dist: Path) -> dict[str, str]:
     if key not in _CHECKED:
         out = {}
         for digest, name in entries:
-            actual = sha256(dist / name)
+            actual = file_sha256(dist / name)
             if actual != digest:
                 raise VerifyError(f"{dist / name}: sha256 {actual} differs from SHA256SUMS ({digest}); rebuild dist/")
             out[name] = digest
