@@ -23,8 +23,7 @@ from base.errors import StageError
 from base.keys import file_sha256
 from base.version import install_file, python_tag
 from carriers.inputs import MANYLINUX_2_34, download
-
-_PIN = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==(\S+)((?:\s*\\\n\s*--hash=sha256:[0-9a-f]{64})*)", re.MULTILINE)
+from locks.read import parse_pins
 
 
 class BundleError(StageError):
@@ -41,12 +40,9 @@ class Bundle:
     command: str
 
 
-def pins(text: str) -> dict[str, tuple[str, frozenset[str]]]:
-    """name -> (version, allowed sha256s) of a pip --require-hashes file."""
-    return {
-        canonicalize_name(m.group(1)): (m.group(2), frozenset(re.findall(r"sha256:([0-9a-f]{64})", m.group(3))))
-        for m in _PIN.finditer(text)
-    }
+def pins(text: str, where: Path | str = "the install file") -> dict[str, tuple[str, frozenset[str]]]:
+    """name -> (version, allowed sha256s) of a pip --require-hashes file (locks.read's one parser)."""
+    return {name: (str(pin.version), frozenset(pin.hashes)) for name, pin in parse_pins(text, where).items()}
 
 
 def _readme(profile: str, python: str, install: str, count: int, size: int) -> str:
@@ -75,7 +71,7 @@ def build(dist: Path, profile: str, python: str, out: Path, *, index_url: str = 
     if out.exists():
         raise BundleError(f"{out} exists; give a new directory (the bundle is written whole or not at all)")
     text = install.read_text()
-    wanted = pins(text)
+    wanted = pins(text, install)
     local = {}
     release = set()
     for wheel in sorted(dist.glob("*.whl")):
@@ -107,10 +103,12 @@ def build(dist: Path, profile: str, python: str, out: Path, *, index_url: str = 
             shutil.copyfile(wheel, staging / wheel.name)
         third = staging / ".third-party.txt"
         kept = [
-            line for line in re.split(r"\n(?=[A-Za-z0-9])", text) if canonicalize_name(line.split("==")[0]) not in local
+            line
+            for line in re.split(r"\n(?=[A-Za-z0-9])", text)
+            if canonicalize_name(line.split("==")[0].split("[")[0]) not in local
         ]
         third.write_text("\n".join(kept) + "\n")
-        if any(_PIN.match(b) for b in kept):
+        if set(wanted) - set(local):  # third-party pins to download
             print(
                 f"[bundle] downloading {len(wanted) - len(local)} third-party wheels for CPython {python} by hash ...",
                 flush=True,

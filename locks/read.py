@@ -43,11 +43,17 @@ class Pin:
 
 def parse_lock(path: Path) -> dict[str, Pin]:
     """Pins of a uv/pip-compile lock with --hash lines."""
-    text = path.read_text()
+    return parse_pins(path.read_text(), path)
+
+
+def parse_pins(text: str, path: Path | str) -> dict[str, Pin]:
+    """Pins of a hash-locked requirements text (a lock, or a release's install file): each `name==version`
+    with its --hash options; comment and option lines (--only-binary, --extra-index-url) are not pins.
+    LockError naming `path` for a line that is neither."""
     pins: dict[str, Pin] = {}
     for raw in re.split(r"\n(?=[A-Za-z0-9])", text):
-        block = raw.strip()
-        if not block or block.startswith("#"):
+        block = "\n".join(ln for ln in raw.strip().splitlines() if not ln.lstrip().startswith("#")).strip()
+        if not block or block.startswith("-"):
             continue
         first = block.split("\\", 1)[0].strip()  # the requirement; its --hash options follow
         try:

@@ -71,3 +71,18 @@ def test_with_plain_pins_adds_each_missing_twin_once() -> None:
         "b[y]==2 \\\n    --hash=sha256:bb\nb==2 \\\n    --hash=sha256:bb\n"
     )
     assert lock.with_plain_pins(lock.with_plain_pins(body)) == lock.with_plain_pins(body)
+
+
+def test_one_parser_reads_locks_and_install_files() -> None:
+    """An install file's comment and option lines are not pins; extras stay with their name; the hashes
+    follow their requirement (bundle/ reads install files with this parser, not its own)."""
+    from locks.read import parse_pins
+
+    text = (
+        "# KT release install file\n--only-binary :all:\n"
+        "kt-kernel==0.6.1 \\\n    --hash=sha256:" + "a" * 64 + "\n"
+        "# via ktransformers\npydantic[email]==2.11.0 \\\n    --hash=sha256:" + "b" * 64 + " \\\n"
+        "    --hash=sha256:" + "c" * 64 + "\n--extra-index-url https://download.pytorch.org/whl/cpu\n"
+    )
+    got = {n: (str(p.version), p.hashes) for n, p in parse_pins(text, "sft-cp311.txt").items()}
+    assert got == {"kt-kernel": ("0.6.1", ("a" * 64,)), "pydantic": ("2.11.0", ("b" * 64, "c" * 64))}
