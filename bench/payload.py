@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from base import paths
+from base.cli import dist_option
 from base.errors import StageError, report
 from base.keys import file_sha256
 from base.paths import ROOT
@@ -237,7 +238,7 @@ def assembly_numbers(kernel: Path) -> dict[str, Any]:
 def _main(argv: list[str] | None) -> int:
     """`nox -s bench -- --only payload`: payload size, materialization and audit numbers."""
     p = argparse.ArgumentParser(prog="python -m bench.payload", description=__doc__.splitlines()[0])
-    p.add_argument("--dist", type=Path, default=paths.DIST)
+    dist_option(p)
     p.add_argument("--kernel", type=Path, default=paths.KERNEL_OUT)
     p.add_argument("--assembly", action="store_true", help="also time a cold and a warm assembly (minutes)")
     p.add_argument("--json", type=Path, default=paths.BENCH_JSON["payload"])

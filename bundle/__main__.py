@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from base.cli import dist_option
 from base.errors import StageError, report
 
 from .build import build
@@ -13,7 +14,7 @@ from .build import build
 def main(argv: list[str] | None = None) -> int:
     """The bundle CLI; exit 0 written, 1 a bundle could not be made (the message says why), 2 usage."""
     p = argparse.ArgumentParser(prog="nox -s bundle --", description="an offline bundle of one install profile")
-    p.add_argument("--dist", type=Path, default=Path("dist"), help="the release (its install/ files and wheels)")
+    dist_option(p, "the release (its install/ files and wheels)")
     p.add_argument("--profile", required=True, help="an install profile of dist/install/ (serve, sft, lf-kt)")
     p.add_argument("--python", required=True, metavar="3.N", help="a CPython of the release's matrix")
     p.add_argument("--out", type=Path, required=True, help="the bundle directory (created; must not exist)")

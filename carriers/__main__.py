@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from base import stages, swap
+from base.cli import dist_option, fresh_option
 from base.errors import StageError, report
 
 from . import assemble, consistency, model
@@ -20,7 +21,7 @@ def main(argv: list[str] | None = None) -> int:
     sub = p.add_subparsers(dest="cmd", required=True)
     a = sub.add_parser("assemble", help="build every carrier into --dist (atomically)")
     a.add_argument("--kernel", type=Path, required=True, help="the repaired kt_kernel wheel, or its directory")
-    a.add_argument("--dist", type=Path, default=Path("dist"))
+    dist_option(a, "where the release is assembled")
     a.add_argument(
         "--partial",
         action="append",
@@ -28,7 +29,7 @@ def main(argv: list[str] | None = None) -> int:
         metavar="3.N",
         help="a partial development release for only these Pythons of the matrix (labelled so in manifest.json)",
     )
-    a.add_argument("--fresh", action="store_true", help="assemble even if dist/ was built from exactly these inputs")
+    fresh_option(a, "assemble")
     c = sub.add_parser("check", help="validate carriers.toml; with --dist, the built set's metadata too")
     c.add_argument("--dist", type=Path, help="a built release: pins, bounds, torch and the payload closure")
     args = p.parse_args(argv)

@@ -25,9 +25,9 @@ from audits import report
 from audits.__main__ import main as audit_main
 from audits.policy import load_policy
 from base import paths, stagecache, stages
+from base.cli import dist_option, fresh_option
 from base.errors import StageError
 from base.errors import report as report_error
-from base.paths import DIST
 
 from . import vulns
 
@@ -35,10 +35,10 @@ from . import vulns
 def main(argv: list[str] | None = None) -> int:
     """0 the audit passed (ran or reused), else the audit's own exit status."""
     p = argparse.ArgumentParser(prog="python -m release.audit")
-    p.add_argument("--dist", type=Path, default=DIST)
+    dist_option(p)
     p.add_argument("--baseline", type=Path, help="a previous audit-report.json, for size growth")
     p.add_argument("--summary", type=Path, help="append the Markdown summary here (CI: $GITHUB_STEP_SUMMARY)")
-    p.add_argument("--fresh", action="store_true", help="audit even if these wheels passed this audit before")
+    fresh_option(p, "audit")
     p.add_argument(
         "--no-vulnerabilities",
         action="store_true",

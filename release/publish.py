@@ -31,9 +31,9 @@ from typing import Any
 from packaging.utils import canonicalize_name, parse_wheel_filename
 
 from base import stagecache
+from base.cli import dist_option
 from base.errors import StageError, report
 from base.keys import file_sha256
-from base.paths import DIST
 from carriers import wheelio
 from carriers.graph import Graph
 
@@ -232,7 +232,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="nox -s publish --")
     p.add_argument("--repository-url", required=True, help="upload endpoint (twine --repository-url)")
     p.add_argument("--index-url", help="its simple index, PEP 691 or 503 (default: <repository-url>/simple/)")
-    p.add_argument("--dist", type=Path, default=DIST)
+    dist_option(p, "the release to publish")
     p.add_argument("--wait", type=float, default=120.0, help="seconds to wait for an upload to be served")
     p.add_argument("--attestations", action="store_true", help="upload PEP 740 attestations (twine --attestations)")
     p.add_argument("--plan", action="store_true", help="print the plan against the index and upload nothing")

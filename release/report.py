@@ -25,10 +25,10 @@ from audits.errors import AuditError
 from audits.policy import load_policy
 from audits.report import printable
 from base import progress, stagecache
+from base.cli import dist_option
 from base.errors import StageError, report
 from base.paths import (
     BENCH_JSON,
-    DIST,
     KERNEL_OUT,
     ROOT,
     STAGE_CACHE,
@@ -501,7 +501,7 @@ def release_timings(directory: Path) -> list[tuple[str, float]]:
 def _main(argv: list[str] | None) -> int:
     """Write dist/release-report.{html,md} and print the one-screen summary; 1 unless the audit passed."""
     p = argparse.ArgumentParser(prog="nox -s release_report --")
-    p.add_argument("--dist", type=Path, default=DIST)
+    dist_option(p)
     p.add_argument("--verify", type=Path, default=VERIFY_JSON)
     p.add_argument("--baseline", type=Path, help="a previous release's manifest.json, for the size change per wheel")
     p.add_argument("--timings", type=Path, default=TIMINGS, help=argparse.SUPPRESS)

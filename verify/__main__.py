@@ -15,8 +15,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from base.cli import dist_option, fresh_option
 from base.errors import StageError, report
-from base.paths import DIST, VERIFY_WORK
+from base.paths import VERIFY_WORK
 
 from . import cached, lf
 from .serve import verify_serve
@@ -37,11 +38,11 @@ DIST_FREE = frozenset({"lf-standard"})  # upstream only: no wheel of dist/ is in
 def main(argv: list[str] | None = None) -> int:
     """The verify_install CLI: 0 every profile proven, 1 one failed (the message says what), 2 unusable input."""
     p = argparse.ArgumentParser(prog="nox -s verify_install --")
-    p.add_argument("--dist", type=Path, default=DIST)
+    dist_option(p)
     p.add_argument("--work", type=Path, default=VERIFY_WORK)
     p.add_argument("--profile", action="append", choices=list(RUN), help="default: all")
     p.add_argument("--json", type=Path, help="write the results here (merged with the other profiles' there)")
-    p.add_argument("--fresh", action="store_true", help="run every profile, even one proven on exactly these inputs")
+    fresh_option(p, "run every profile")
     args = p.parse_args(argv)
     args.work.mkdir(parents=True, exist_ok=True)
     results: dict[str, Any] = _previous(args.json)

@@ -23,6 +23,7 @@ from typing import Any
 from packaging.utils import canonicalize_name
 
 from base import paths
+from base.cli import dist_option, fresh_option
 from base.errors import StageError, report
 from base.version import python_tag
 
@@ -277,11 +278,11 @@ def exercise_published(dist: Path, python: str, root: Path, profile: str) -> dic
 def main(argv: list[str] | None = None) -> int:
     """python -m verify.interpreters --dist dist [--python 3.13] [--json F]."""
     p = argparse.ArgumentParser(prog="python -m verify.interpreters")
-    p.add_argument("--dist", type=Path, default=paths.DIST)
+    dist_option(p)
     p.add_argument("--python", action="append", default=[], metavar="3.N", help=f"default: {sorted(SUITES)}")
     p.add_argument("--cache", type=Path, default=paths.CACHE)
     p.add_argument("--json", type=Path)
-    p.add_argument("--fresh", action="store_true", help="run even if these wheels were proven here before")
+    fresh_option(p, "run")
     args = p.parse_args(argv)
     results: dict[str, Any] = {}
 

@@ -32,6 +32,7 @@ from packaging.utils import canonicalize_name
 from packaging.version import Version
 
 from base import paths, progress, stages
+from base.cli import dist_option, fresh_option
 from base.errors import StageError, report
 from base.version import install_file, python_tag
 from carriers.inputs import MANYLINUX_2_34, target_args
@@ -300,7 +301,7 @@ def main(argv: list[str] | None = None) -> int:
     from locks.read import directive, install_profiles
 
     p = argparse.ArgumentParser(prog="python -m verify.resolution")
-    p.add_argument("--dist", type=Path, default=Path("dist"))
+    dist_option(p)
     p.add_argument("--profile", action="append", default=[], help="install profile(s) (default: every one)")
     p.add_argument("--python", action="append", default=[], metavar="3.N", help="default: the release's matrix")
     p.add_argument("--fallback", default=PUBLIC, help="the public index behind the release's")
@@ -316,7 +317,7 @@ def main(argv: list[str] | None = None) -> int:
         help="with --index: resolve only (no real install of the sft profile from the index)",
     )
     p.add_argument("--json", type=Path)
-    p.add_argument("--fresh", action="store_true", help="resolve even if these wheels resolved before")
+    fresh_option(p, "resolve")
     p.add_argument(
         "--max-age",
         type=float,
