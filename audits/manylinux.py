@@ -1,6 +1,6 @@
-"""manylinux facts from auditwheel's own policy data: what each tag allows (symbol versions per
-architecture, system libraries), which tag a wheel claims, and the most portable tag its binaries
-allow (the verdict `auditwheel show` gives). Pure functions of that data and of reader facts."""
+"""glibc-only facts from auditwheel's manylinux policy data, for the rules about the tag a wheel claims
+(tag.manylinux-overclaim, tag.forbidden-symbol) and the release payload's system libraries. Reading
+tags, architectures and the verdict for every libc family is audits/platforms.py's."""
 
 from __future__ import annotations
 
@@ -10,9 +10,8 @@ from functools import cache
 from typing import Any
 
 from . import platforms
-from .readers import ElfFacts, WheelFacts
-
-_LEGACY = {"manylinux1": (2, 5), "manylinux2010": (2, 12), "manylinux2014": (2, 17)}
+from .platforms import glibc_of
+from .readers import ElfFacts
 
 
 @cache
@@ -23,15 +22,6 @@ def _manylinux_policies() -> list[dict[str, Any]]:
     return data
 
 
-def glibc_of(platform: str) -> tuple[int, int] | None:
-    """The glibc (major, minor) a manylinux platform tag names, or None for other tags."""
-    for legacy, ver in _LEGACY.items():
-        if platform.startswith(legacy + "_"):
-            return ver
-    m = re.match(r"manylinux_(\d+)_(\d+)_", platform)
-    return (int(m.group(1)), int(m.group(2))) if m else None
-
-
 def policy_for(glibc: tuple[int, int]) -> dict[str, Any] | None:
     """The auditwheel policy for the newest manylinux_X_Y not above `glibc`."""
     best = None
@@ -40,11 +30,6 @@ def policy_for(glibc: tuple[int, int]) -> dict[str, Any] | None:
         if ver and ver <= glibc and (best is None or ver > glibc_of(best["name"] + "_")):  # type: ignore[operator]
             best = p
     return best
-
-
-def system_libraries(w: WheelFacts) -> frozenset[str]:
-    """The system libraries the wheel's most portable claimed tag allows to need."""
-    return system_libraries_for([t.platform for t in w.tags])
 
 
 def system_libraries_for(platforms: list[str]) -> frozenset[str]:
@@ -90,26 +75,3 @@ def honest_platform(
 def version_key(v: str) -> tuple[int, ...]:
     """A version string as a tuple of its numbers, for ordering."""
     return tuple(int(x) for x in re.findall(r"\d+", v))
-
-
-# platform-tag architecture -> (e_machine, ELF class, little endian)
-ARCH = {
-    "x86_64": ("EM_X86_64", 64, True),
-    "i686": ("EM_386", 32, True),
-    "aarch64": ("EM_AARCH64", 64, True),
-    "ppc64le": ("EM_PPC64", 64, True),
-    "ppc64": ("EM_PPC64", 64, False),
-    "s390x": ("EM_S390", 64, False),
-    "armv7l": ("EM_ARM", 32, True),
-    "riscv64": ("EM_RISCV", 64, True),
-}
-
-
-def tag_architectures(w: WheelFacts) -> set[str]:
-    """The architectures the platform tags name (x86_64, aarch64, ...)."""
-    out = set()
-    for t in w.tags:
-        for arch in ARCH:
-            if t.platform.endswith("_" + arch):
-                out.add(arch)
-    return out

@@ -33,8 +33,7 @@ POLICY_FILES = {
     "android": "android-policy.json",
 }
 LIBC = {"manylinux": "glibc", "musllinux": "musl", "android": "Android's libc"}
-_ALIASES = (("manylinux1", "manylinux_2_5"), ("manylinux2010", "manylinux_2_12"), ("manylinux2014", "manylinux_2_17"))
-_LEGACY = tuple(legacy + "_" for legacy, _ in _ALIASES)
+_LEGACY = {"manylinux1": (2, 5), "manylinux2010": (2, 12), "manylinux2014": (2, 17)}  # PEP 600's aliases
 
 # (e_machine, ELF class, little endian) -> architecture (auditwheel's lddtree._get_platform)
 MACHINES = {
@@ -131,12 +130,26 @@ def policy_file(name: str) -> Path:
 def family_of(platform: str) -> str | None:
     """The family a platform tag names: manylinux (the legacy aliases too), musllinux, android,
     a non-Linux platform (macosx, ios, win), or None (linux_*, any)."""
-    if platform.startswith(("manylinux_", *_LEGACY)):
+    if glibc_of(platform) is not None:
         return "manylinux"
     for prefix in ("musllinux", "android", *NON_LINUX):
         if platform.startswith(prefix + "_") or platform == prefix:
             return prefix
     return None
+
+
+def glibc_of(platform: str) -> tuple[int, int] | None:
+    """The glibc (major, minor) a manylinux platform tag (or policy name) names, or None for other tags."""
+    for legacy, ver in _LEGACY.items():
+        if platform.startswith(legacy + "_"):
+            return ver
+    m = re.match(r"manylinux_(\d+)_(\d+)_", platform)
+    return (int(m.group(1)), int(m.group(2))) if m else None
+
+
+def tag_archs(platform: str) -> set[str]:
+    """The architectures one platform tag names, as auditwheel reads them (x86_64, aarch64, ...)."""
+    return {arch for name, arch in TAG_ARCHS.items() if platform.endswith("_" + name)}
 
 
 def tag_arch(platforms: list[str]) -> str | None:
@@ -146,7 +159,7 @@ def tag_arch(platforms: list[str]) -> str | None:
     for p in platforms:
         if p == "any":
             continue
-        hits = {arch for name, arch in TAG_ARCHS.items() if p.endswith("_" + name)}
+        hits = tag_archs(p)
         if not hits:
             return None
         found |= hits
@@ -263,41 +276,21 @@ def target(platforms: list[str], elfs: list[ElfFacts]) -> tuple[Target | None, s
 
 def system_libraries(t: Target | None, platforms: list[str]) -> frozenset[str]:
     """The libraries outside the wheel that the most portable claimed tag of the target's family lets an
-    ELF file need: that tag's policy (for manylinux, the newest policy not above the claimed glibc), else
-    the family's most permissive policy."""
+    ELF file need: that tag's policy (for manylinux, the newest policy not above the claimed glibc, legacy
+    aliases included), else the family's most permissive policy."""
     if t is None:
         return frozenset()
     claimed = {p for p in platforms if family_of(p) == t.family}
-    pols = [p for p in t.policies if p.name in claimed or _alias(p.name) in claimed]
-    if not pols and t.family == "manylinux":
-        floors = [g for p in claimed if (g := _glibc(p))]
-        pols = [p for p in t.policies if floors and (_glibc(p.name) or (0, 0)) <= min(floors)][-1:]
+    if t.family == "manylinux":
+        floors = [g for p in claimed if (g := glibc_of(p))]
+        pols = [p for p in t.policies if floors and (glibc_of(p.name) or (0, 0)) <= min(floors)][-1:]
+    else:
+        pols = [p for p in t.policies if p.name in claimed]
     pol = pols[0] if pols else (t.policies[-1] if t.policies else None)
     libs = set(pol.whitelist) if pol else set()
     if t.family == "musllinux":
         libs.add(MUSL_LIBC.get(t.arch, ""))
     return frozenset(libs)
-
-
-def _glibc(tag: str) -> tuple[int, int] | None:
-    """The glibc (major, minor) a manylinux tag names (the legacy aliases too)."""
-    m = re.match(r"manylinux_(\d+)_(\d+)_", _unalias(tag))
-    return (int(m.group(1)), int(m.group(2))) if m else None
-
-
-def _unalias(tag: str) -> str:
-    for legacy, new in _ALIASES:
-        if tag.startswith(legacy + "_"):
-            return new + tag[len(legacy) :]
-    return tag
-
-
-def _alias(name: str) -> str:
-    """manylinux_2_5_x86_64 -> manylinux1_x86_64 (and 2010, 2014): the legacy spelling of a tag."""
-    for legacy, new in _ALIASES:
-        if name.startswith(new + "_"):
-            return legacy + name[len(new) :]
-    return name
 
 
 def verdict(

@@ -27,7 +27,7 @@ from typing import Any
 
 from packaging.utils import parse_wheel_filename
 
-from audits.manylinux import glibc_of
+from audits.platforms import glibc_of
 from audits.readers import find_cuobjdump, list_archs
 
 from . import licensing, sbom, wheelio

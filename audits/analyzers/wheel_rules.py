@@ -11,10 +11,10 @@ from packaging.tags import parse_tag
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
-from ..manylinux import admits, glibc_of, most_portable_first, policy_for, tag_architectures, version_key
+from ..manylinux import admits, most_portable_first, policy_for, version_key
 from ..manylinux import forbidden_uses as manylinux_forbidden
 from ..model import Finding
-from ..platforms import LIBC, NON_LINUX, TAG_ARCHS, elf_arch, elf_libc, family_of
+from ..platforms import LIBC, NON_LINUX, elf_arch, elf_libc, family_of, glibc_of, tag_archs
 from ..readers import ElfFacts, WheelFacts
 from ._common import finding
 
@@ -357,7 +357,7 @@ def platform_overclaims(w: WheelFacts, elfs: list[ElfFacts]) -> list[Finding]:
     if pol is None:
         return []
     platform = min(claimed)[1]
-    arch = next(iter(sorted(tag_architectures(w))), "x86_64")
+    arch = next(iter(sorted(a for t in w.tags for a in tag_archs(t.platform))), "x86_64")
     newest = pol["symbol_versions"].get(arch, pol["symbol_versions"]["x86_64"])
     out: list[Finding] = []
     fix = "let `auditwheel repair` choose the tag, or build in an older manylinux image"
@@ -486,7 +486,7 @@ def architecture(w: WheelFacts, elfs: list[ElfFacts], non_elf: list[str]) -> lis
     """Every ELF file is built for the architecture the platform tag names; a .so member is ELF."""
     out: list[Finding] = []
     fn = w.filename
-    archs = {a for t in w.tags for name, a in TAG_ARCHS.items() if t.platform.endswith("_" + name)}
+    archs = {a for t in w.tags for a in tag_archs(t.platform)}
     for e in elfs:
         if e.machine in _DEVICE_CODE:  # GPU code objects ride as data; the GPU runtime loads them
             continue
