@@ -100,9 +100,19 @@ def for_install(lock: Path, dest: Path, extra: str = "") -> Path:
     return dest
 
 
-# How every locked set is installed: hashes checked, wheels only, PyPI as the index (the lock's own
-# option lines add the PyTorch CPU index or this machine's stand-in).
-LOCKED_INSTALL = ("--require-hashes", "--only-binary", ":all:", "--index-url", "https://pypi.org/simple")
+def locked_install(index_url: str = "https://pypi.org/simple", behind: tuple[str, ...] = ()) -> tuple[str, ...]:
+    """How a locked set is installed: hashes checked, wheels only, from `index_url` (and the indexes `behind`
+    it, merged in); the lock's own option lines add the PyTorch CPU index or this machine's stand-in."""
+    return ("--require-hashes", "--only-binary", ":all:", "--index-url", index_url, *extra_indexes(behind))
+
+
+def extra_indexes(behind: tuple[str, ...]) -> tuple[str, ...]:
+    """pip's and uv's options merging the indexes `behind` into the one asked first."""
+    return tuple(a for url in behind for a in ("--extra-index-url", url))
+
+
+# How every locked set is installed by default: from PyPI.
+LOCKED_INSTALL = locked_install()
 
 # uv prefers an extra index over PyPI for every package it finds there ("first index"); with every
 # file hash-pinned, taking the best match across indexes is safe and matches pip.

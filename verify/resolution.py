@@ -36,6 +36,7 @@ from base.cli import dist_option, fresh_option
 from base.errors import StageError, report
 from base.version import install_file, python_tag
 from carriers.inputs import MANYLINUX_2_34, target_args
+from locks.indexes import extra_indexes
 
 from . import cached
 from .venv import VerifyError
@@ -177,7 +178,7 @@ def _resolve_in(
             raise ResolutionError(f"a venv of CPython {python} in {root} failed: {made.stderr[-1500:]}")
         cmd = ["chroot", str(root), "/kt-resolve/venv/bin/python", "-m", "pip", "install", "--isolated", "--dry-run"]
         cmd += ["--quiet", "--ignore-installed", "--report", "/kt-resolve/report.json", "--index-url", index_url]
-        cmd += [a for url in behind for a in ("--extra-index-url", url)]
+        cmd += extra_indexes(behind)
         # pip 25 verifies through truststore (the system's store: OpenSSL's, which SSL_CERT_FILE sets), not --cert
         env = {**os.environ, "SSL_CERT_FILE": "/kt-resolve/ca.pem"} if ca is not None else None
         got = progress.run_quiet([*cmd, *requirements], f"resolve: CPython {python} ({root.name})", env=env)
@@ -220,7 +221,7 @@ def resolve(
             str(report),
             "--index-url",
             index_url,
-            *[a for url in behind for a in ("--extra-index-url", url)],
+            *extra_indexes(behind),
             *target,
             *requirements,
         ]
@@ -416,9 +417,9 @@ def _from_published(args: argparse.Namespace, root: Path) -> int:
                 _say(r)
         sft: dict[str, Any] = {}
         if not args.no_install:
-            from .sft import verify_sft_from
+            from .sft import verify_sft
 
-            sft = verify_sft_from(args.index, behind, args.dist, paths.BUILD / "verify" / "published")
+            sft = verify_sft(args.dist, paths.BUILD / "verify" / "published", index_url=args.index, behind=behind)
             print(f"[resolve] sft installed from {args.index} and exercised: {sft['installed']} packages", flush=True)
     except (StageError, OSError, KeyError, ValueError) as exc:
         return report(exc)

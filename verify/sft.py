@@ -4,12 +4,10 @@ lookups by upstream name, kt-doctor clean, the training/resume control and kt_ke
 
 from __future__ import annotations
 
-import shutil
 import time
 from pathlib import Path
 from typing import Any
 
-from base import progress
 from base.paths import LOCKFILES
 from carriers.graph import closure
 from locks import indexes
@@ -20,17 +18,14 @@ from .profiles import core, root
 from .venv import (
     VerifyError,
     carrier_lines,
-    clean_env,
     doctor,
     fresh_venv,
     install,
     install_published,
     pip_check,
     probe,
-    published,
     run_probe,
     run_summary,
-    uv_installed,
     venv_json,
 )
 
@@ -95,12 +90,13 @@ def sft_checks(venv: Path, tag: str) -> dict[str, Any]:
     return result
 
 
-def verify_sft(dist: Path, work: Path) -> dict[str, Any]:
+def verify_sft(dist: Path, work: Path, *, index_url: str | None = None, behind: tuple[str, ...] = ()) -> dict[str, Any]:
     """The sft profile as users get it: a fresh venv from the published dist/install/sft-cp3XX.txt by hash
-    (torch's CUDA build, which runs on the CPU here), then every SFT check, the training step included."""
-    venv = fresh_venv(work / "sft")
+    (torch's CUDA build, which runs on the CPU here), then every SFT check, the training step included.
+    With `index_url`: its wheels from the index the release was published to (see install_published)."""
+    venv = fresh_venv(work / ("sft-published" if index_url else "sft"))
     t0 = time.perf_counter()
-    got, exercised = install_published(venv, dist, "sft")
+    got, exercised = install_published(venv, dist, "sft", index_url=index_url, behind=behind)
     install_s = time.perf_counter() - t0
     upstream = sorted(set(got) & set(owners.upstream()))
     if upstream:
@@ -109,32 +105,6 @@ def verify_sft(dist: Path, work: Path) -> dict[str, Any]:
     result.update(
         install_file=exercised, torch=got.get("torch", "?"), installed=len(got), install_s=round(install_s, 1)
     )
-    return result
-
-
-def verify_sft_from(index_url: str, behind: tuple[str, ...], dist: Path, work: Path) -> dict[str, Any]:
-    """The sft profile installed for real from the index the release was published to: the published
-    dist/install/sft-cp3XX.txt by hash, its carriers from `index_url` (the public index merged in where
-    `behind` names it), then every SFT check."""
-    venv = fresh_venv(work / "sft-published")
-    path, digest = published(dist, "sft")
-    uv = shutil.which("uv")
-    if uv is None:
-        raise VerifyError("uv is not on PATH; install lockfiles/verify.txt")
-    cmd = [uv, "pip", "install", "--color", "never", "--python", str(venv / "bin" / "python"), "--require-hashes"]
-    cmd += ["--only-binary", ":all:", "--index-url", index_url, *indexes.UV_ARGS]
-    cmd += [a for url in behind for a in ("--extra-index-url", url)]
-    print(f"sft: installing the published {path.name} from {index_url} into {venv} (several GB) ...", flush=True)
-    t0 = time.perf_counter()
-    proc = progress.run_quiet([*cmd, "-r", str(path)], f"verify {venv.name}: uv pip install", env=clean_env())
-    if proc.returncode != 0:
-        raise VerifyError(f"installing {path.name} from {index_url} failed:\n{proc.stderr[-3000:]}")
-    got = uv_installed(proc.stdout + proc.stderr)
-    result = sft_checks(venv, "sft")
-    result.update(
-        index=index_url,
-        install_file={"file": str(path.relative_to(dist)), "sha256": digest},
-        installed=len(got),
-        install_s=round(time.perf_counter() - t0, 1),
-    )
+    if index_url:
+        result["index"] = index_url
     return result

@@ -99,14 +99,22 @@ def published(dist: Path, profile: str, python: str | None = None) -> tuple[Path
     return dist / entry["file"], digest
 
 
-def install_published(venv: Path, dist: Path, profile: str) -> tuple[dict[str, str], dict[str, str]]:
+def install_published(
+    venv: Path, dist: Path, profile: str, *, index_url: str | None = None, behind: tuple[str, ...] = ()
+) -> tuple[dict[str, str], dict[str, str]]:
     """The published install file of `profile`, installed by hash into `venv` exactly as a user would
-    (`pip install --require-hashes -r FILE`, the release's wheels found beside it): (what uv installed,
-    {"file", "sha256"} of the file exercised)."""
+    (`pip install --require-hashes -r FILE`): the release's wheels found beside it, or, with `index_url`,
+    taken from the index the release was published to (the indexes `behind` it merged in). (What uv
+    installed, {"file", "sha256"} of the file exercised.)"""
     path, digest = published(dist, profile)
-    print(f"{profile}: installing the published {path.name} into {venv} (several GB) ...", flush=True)
-    got = uv_installed(uv_install(venv, path, f"the published {path.name}", "--find-links", str(dist)))
-    return got, {"file": str(path.relative_to(dist)), "sha256": digest}  # as manifest.json names it
+    where = f" from {index_url}" if index_url else ""
+    print(f"{profile}: installing the published {path.name}{where} into {venv} (several GB) ...", flush=True)
+    if index_url is None:
+        out = uv_install(venv, path, f"the published {path.name}", "--find-links", str(dist))
+    else:
+        locked = (*indexes.locked_install(index_url, behind), *indexes.UV_ARGS)
+        out = uv_install(venv, path, f"the published {path.name}{where}", locked=locked)
+    return uv_installed(out), {"file": str(path.relative_to(dist)), "sha256": digest}  # as manifest.json names it
 
 
 def clean_env() -> dict[str, str]:
@@ -139,7 +147,7 @@ def pip_check(venv: Path) -> None:
         raise VerifyError(f"pip check failed in {venv}:\n{proc.stdout}{proc.stderr}")
 
 
-def uv_install(venv: Path, req: Path, what: str, *extra: str) -> str:
+def uv_install(venv: Path, req: Path, what: str, *extra: str, locked: tuple[str, ...] = indexes.LOCKED_INSTALL) -> str:
     """uv pip install --require-hashes of `req` into `venv` (the GPU-sized profiles: uv links files from
     its cache, where pip would copy several GB); uv's output, whose ` + name==version` lines say
     what it installed."""
@@ -150,7 +158,7 @@ def uv_install(venv: Path, req: Path, what: str, *extra: str) -> str:
     # env), which colours every line (a local run of the workflow found the verify job failing on that)
     cmd = [uv, "pip", "install", "--color", "never", "--python", str(venv / "bin" / "python")]
     proc = progress.run_quiet(
-        [*cmd, *indexes.LOCKED_INSTALL, *extra, "-r", str(req)], f"verify {venv.name}: uv pip install", env=clean_env()
+        [*cmd, *locked, *extra, "-r", str(req)], f"verify {venv.name}: uv pip install", env=clean_env()
     )
     if proc.returncode != 0:
         raise VerifyError(f"installing {what} into {venv} failed:\n{proc.stderr[-3000:]}")
