@@ -127,22 +127,20 @@ def _isa_needed(elf: Any, seg: Any) -> str:
     return ""
 
 
-def _forbidden_candidates(by_name: dict[str, Any], forbidden: frozenset[str]) -> tuple[str, ...]:
+def _forbidden_candidates(by_name: dict[str, Any], strings: bytes | None, forbidden: frozenset[str]) -> tuple[str, ...]:
     """The undefined dynamic symbols named in `forbidden` that the loader must resolve: a weak reference
     (STB_WEAK) is optional, the library works without it, and is no use (as auditwheel's blacklist check
-    sees it). Only names that are whole strings of .dynstr can be symbols; of those, one the hash table
-    finds is defined here, so the symbol table is walked only for what remains (libtorch: one section
-    read, no walk)."""
-    from elftools.elf.hash import ELFHashSection, GNUHashSection
+    sees it). Only names that are whole strings of .dynstr (`strings`) can be symbols; of those, one the
+    hash table finds is defined here, so the symbol table is walked only for what remains (libtorch: one
+    section read, no walk)."""
     from elftools.elf.sections import SymbolTableSection
 
-    dynstr, dynsym = by_name.get(".dynstr"), by_name.get(".dynsym")
-    if not forbidden or dynstr is None or not isinstance(dynsym, SymbolTableSection):
+    dynsym = by_name.get(".dynsym")
+    if not forbidden or strings is None or not isinstance(dynsym, SymbolTableSection):
         return ()
-    strings = b"\0" + dynstr.data()
     named = sorted(n for n in forbidden if b"\0" + n.encode() + b"\0" in strings)
-    table = by_name.get(".gnu.hash") or by_name.get(".hash")
-    if isinstance(table, GNUHashSection | ELFHashSection):
+    table = _hash_table(by_name)
+    if table is not None:
         named = [n for n in named if table.get_symbol(n) is None]
     if not named:
         return ()
@@ -158,25 +156,43 @@ def _forbidden_candidates(by_name: dict[str, Any], forbidden: frozenset[str]) ->
     )
 
 
+def _hash_table(by_name: dict[str, Any]) -> Any:
+    """The dynamic symbol hash table (.gnu.hash, else .hash), which finds a defined symbol without a walk."""
+    from elftools.elf.hash import ELFHashSection, GNUHashSection
+
+    table = by_name.get(".gnu.hash") or by_name.get(".hash")
+    return table if isinstance(table, GNUHashSection | ELFHashSection) else None
+
+
 _PYFPE = ("PyFPE_jbuf", "PyFPE_dummy", "PyFPE_counter")
 
 
-def _python_facts(member: str, by_name: dict[str, Any]) -> tuple[int, bool, bool]:
+def _python_facts(member: str, by_name: dict[str, Any], strings: bytes | None) -> tuple[int, bool, bool]:
     """(extension version, PyFPE use, UCS2 use) as auditwheel reads them from the first symbol table:
     an extension defines its init function (PyInit_<module>: 3; init<module> or _cffi_pypyinit_<module>:
-    2); a use is an undefined function (or untyped) symbol. The walk runs only where .dynstr names one."""
+    2); a use is an undefined function (or untyped) symbol. Where .dynstr (`strings`) names no such symbol
+    nothing is read; where it names only init functions, the hash table answers; else the table is walked."""
     from elftools.elf.sections import SymbolTableSection
 
     table = by_name.get(".dynsym") or by_name.get(".symtab")
-    dynstr = by_name.get(".dynstr")
     if not isinstance(table, SymbolTableSection):
         return 0, False, False
     modname = member.rsplit("/", 1)[-1].rsplit("!", 1)[-1].split(".", 1)[0]
     inits = {f"PyInit_{modname}": 3, f"init{modname}": 2, f"_cffi_pypyinit_{modname}": 2}
-    strings = b"\0" + dynstr.data() if dynstr is not None and table.name == ".dynsym" else None
-    wanted = [n.encode() for n in (*inits, *_PYFPE)] + [b"PyUnicodeUCS2_"]
-    if strings is not None and not any(w in strings for w in wanted):
-        return 0, False, False
+    hashed = _hash_table(by_name)
+    if strings is not None and table.name == ".dynsym":
+        named = [n for n in inits if n.encode() + b"\0" in strings]  # a suffix: linkers merge string tails
+        uses = any(n.encode() + b"\0" in strings for n in _PYFPE) or b"PyUnicodeUCS2_" in strings
+        if not named and not uses:
+            return 0, False, False
+        if not uses and hashed is not None:
+            found = [hashed.get_symbol(n) for n in named]
+            defined = [
+                inits[n]
+                for n, sym in zip(named, found, strict=True)
+                if sym is not None and sym.entry.st_shndx != "SHN_UNDEF" and sym.entry.st_info.type == "STT_FUNC"
+            ]
+            return (defined[0] if defined else 0), False, False
     ext, fpe, ucs2 = 0, False, False
     for s in table.iter_symbols():
         name = s.name
@@ -273,7 +289,9 @@ def read_elf_stream(
                 ):
                     exported.append(s.name)
         exec_secs = tuple(exec_list)
-        py_ext, pyfpe, ucs2 = _python_facts(member, by_name)
+        dynstr: Any = by_name.get(".dynstr")
+        strings = b"\0" + dynstr.data() if dynstr is not None else None  # read once, searched by both
+        py_ext, pyfpe, ucs2 = _python_facts(member, by_name, strings)
         fatbin: Any = by_name.get(".nv_fatbin")
         table = by_name.get(".symtab") or dynsym
         syms: list[tuple[int, str]] = []
@@ -300,7 +318,7 @@ def read_elf_stream(
             osabi=str(elf["e_ident"]["EI_OSABI"]),
             fatbin_bytes=fatbin["sh_size"] if fatbin is not None else 0,
             isa_needed=isa,
-            forbidden_candidates=_forbidden_candidates(by_name, forbidden),
+            forbidden_candidates=_forbidden_candidates(by_name, strings, forbidden),
             interp=interp,
             eflags=elf["e_flags"],
             py_ext=py_ext,
