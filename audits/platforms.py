@@ -245,15 +245,10 @@ def target(platforms: list[str], elfs: list[ElfFacts]) -> tuple[Target | None, s
     if families and families <= set(NON_LINUX):
         names = " and ".join(sorted(NON_LINUX[f] for f in families))
         return None, f"a wheel for {names}: auditwheel's policies judge Linux ELF files only"
-    arch = tag_arch(platforms)
-    unknown = ""
-    for e in host_elfs(elfs):
-        got, why = elf_arch(e)
-        if got is None:
-            unknown = unknown or f"{e.member}: {why}"
-        elif arch is None:
-            arch = got
-    usable = [e for e in host_elfs(elfs) if arch is not None and elf_arch(e)[0] == arch]
+    read = [(e, *elf_arch(e)) for e in host_elfs(elfs)]
+    unknown = next((f"{e.member}: {why}" for e, got, why in read if got is None), "")
+    arch = tag_arch(platforms) or next((got for _, got, _ in read if got is not None), None)
+    usable = [e for e, got, _ in read if arch is not None and got == arch]
     if not usable:
         if unknown:
             return None, f"no ELF file of an architecture auditwheel knows ({unknown})"

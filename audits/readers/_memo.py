@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import os
 from collections.abc import Callable
+from functools import cache
 from pathlib import Path
 
 
@@ -19,6 +20,7 @@ def _root() -> Path | None:
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "kt-audit" / "checked"
 
 
+@cache
 def _version(dist: str) -> str | None:
     from importlib.metadata import PackageNotFoundError, version
 
