@@ -131,8 +131,9 @@ def release_files(dist: Path, manifest: dict[str, Any]) -> tuple[dict[str, tuple
 
 def plan_for(
     dist: Path, index_url: str, *, add_to_existing: bool = False, rules_file: Path = RULES_FILE
-) -> tuple[Plan, dict[str, tuple[str, int]], list[str]]:
-    """The release's plan against `index_url` (the verdict checked first), its files and the unlisted ones."""
+) -> tuple[Plan, dict[str, tuple[str, int]]]:
+    """The release's plan against `index_url` (the verdict checked first), and its files; the plan notes
+    the wheels in dist/ it leaves out."""
     manifest = releasable(dist)
     files, unlisted = release_files(dist, manifest)
     rules = load_rules(index_url, rules_file)
@@ -143,7 +144,7 @@ def plan_for(
         states[project] = project_state(index_url, project)
     plan = make_plan(files, index_url, rules, states, add_to_existing=add_to_existing)
     plan.notes += [f"{n} is in {dist} but not in SHA256SUMS: not uploaded" for n in unlisted]
-    return plan, files, unlisted
+    return plan, files
 
 
 def publish(
@@ -159,7 +160,7 @@ def publish(
 ) -> list[tuple[str, str]]:
     """Check the plan, then upload the release's wheels in dependency order, verifying each served file by
     sha256: (file, what happened) for each. Nothing is uploaded when the plan is refused (PublishError)."""
-    plan, files, _ = plan_for(dist, index_url, add_to_existing=add_to_existing, rules_file=rules_file)
+    plan, files = plan_for(dist, index_url, add_to_existing=add_to_existing, rules_file=rules_file)
     print(render(plan), flush=True)
     if not plan.ok:
         raise PublishError(
