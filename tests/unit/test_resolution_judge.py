@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from verify.resolution import judge
 
 KT = "kt_kernel-0.6.1-cp311-abi3-manylinux_2_34_x86_64.whl"
@@ -68,3 +70,19 @@ def test_an_sdist_only_package_on_a_python_not_run_here_is_not_verified_not_pass
     assert "outlines-core has only an sdist for CPython 3.13" in result.not_verified
     assert result.as_dict()["ok"] is False
     assert result.problems == []
+
+
+def test_a_resolution_from_the_published_index_that_could_not_run_is_no_pass(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """After publishing: a profile NOT VERIFIED from the index (no interpreter for an sdist-only package)
+    makes the verification INCOMPLETE (exit 2), a problem makes it fail (exit 1), and only all checked is 0."""
+    from verify.resolution import _published_status
+
+    ok = {"profile": "sft", "python": "3.11", "problems": [], "not_verified": ""}
+    unchecked = {**ok, "python": "3.12", "not_verified": "xformers has only an sdist for CPython 3.12"}
+    wrong = {**ok, "problems": ["kt-kernel 0.6.1 comes from https://pypi.org/..., not from the release's own files"]}
+    assert _published_status([ok]) == 0
+    assert _published_status([ok, unchecked]) == 2
+    assert "not verified from the index: sft on CPython 3.12" in capsys.readouterr().err
+    assert _published_status([wrong, unchecked]) == 1
