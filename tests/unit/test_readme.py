@@ -25,7 +25,10 @@ def test_ci_runs_the_readme_test_command_then_lint() -> None:
 
 
 def test_the_readme_is_a_front_door() -> None:
-    """At most 150 lines of at most 120 characters; every path it names exists, every link resolves."""
+    """At most 150 lines of at most 120 characters; every source path it names exists, every link resolves.
+
+    What the first command writes (`dist/`, `build/`) is not in a clean clone, so it is not looked for.
+    """
     text = (ROOT / "README.md").read_text()
     lines = text.splitlines()
     assert len(lines) <= 150
@@ -33,7 +36,9 @@ def test_the_readme_is_a_front_door() -> None:
     for link in re.findall(r"\]\(([^)#]+)\)", text):
         assert (ROOT / link).exists(), link
     named = set(re.findall(r"`((?:[a-z_]+/)+[A-Za-z0-9_.-]*)`", text))
-    missing = [p for p in sorted(named) if not (ROOT / p.rstrip("/")).exists() and "NAME" not in p]
+    outputs = ("dist/", "build/")
+    sources = [p for p in sorted(named) if "NAME" not in p and not p.startswith(outputs)]
+    missing = [p for p in sources if not (ROOT / p.rstrip("/")).exists()]
     assert missing == []
 
 
