@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import fnmatch
-import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -35,6 +34,7 @@ from .readers import ElfFacts, FeatureUse, WheelFacts, read_wheel
 from .readers import _sbom as sbom_reader
 from .readers._cuda import KernelPayload, find_cuobjdump, read_kernel_payload
 from .readers._install import read_install_files
+from .readers._json import RELEASE_MANIFEST as RELEASE_MANIFEST_SCHEMA
 from .readers._json import SIZE_BASELINE, load
 from .readers._payload import ArchiveFacts, WheelSummary, read_archive, summarize
 from .readers._wheel import ReadOptions, file_digest
@@ -284,16 +284,17 @@ RELEASE_MANIFEST_MAX = 16 << 20
 
 
 def _release_manifest(path: Path) -> tuple[dict[str, Any] | None, str]:
-    """dist/manifest.json, or why it cannot be read (never an exception: it is input like any other)."""
+    """dist/manifest.json checked against its schema (release-manifest.schema.json), or why it cannot be
+    read (never an exception: it is input like any other)."""
     try:
         if path.is_symlink() or not path.is_file():
             return None, "not a regular file"
         if path.stat().st_size > RELEASE_MANIFEST_MAX:
             return None, f"over {RELEASE_MANIFEST_MAX >> 20} MiB"
-        data = json.loads(path.read_bytes())
-    except (OSError, ValueError, RecursionError) as exc:
+        data = path.read_bytes()
+    except OSError as exc:
         return None, f"{type(exc).__name__}: {str(exc)[:200]}"
-    return (data, "") if isinstance(data, dict) else (None, "not a JSON object")
+    return load(data, RELEASE_MANIFEST_SCHEMA)
 
 
 def _waive(f: Finding, dist_name: str, policy: Policy) -> Finding:

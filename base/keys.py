@@ -17,6 +17,7 @@ from __future__ import annotations
 import ast
 import functools
 import hashlib
+import json
 import os
 import shutil
 import subprocess
@@ -63,6 +64,11 @@ ENVIRONMENT: Mapping[str, tuple[str, ...]] = {
     "LD_PRELOAD": _PYTHON_STAGES,
     "LD_LIBRARY_PATH": _PYTHON_STAGES,
 }
+
+
+def value_sha256(value: object) -> str:
+    """The sha256 of a JSON-able value (keys sorted): a key's ingredient that is not a file."""
+    return hashlib.sha256(json.dumps(value, sort_keys=True, default=str).encode()).hexdigest()
 
 
 def file_sha256(path: Path) -> str:

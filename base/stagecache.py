@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-from . import keys, paths
+from . import distdir, keys, paths
 
 CACHE = paths.STAGE_CACHE
 SKIP_PARTS = keys.SKIP_PARTS
@@ -61,7 +61,8 @@ def tree_sha256(*roots: Path, suffixes: Sequence[str] = ()) -> str:
 
 
 def value_sha256(value: object) -> str:
-    return hashlib.sha256(json.dumps(value, sort_keys=True, default=str).encode()).hexdigest()
+    """The sha256 of a JSON-able value (keys sorted)."""
+    return keys.value_sha256(value)
 
 
 def python_sha256() -> str:
@@ -80,58 +81,9 @@ def cpu_sha256() -> str:
     return value_sha256(wanted)
 
 
-class DistError(Exception):
-    """dist/SHA256SUMS is missing or a file differs from it."""
-
-
-def dist_sha256(dist: Path = paths.DIST) -> str:
-    """The key of exactly the files a release's dist/ lists in SHA256SUMS (every wheel and install
-    file), after re-hashing each one, and of its manifest.json (which SHA256SUMS does not list, yet
-    the stages read); DistError if any is missing or differs."""
-    sums = dist / "SHA256SUMS"
-    try:
-        text = sums.read_text()
-    except OSError:
-        raise DistError(f"{sums} is missing; build the release first (nox -s build_all)") from None
-    for line in text.splitlines():
-        if not line.strip():
-            continue
-        digest, name = line.split(maxsplit=1)
-        try:
-            actual = file_sha256(dist / name)
-        except OSError:
-            raise DistError(f"{dist / name}: listed in SHA256SUMS but unreadable; rebuild dist/") from None
-        if actual != digest:
-            raise DistError(
-                f"{dist / name}: sha256 {actual[:16]} differs from SHA256SUMS ({digest[:16]}); rebuild dist/"
-            )
-    try:
-        manifest = manifest_sha256(dist / "manifest.json")
-    except OSError:
-        raise DistError(f"{dist / 'manifest.json'} is missing; rebuild dist/ (nox -s build_all)") from None
-    return hashlib.sha256(text.encode() + b"\0" + manifest.encode()).hexdigest()
-
-
-VERDICT_MEMBER = "release"  # manifest.json's member the release report writes: its output, no stage's input
-
-
-def manifest_sha256(path: Path) -> str:
-    """manifest.json's digest without the release verdict (release/report.py writes it last, after every
-    stage keyed the manifest); a file that is not a JSON object is hashed as it is."""
-    data = path.read_bytes()
-    try:
-        parsed = json.loads(data)
-    except ValueError:
-        parsed = None
-    if not isinstance(parsed, dict):
-        return hashlib.sha256(data).hexdigest()
-    parsed.pop(VERDICT_MEMBER, None)
-    return value_sha256(["manifest without its verdict", parsed])  # its content, with the verdict or not
-
-
 def output_sha256(path: Path) -> str:
     """A stage output's digest: a release manifest without its verdict, any other file whole."""
-    return manifest_sha256(path) if path.name == "manifest.json" else file_sha256(path)
+    return distdir.manifest_sha256(path) if path.name == distdir.MANIFEST else file_sha256(path)
 
 
 def today() -> str:

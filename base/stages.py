@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from . import keys, paths, stagecache
+from . import distdir, keys, paths, stagecache
 
 ASSEMBLE_ENTRY = "carriers.__main__"
 AUDIT_ENTRY = "release.audit"
@@ -94,13 +94,6 @@ def assemble(kernel: Path, dist: Path, pythons: Sequence[str] | None, *, fresh: 
     return stagecache.Stage("assemble", ingredients, fresh=fresh, environment=env, covers=[*covers, *more])
 
 
-def assembled_outputs(dist: Path) -> list[Path]:
-    """What the assembly wrote: every file SHA256SUMS lists, SHA256SUMS and manifest.json."""
-    sums = dist / "SHA256SUMS"
-    names = [line.split(maxsplit=1)[1] for line in sums.read_text().splitlines() if line.strip()]
-    return [dist / n for n in names] + [sums, dist / "manifest.json"]
-
-
 def audit(
     dist: Path,
     reports: Sequence[Path],
@@ -117,7 +110,7 @@ def audit(
     outside, more = _outside("audit", d)
     ingredients = {
         "vulnerability data": vulnerabilities or "skipped",
-        "dist": stagecache.dist_sha256(dist),
+        "dist": distdir.key(dist),
         **code,
         **outside,
         "baseline": stagecache.file_sha256(baseline) if baseline else "none",
@@ -152,7 +145,7 @@ def verify(
     outside, more = _outside("verify", d)
     ingredients = {
         **{f"arg:{k}": stagecache.value_sha256(v) for k, v in (extra or {}).items()},
-        "dist": DIST_FREE if dist_key == DIST_FREE else dist_key or stagecache.dist_sha256(dist),
+        "dist": DIST_FREE if dist_key == DIST_FREE else dist_key or distdir.key(dist),
         **code,
         **outside,
         "python": stagecache.python_sha256(),

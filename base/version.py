@@ -41,8 +41,3 @@ def python_key(version: str) -> tuple[int, int]:
 def python_tag(version: str) -> str:
     """ "3.12" -> "cp312", the interpreter tag of its wheels (and of the install files' names)."""
     return "cp" + version.replace(".", "")
-
-
-def install_file(dist: Path, profile: str, python: str) -> Path:
-    """dist/install/PROFILE-cp3NN.txt: the pip install file users get for `profile` on CPython `python`."""
-    return dist / "install" / f"{profile}-{python_tag(python)}.txt"

@@ -27,7 +27,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from base import paths
+from base import distdir, paths
 from base.cli import dist_option
 from base.errors import StageError, report
 from base.keys import file_sha256
@@ -284,13 +284,13 @@ def _main(argv: list[str] | None) -> int:
             "reference_peak_disk_bytes": ref_disk.peak,
             "disk_limit_bytes": extracted + biggest_part,
         }
-    dist_manifest = json.loads((args.dist / "manifest.json").read_text())
+    dist_manifest = distdir.read_manifest(args.dist / distdir.MANIFEST)
     from audits import load_policy
 
     budget = load_policy().wheel_budget_bytes
     res["wheels"] = [
-        {"filename": w["filename"], "bytes": w["size"], "budget_pct": round(100 * w["size"] / budget, 1)}
-        for w in dist_manifest["wheels"]
+        {"filename": w.filename, "bytes": w.size, "budget_pct": round(100 * w.size / budget, 1)}
+        for w in dist_manifest.wheels
     ]
     _say("auditing dist/ (payload streamed, every archived ELF inspected)")
     res["audit"] = audit_numbers(args.dist)

@@ -10,18 +10,18 @@ error. The bundle is written beside its target and renamed into place: complete,
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
+from packaging.utils import canonicalize_name, parse_wheel_filename
 
+from base import distdir
 from base.errors import StageError
 from base.keys import file_sha256
-from base.version import install_file, python_tag
+from base.version import python_tag
 from carriers.inputs import MANYLINUX_2_34, download
 from locks.read import parse_pins
 
@@ -61,35 +61,26 @@ def _readme(profile: str, python: str, install: str, count: int, size: int) -> s
 
 def build(dist: Path, profile: str, python: str, out: Path, *, index_url: str = "https://pypi.org/simple") -> Bundle:
     """Write the bundle of `profile` for `python` from the release in `dist` into `out` (which must not exist)."""
-    install = install_file(dist, profile, python)
-    if not install.is_file():
-        have = sorted(p.name for p in (dist / "install").glob("*.txt")) if (dist / "install").is_dir() else []
+    try:
+        release = distdir.open_release(dist)  # every listed file re-hashed: the bundle copies what was released
+    except distdir.DistError as exc:
+        raise BundleError(str(exc)) from None
+    entry = release.manifest.install_file(profile, python)
+    if entry is None:
+        have = [Path(f.file).name for f in release.manifest.install or () if f.format == "requirements"]
         raise BundleError(
-            f"{install} does not exist: no install profile {profile!r} for CPython {python} in this release "
-            f"(it has {', '.join(have) or 'no install files: run nox -s build_all'})"
+            f"{dist / distdir.install_name(profile, python)} does not exist: no install profile {profile!r} for "
+            f"CPython {python} in this release (it has {', '.join(have) or 'no install files: run nox -s build_all'})"
         )
     if out.exists():
         raise BundleError(f"{out} exists; give a new directory (the bundle is written whole or not at all)")
+    install = dist / entry.file
     text = install.read_text()
     wanted = pins(text, install)
-    local = {}
-    release = set()
-    for wheel in sorted(dist.glob("*.whl")):
-        try:
-            name = canonicalize_name(parse_wheel_filename(wheel.name)[0])
-        except InvalidWheelFilename:
-            raise BundleError(f"{wheel}: not a wheel filename; {dist} is not a release nox -s build_all made") from None
-        release.add(name)
-        if name in wanted and file_sha256(wheel) in wanted[name][1]:
-            local[name] = wheel
-    manifest = dist / "manifest.json"  # the release's distributions, also those whose wheel went missing
-    if manifest.is_file():
-        try:
-            listed = json.loads(manifest.read_text())["wheels"]
-            release |= {canonicalize_name(str(w["name"])) for w in listed}
-        except (ValueError, KeyError, TypeError) as exc:
-            raise BundleError(f"{manifest}: not a release manifest ({exc!r}); rebuild it (nox -s build_all)") from None
-    missing = sorted((release & set(wanted)) - set(local))
+    local = {
+        w.name: dist / w.filename for w in release.manifest.wheels if w.name in wanted and w.sha256 in wanted[w.name][1]
+    }
+    missing = sorted({w.name for w in release.manifest.wheels} & set(wanted) - set(local))
     if missing:
         raise BundleError(
             f"{install.name} pins {', '.join(missing)} by a sha256 no wheel in {dist} has: the install file and the "

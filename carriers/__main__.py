@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
+import time
 from pathlib import Path
 
-from base import stages, swap
+from base import distdir, stages, swap
 from base.cli import dist_option, fresh_option
 from base.errors import StageError, report
 
@@ -43,30 +43,33 @@ def main(argv: list[str] | None = None) -> int:
         swap.sweep()  # what killed runs left (a live run's names carry a live pid), a parked dist/ put back
         stage = stages.assemble(args.kernel, args.dist, pythons, fresh=args.fresh)
         reused = stage.reuse() is not None  # dist/ holds exactly what these inputs assemble into
+        elapsed = 0.0
         if reused:
-            manifest = json.loads((args.dist / "manifest.json").read_text())
+            manifest = distdir.read_manifest(args.dist / distdir.MANIFEST)
             assemble.check_reused(cs, manifest, pythons)  # what a run checks, on a hit too
         else:
+            t0 = time.perf_counter()
             manifest = assemble.assemble(cs, kernels, args.dist, pythons=pythons, memo=not stage.fresh)
-            stage.outputs = stages.assembled_outputs(args.dist)
+            elapsed = time.perf_counter() - t0
+            stage.outputs = distdir.outputs(args.dist)
             stage.done()
     except StageError as exc:  # carriers.CarrierError, and the locks' and base's roots below it
         return report(exc)
-    width = max(len(w["filename"]) for w in manifest["wheels"])
-    for w in manifest["wheels"]:
-        print(f"{w['filename']:<{width}}  {w['size'] / 2**20:8.2f} MiB  {w['sha256'][:16]}  {w['kind']}")
+    width = max(len(w.filename) for w in manifest.wheels)
+    for w in manifest.wheels:
+        print(f"{w.filename:<{width}}  {w.size / 2**20:8.2f} MiB  {w.sha256[:16]}  {w.kind}")
     print(
-        f"torch: {consistency.torch_summary(manifest['torch'])} (every carrier's requirement; released: "
-        f"{', '.join(manifest['torch_candidates'])})"
+        f"torch: {consistency.torch_summary(manifest.torch)} (every carrier's requirement; released: "
+        f"{', '.join(manifest.torch_candidates)})"
     )
     if reused:
-        print(f"reused the {len(manifest['wheels'])} wheels in {args.dist}: assembled before from these inputs")
+        print(f"reused the {len(manifest.wheels)} wheels in {args.dist}: assembled before from these inputs")
     else:
-        print(f"assembled {len(manifest['wheels'])} wheels into {args.dist} in {manifest['elapsed_s']:.1f}s")
-    per = {v: sum(v in w["pythons"] for w in manifest["wheels"]) for v in manifest["pythons"]}
+        print(f"assembled {len(manifest.wheels)} wheels into {args.dist} in {elapsed:.1f}s")
+    per = {v: sum(v in w.pythons for w in manifest.wheels) for v in manifest.pythons}
     print("Pythons: " + ", ".join(f"{v} ({n} wheels)" for v, n in per.items()))
-    if "partial" in manifest:
-        print(f"PARTIAL development release: no wheels for {', '.join(manifest['partial']['missing'])}; not a release")
+    if manifest.partial:
+        print(f"PARTIAL development release: no wheels for {', '.join(manifest.partial.missing)}; not a release")
     return 0
 
 

@@ -5,10 +5,8 @@ failure leaves the previous dist/ exactly as it was."""
 from __future__ import annotations
 
 import functools
-import json
 import os
 import shutil
-import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,7 +14,7 @@ from typing import Any
 
 from packaging.utils import parse_wheel_filename
 
-from base import progress, stagecache, stages, swap
+from base import distdir, progress, stagecache, stages, swap
 
 from . import consistency, inputs, install, licensing, payload, sbom, transform, wheelio
 from .errors import ConsistencyError, InputError
@@ -33,7 +31,7 @@ class Built:
     path: Path
     inputs: list[dict[str, str]] = field(default_factory=list)
     patches: list[dict[str, str]] = field(default_factory=list)
-    payload: dict[str, Any] | None = None  # the lazy CUDA archive's summary (on one entry)
+    payload: distdir.Payload | None = None  # the lazy CUDA archive's summary (on one entry)
 
 
 read_metadata = wheelio.read_metadata  # (Version, Requires-Dist) of a built wheel
@@ -275,20 +273,19 @@ def coverage_problems(built: Sequence[Built] | Sequence[tuple[str, str]], python
     return problems
 
 
-def check_reused(cs: CarrierSet, manifest: Mapping[str, Any], pythons: Sequence[str] | None) -> None:
-    """What an assembly checks, checked again on a dist/ reused from its record: the KT version, every
+def check_reused(cs: CarrierSet, manifest: distdir.Manifest, pythons: Sequence[str] | None) -> None:
+    """A reused dist/ is checked as a run checks what it assembles: the version file's version, every
     carrier present and serving every Python asked for, and the partial label (a partial dist/ is never
     reused as the whole release). ConsistencyError names each problem and the fix."""
     want = list(pythons or cs.pythons)
-    wheels = [(str(w["name"]), str(w["filename"])) for w in manifest.get("wheels", [])]
+    wheels = [(w.name, w.filename) for w in manifest.wheels]
     problems = []
-    if manifest.get("kt_version") != cs.kt_version:
-        problems.append(f"it is KT {manifest.get('kt_version')}, the version file says {cs.kt_version}")
-    if list(manifest.get("pythons", [])) != want:
-        problems.append(f"it serves CPython {', '.join(manifest.get('pythons', []))}, asked: {', '.join(want)}")
-    partial = manifest.get("partial")
-    if pythons is None and partial:
-        problems.append(f"it is a partial development release (no wheels for {', '.join(partial.get('missing', []))})")
+    if manifest.kt_version != cs.kt_version:
+        problems.append(f"it is KT {manifest.kt_version}, the version file says {cs.kt_version}")
+    if list(manifest.pythons) != want:
+        problems.append(f"it serves CPython {', '.join(manifest.pythons)}, asked: {', '.join(want)}")
+    if pythons is None and manifest.partial:
+        problems.append(f"it is a partial development release (no wheels for {', '.join(manifest.partial.missing)})")
     present = {n for n, _ in wheels}
     problems += [f"no {c.name} wheel" for c in cs.carriers if c.name not in present]
     problems += coverage_problems(wheels, want)
@@ -300,12 +297,26 @@ def check_reused(cs: CarrierSet, manifest: Mapping[str, Any], pythons: Sequence[
         )
 
 
+def _describe(b: Built, cs: CarrierSet) -> distdir.Wheel:
+    """manifest.json's record of one built wheel."""
+    return distdir.Wheel(
+        name=b.name,
+        version=b.version,
+        kind=b.kind,  # type: ignore[arg-type]  # carriers.toml's kinds, checked by its schema
+        filename=b.path.name,
+        sha256=inputs.sha256(b.path),
+        size=b.path.stat().st_size,
+        pythons=tuple(v for v in cs.pythons if inputs.serves(b.path.name, v)),
+        inputs=tuple(distdir.Input(**i) for i in b.inputs),
+        patches=tuple(distdir.Patch(**p) for p in b.patches),
+    )
+
+
 def assemble(
     cs: CarrierSet, kernel_wheel: Path | Sequence[Path], dist: Path, *, install_files: bool = True, **kwargs: Any
-) -> dict[str, Any]:
+) -> distdir.Manifest:
     """Build, check, describe, write the install files (dist/install/, unless install_files is False: a
     carrier set that is not the release's), then swap `dist` in whole. Returns the manifest."""
-    t0 = time.perf_counter()
     dist = dist.resolve()
     dist.parent.mkdir(parents=True, exist_ok=True)
     staging = dist.parent / f".{dist.name}-staging-{os.getpid()}"
@@ -323,56 +334,32 @@ def assemble(
         report = consistency.check(cs, metadata)
         if report.problems:
             raise ConsistencyError("the carrier set is inconsistent:\n  " + "\n  ".join(report.problems))
-        wheels: list[dict[str, Any]] = []
-        for b in built:
-            digest = inputs.sha256(b.path)
-            wheels.append(
-                {
-                    "name": b.name,
-                    "version": b.version,
-                    "kind": b.kind,
-                    "filename": b.path.name,
-                    "sha256": digest,
-                    "size": b.path.stat().st_size,
-                    "pythons": [v for v in cs.pythons if inputs.serves(b.path.name, v)],
-                    "inputs": b.inputs,
-                    "patches": b.patches,
-                }
-            )
-        pythons = list(kwargs.get("pythons") or cs.pythons)
-        manifest: dict[str, Any] = {
-            "schema_version": 1,
-            "kt_version": cs.kt_version,
-            "pythons": pythons,
-            "torch": report.torch,
-            "torch_candidates": list(report.torch_candidates),
-            "wheels": wheels,
-        }
-        if pythons != list(cs.pythons):  # asked for by name (--partial): never a release, and says so
-            missing = [v for v in cs.pythons if v not in pythons]
-            manifest["partial"] = {"pythons": pythons, "missing": missing}
-        summary = next((b.payload for b in built if b.payload), None)
-        if summary:
-            manifest["payload"] = summary
-        listed = [(w["sha256"], w["filename"]) for w in wheels]
+        wheels = tuple(_describe(b, cs) for b in built)
+        pythons = tuple(kwargs.get("pythons") or cs.pythons)
+        partial = None
+        if pythons != tuple(cs.pythons):  # asked for by name (--partial): never a release, and says so
+            partial = distdir.Partial(pythons, tuple(v for v in cs.pythons if v not in pythons))
+        files = None
         if install_files:
             progress.say("assemble", "install files: every profile for every Python (dist/install/)")
-            written = install.write(cs, staging, pythons, {w["filename"]: w["sha256"] for w in wheels})
-            manifest["install"] = []
-            for f in written:
-                digest = inputs.sha256(staging / f.path)
-                manifest["install"].append(
-                    {"profile": f.profile, "python": f.python, "file": f.path, "format": f.format, "sha256": digest}
-                )
-                listed.append((digest, f.path))
-        (staging / "SHA256SUMS").write_text("".join(f"{digest}  {name}\n" for digest, name in listed))
-        (staging / "manifest.json").write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+            files = tuple(install.write(cs, staging, pythons, {w.filename: w.sha256 for w in wheels}))
+        manifest = distdir.Manifest(
+            schema_version=distdir.SCHEMA_VERSION,
+            kt_version=cs.kt_version,
+            pythons=pythons,
+            torch=report.torch,
+            torch_candidates=tuple(report.torch_candidates),
+            wheels=wheels,
+            install=files,
+            partial=partial,
+            payload=next((b.payload for b in built if b.payload), None),
+        )
+        distdir.write(staging, manifest)
         # The swap: dist/ is the old tree or the new one after a kill at any instant, never a mix or absent.
         swap.replace_dir(staging, dist)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
-    manifest["elapsed_s"] = round(time.perf_counter() - t0, 2)
     return manifest
 
 

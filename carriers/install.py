@@ -9,9 +9,9 @@ directory, so they land in dist/ (and SHA256SUMS) with the wheels, or not at all
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +20,7 @@ from packaging.markers import default_environment
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name, parse_wheel_filename
 
-from base.version import python_tag
+from base import distdir
 from locks import indexes
 from locks import read as locks
 
@@ -28,18 +28,7 @@ from .errors import ConsistencyError
 from .graph import closure
 from .model import CarrierSet
 
-INSTALL_DIR = "install"
 PLATFORM = "manylinux_2_34_x86_64"  # the install profiles' locks resolve for x86_64 manylinux_2_34
-
-
-@dataclass(frozen=True)
-class InstallFile:
-    """One written install file (relative to dist/), for manifest.json."""
-
-    profile: str
-    python: str
-    path: str  # "install/serve-cp312.txt"
-    format: str  # "requirements" or "pylock"
 
 
 def _environment(python: str) -> dict[str, str]:
@@ -141,7 +130,7 @@ def _requirements(profile: str, python: str, pylock: Any, carriers: list[tuple[s
     lines = [
         f"# KT release install file: profile {profile} ({', '.join(roots(profile))}) for CPython {python}, "
         f"x86_64 Linux ({PLATFORM}).",
-        f"#   pip install --require-hashes -r {profile}-{python_tag(python)}.txt",
+        f"#   pip install --require-hashes -r {Path(distdir.install_name(profile, python)).name}",
         "# The carriers' hashes are the release's own wheels (SHA256SUMS); nothing else may install.",
         "--only-binary :all:",
     ]
@@ -178,7 +167,8 @@ def _pylock(profile: str, python: str, lock_text: str, carriers: list[tuple[str,
     body = lock_text.split("\n", 1)[1]  # the generator's header line goes; this file says what it is
     head = (
         f"# KT release install file: profile {profile} for CPython {python}, x86_64 Linux ({PLATFORM}).\n"
-        f"#   pip install -r pylock.{profile}-{python_tag(python)}.toml  (PEP 751; any installer that reads it)\n"
+        f"#   pip install -r {Path(distdir.install_name(profile, python, 'pylock')).name}"
+        "  (PEP 751; any installer that reads it)\n"
     )
     marker = f"python_version == '{python}' and sys_platform == 'linux' and platform_machine == 'x86_64'"
     env = f"environments = [{_toml_str(marker)}]\n"
@@ -195,13 +185,12 @@ def _pylock(profile: str, python: str, lock_text: str, carriers: list[tuple[str,
     return head + first + "\n" + env + rest.rstrip("\n") + "\n" + "".join(blocks)
 
 
-def write(cs: CarrierSet, staging: Path, pythons: Sequence[str], digests: dict[str, str]) -> list[InstallFile]:
-    """Every install file of every profile and Python into staging/install/; `digests`: wheel filename ->
-    sha256 (computed once by the assembly)."""
+def write(cs: CarrierSet, staging: Path, pythons: Sequence[str], digests: dict[str, str]) -> list[distdir.InstallFile]:
+    """Every install file of every profile and Python into staging/install/, as manifest.json records
+    them; `digests`: wheel filename -> sha256 (computed once by the assembly)."""
     from packaging.pylock import Pylock
 
-    out_dir = staging / INSTALL_DIR
-    out_dir.mkdir()
+    (staging / distdir.INSTALL_DIR).mkdir()
     written = []
     for profile in locks.install_profiles():
         reached = _closure(profile, staging)  # one walk of the wheels' metadata per profile
@@ -211,14 +200,12 @@ def write(cs: CarrierSet, staging: Path, pythons: Sequence[str], digests: dict[s
             for name in names:
                 wheel = _carrier_wheel(staging, name, python)
                 carriers.append((name, str(parse_wheel_filename(wheel.name)[1]), wheel, digests[wheel.name]))
-            tag = python_tag(python)
-            txt = out_dir / f"{profile}-{tag}.txt"
-            txt.write_text(_requirements(profile, python, pylock, carriers))
-            toml = out_dir / f"pylock.{profile}-{tag}.toml"
-            toml.write_text(_pylock(profile, python, locks.pylock_path(profile, python).read_text(), carriers))
-            Pylock.from_dict(tomllib.loads(toml.read_text())).validate()  # what we wrote is valid PEP 751
-            written += [
-                InstallFile(profile, python, f"{INSTALL_DIR}/{txt.name}", "requirements"),
-                InstallFile(profile, python, f"{INSTALL_DIR}/{toml.name}", "pylock"),
-            ]
+            txt = _requirements(profile, python, pylock, carriers)
+            toml = _pylock(profile, python, locks.pylock_path(profile, python).read_text(), carriers)
+            Pylock.from_dict(tomllib.loads(toml)).validate()  # what we write is valid PEP 751
+            for fmt, text in (("requirements", txt), ("pylock", toml)):
+                name, data = distdir.install_name(profile, python, fmt), text.encode()
+                (staging / name).write_bytes(data)
+                digest = hashlib.sha256(data).hexdigest()
+                written.append(distdir.InstallFile(profile, python, name, fmt, digest))  # type: ignore[arg-type]
     return written

@@ -29,6 +29,7 @@ from packaging.utils import parse_wheel_filename
 
 from audits.platforms import glibc_of
 from audits.readers import find_cuobjdump, list_archs
+from base import distdir
 
 from . import licensing, sbom, wheelio
 from .errors import ConsistencyError, InputError
@@ -542,12 +543,15 @@ def _finish_provider(
     return dest
 
 
-def manifest_summary(manifest: Mapping[str, Any]) -> dict[str, Any]:
+def manifest_summary(manifest: Mapping[str, Any]) -> distdir.Payload:
     """What dist/manifest.json records of the payload."""
-    return {
-        "archive_sha256": manifest["archive"]["sha256"],
-        "archive_size": manifest["archive"]["size"],
-        "files": len(manifest["files"]),
-        "extracted_size": sum(f["size"] for f in manifest["files"].values()),
-        "parts": [{k: p[k] for k in ("index", "distribution", "version", "size", "sha256")} for p in manifest["parts"]],
-    }
+    return distdir.Payload(
+        archive_sha256=manifest["archive"]["sha256"],
+        archive_size=manifest["archive"]["size"],
+        files=len(manifest["files"]),
+        extracted_size=sum(f["size"] for f in manifest["files"].values()),
+        parts=tuple(
+            distdir.Part(**{k: p[k] for k in ("index", "distribution", "version", "size", "sha256")})
+            for p in manifest["parts"]
+        ),
+    )

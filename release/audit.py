@@ -24,7 +24,7 @@ from typing import Any
 from audits import report
 from audits.__main__ import main as audit_main
 from audits.policy import load_policy
-from base import paths, stagecache, stages
+from base import distdir, paths, stagecache, stages
 from base.cli import dist_option, fresh_option
 from base.errors import StageError
 from base.errors import report as report_error
@@ -59,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.advisories is not None and args.advisories.exists():
             data = f"advisories {stagecache.tree_sha256(args.advisories)}"
         stage = stages.audit(args.dist, reports, args.baseline, vulnerabilities=data, fresh=fresh)
-    except stagecache.DistError as exc:
+    except distdir.DistError as exc:
         print(f"error: {exc}")
         return 2
     if stage.reuse() is not None:

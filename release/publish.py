@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import json
 import os
 import subprocess
 import sys
@@ -26,14 +25,12 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from pathlib import Path
-from typing import Any
 
 from packaging.utils import canonicalize_name, parse_wheel_filename
 
-from base import stagecache
+from base import distdir
 from base.cli import dist_option
 from base.errors import StageError, report
-from base.keys import file_sha256
 from carriers import wheelio
 from carriers.graph import Graph
 
@@ -62,70 +59,44 @@ def remote_sha256(url: str) -> str:
         return hashlib.file_digest(resp, "sha256").hexdigest()
 
 
-def releasable(dist: Path) -> dict[str, Any]:
-    """dist/'s manifest, if its release verdict (release/report.py, in manifest.json's `release`) judged
-    exactly these files and allows publishing (PASSED, or INCOMPLETE with every missing item accepted);
-    PublishError naming the verdict and what it lacks otherwise. A partial release is never published."""
-    path = dist / "manifest.json"
+def releasable(dist: Path) -> distdir.Release:
+    """dist/ opened (every listed file re-hashed), if its release verdict (release/report.py, in
+    manifest.json's `release`) judged exactly these files and allows publishing (PASSED, or INCOMPLETE
+    with every missing item accepted); PublishError naming the verdict and what it lacks otherwise. A
+    partial release is never published."""
     try:
-        manifest: dict[str, Any] = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise PublishError(f"{path} is missing: {dist} holds no release; build it (nox -s release)") from None
-    except (OSError, ValueError) as exc:
-        raise PublishError(f"{path} is unreadable ({exc}); rebuild the release (nox -s release)") from None
-    if manifest.get("partial"):
-        missing = ", ".join(manifest["partial"].get("missing", []))
-        raise PublishError(f"{dist} is a partial development release (no wheels for CPython {missing}); not published")
-    judged = manifest.get("release")
-    if not isinstance(judged, dict):
-        raise PublishError(f"{dist} has no release verdict: run nox -s release (or release_report) before publishing")
-    try:
-        key = stagecache.dist_sha256(dist)
-    except stagecache.DistError as exc:
+        release = distdir.open_release(dist)
+    except distdir.DistError as exc:
         raise PublishError(str(exc)) from None
-    if judged.get("dist_sha256") != key:
+    manifest = release.manifest
+    if manifest.partial:
+        missing = ", ".join(manifest.partial.missing)
+        raise PublishError(f"{dist} is a partial development release (no wheels for CPython {missing}); not published")
+    judged = manifest.release
+    if judged is None:
+        raise PublishError(f"{dist} has no release verdict: run nox -s release (or release_report) before publishing")
+    if judged.dist_sha256 != release.key():
         raise PublishError(
-            f"the release verdict in {path} ({judged.get('verdict')}, {judged.get('judged')}) judged other files "
-            f"than {dist} holds now; run nox -s release again"
+            f"the release verdict in {dist / distdir.MANIFEST} ({judged.verdict}, {judged.judged}) judged other "
+            f"files than {dist} holds now; run nox -s release again"
         )
-    if not judged.get("publishable"):
-        lacks = [f"{i['item']} ({i['detail']})" for i in judged.get("failed", []) + judged.get("missing", [])]
+    if not judged.publishable:
+        lacks = [f"{i.item} ({i.detail})" for i in judged.failed + judged.missing]
         raise PublishError(
-            f"the release is {judged.get('verdict')}, not published: "
+            f"the release is {judged.verdict}, not published: "
             + "; ".join(lacks[:10])
             + (f"; and {len(lacks) - 10} more" if len(lacks) > 10 else "")
             + ". Fix what failed; run what is missing, or accept it by name with a reason "
             "(nox -s release -- --accept 'ITEM=REASON', or the policy's [[accept_incomplete]])"
         )
-    return manifest
+    return release
 
 
-def release_files(dist: Path, manifest: dict[str, Any]) -> tuple[dict[str, tuple[str, int]], list[str]]:
-    """({wheel: (sha256, size)} of every wheel SHA256SUMS lists, each re-hashed; the .whl files in dist/
-    it does not list, which are never uploaded). PublishError if a listed file differs or is missing, or
-    SHA256SUMS and manifest.json list other wheels."""
-    sums = dist / "SHA256SUMS"
-    try:
-        lines = [line.split(maxsplit=1) for line in sums.read_text().splitlines() if line.strip()]
-    except OSError:
-        raise PublishError(f"{sums} is missing: {dist} holds no release; build it (nox -s release)") from None
-    files: dict[str, tuple[str, int]] = {}
-    for digest, name in lines:
-        if not name.endswith(".whl"):
-            continue  # install files: published with the release page, not to an index
-        path = dist / name
-        try:
-            actual, size = file_sha256(path), path.stat().st_size
-        except OSError:
-            raise PublishError(f"{path} is listed in SHA256SUMS but missing; rebuild dist/") from None
-        if actual != digest:
-            raise PublishError(f"{path}: sha256 {actual} is not SHA256SUMS's {digest}; rebuild dist/")
-        files[name] = (digest, size)
-    listed = {w["filename"]: w["sha256"] for w in manifest.get("wheels", [])}
-    if listed != {n: d for n, (d, _) in files.items()}:
-        odd = sorted(set(listed) ^ set(files)) or sorted(n for n in files if listed.get(n) != files[n][0])
-        raise PublishError(f"SHA256SUMS and manifest.json list other wheels ({', '.join(odd[:5])}); rebuild dist/")
-    unlisted = sorted(p.name for p in dist.glob("*.whl") if p.name not in files)
+def release_files(release: distdir.Release) -> tuple[dict[str, tuple[str, int]], list[str]]:
+    """({wheel: (sha256, size)} of every wheel the release lists (SHA256SUMS and manifest.json agree, each
+    re-hashed when it was opened); the .whl files in dist/ it does not list, which are never uploaded)."""
+    files = {w.filename: (w.sha256, w.size) for w in release.manifest.wheels}
+    unlisted = sorted(p.name for p in release.path.glob("*.whl") if p.name not in files)
     return files, unlisted
 
 
@@ -134,8 +105,7 @@ def plan_for(
 ) -> tuple[Plan, dict[str, tuple[str, int]]]:
     """The release's plan against `index_url` (the verdict checked first), and its files; the plan notes
     the wheels in dist/ it leaves out."""
-    manifest = releasable(dist)
-    files, unlisted = release_files(dist, manifest)
+    files, unlisted = release_files(releasable(dist))
     rules = load_rules(index_url, rules_file)
     projects = sorted({canonicalize_name(str(parse_wheel_filename(f)[0])) for f in files})
     states: dict[str, ProjectState] = {}

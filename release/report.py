@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import html
 import json
-import os
 import subprocess
 import sys
 import time
@@ -24,7 +23,7 @@ from packaging.utils import parse_wheel_filename
 from audits.errors import AuditError
 from audits.policy import load_policy
 from audits.report import printable
-from base import progress, stagecache
+from base import distdir, progress, stagecache
 from base.cli import dist_option
 from base.errors import StageError, report
 from base.paths import (
@@ -65,13 +64,13 @@ def _load(path: Path) -> Any:
     return json.loads(path.read_text()) if path.exists() else None
 
 
-def kernel_breakdown(dist: Path, manifest: dict[str, Any]) -> dict[str, int]:
+def kernel_breakdown(dist: Path, manifest: distdir.Manifest) -> dict[str, int]:
     """kt-kernel's compressed bytes by kind: CPU variants, CUDA payload, core, other."""
-    kt = next((w for w in manifest["wheels"] if w["name"] == "kt-kernel"), None)
+    kt = next((w for w in manifest.wheels if w.name == "kt-kernel"), None)
     if kt is None:
         return {}
     out = {"CPU variants": 0, "CUDA payload": 0, "baseline core": 0, "other": 0}
-    with zipfile.ZipFile(dist / kt["filename"]) as zf:
+    with zipfile.ZipFile(dist / kt.filename) as zf:
         for i in zf.infolist():
             key = (
                 "CPU variants"
@@ -169,13 +168,11 @@ def serving_line(verify: dict[str, Any]) -> str | None:
     )
 
 
-def pythons_line(manifest: dict[str, Any]) -> str:
+def pythons_line(manifest: distdir.Manifest) -> str:
     """The Pythons the release serves, and a partial development release said plainly."""
-    pythons = manifest.get("pythons", [])
-    line = f"Pythons: {', '.join(pythons) or 'unknown'}; {len(manifest.get('install', []))} install files"
-    partial = manifest.get("partial")
-    if partial:
-        line += f". PARTIAL DEVELOPMENT RELEASE: no wheels for {', '.join(partial.get('missing', []))}; not a release"
+    line = f"Pythons: {', '.join(manifest.pythons) or 'unknown'}; {len(manifest.install or ())} install files"
+    if manifest.partial:
+        line += f". PARTIAL DEVELOPMENT RELEASE: no wheels for {', '.join(manifest.partial.missing)}; not a release"
     return line
 
 
@@ -223,10 +220,10 @@ PERFORMANCE_HEADER = ["variant", "format", "tokens", "threads", "ours ms", "kt-k
 
 
 def render_html(
-    manifest: dict[str, Any],
+    manifest: distdir.Manifest,
     audit: dict[str, Any],
     verify: dict[str, Any],
-    baseline: dict[str, Any] | None,
+    baseline: distdir.Manifest | None,
     dist: Path,
     *,
     notes: list[str] | None = None,
@@ -240,12 +237,12 @@ def render_html(
     judged = judged or verdicts.Verdict(verdicts.audit_items(audit))
     verdict = judged.badge
     budget = load_policy().wheel_budget_bytes  # the audit policy owns it ([size] wheel_budget_mib)
-    parts = {p["distribution"]: p["size"] for p in (manifest.get("payload") or {}).get("parts", [])}
-    old = {parse_wheel_filename(w["filename"])[0]: w["size"] for w in (baseline or {}).get("wheels", [])}
+    parts = {p.distribution: p.size for p in manifest.payload.parts} if manifest.payload else {}
+    old = {parse_wheel_filename(w.filename)[0]: w.size for w in baseline.wheels} if baseline else {}
     out = [
-        f"<!doctype html><html lang=en><meta charset=utf-8><title>KT release {e(manifest['kt_version'])}</title>",
+        f"<!doctype html><html lang=en><meta charset=utf-8><title>KT release {e(manifest.kt_version)}</title>",
         f"<style>{CSS}</style><body>",
-        f"<h1>KT release {e(manifest['kt_version'])}</h1>",
+        f"<h1>KT release {e(manifest.kt_version)}</h1>",
         f"<p class=meta>commit <code>{e(_git_commit())}</code> &middot; release date {e(_release_date())} &middot; "
         f"report {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}</p>",
         f'<p id=verdict><span class="badge {_cls(verdict)}">{verdict}</span> audit: '
@@ -257,7 +254,7 @@ def render_html(
         *(f"<p class=note>{e(n)}</p>" for n in notes or []),
         *(f"<p id=serving>{e(line)}</p>" for line in [serving_line(verify)] if line),
         *(f"<p class=doctor>{e(p)}: {e(line)}</p>" for p, r in verify.items() if (line := doctor_line(r))),
-        f"<p>torch: the carriers allow <code>{e(torch_summary(str(manifest.get('torch', ''))))}</code>"
+        f"<p>torch: the carriers allow <code>{e(torch_summary(manifest.torch))}</code>"
         + "".join(f"; {e(p)} installed <code>{e(t)}</code>" for p, t in installed_torch(verify))
         + "</p>",
     ]
@@ -267,21 +264,21 @@ def render_html(
         "<th>license, SBOM</th></tr>"
     )
     supply = supply_chain(audit)
-    for w in manifest["wheels"]:
-        v = "pass" if errors.get(w["filename"]) == 0 else "FAIL" if w["filename"] in errors else "not audited"
-        share = w["size"] / budget
-        prev = old.get(parse_wheel_filename(w["filename"])[0])
-        change = f"{100 * (w['size'] - prev) / prev:+.1f}%" if prev else "new" if baseline else ""
-        part = f"{parts[w['name']] / 2**20:.1f} MiB" if w["name"] in parts else ""
+    for w in manifest.wheels:
+        v = "pass" if errors.get(w.filename) == 0 else "FAIL" if w.filename in errors else "not audited"
+        share = w.size / budget
+        prev = old.get(parse_wheel_filename(w.filename)[0])
+        change = f"{100 * (w.size - prev) / prev:+.1f}%" if prev else "new" if baseline else ""
+        part = f"{parts[w.name] / 2**20:.1f} MiB" if w.name in parts else ""
         over = " over" if share > 1 else ""
         out.append(
-            f"<tr><td><a href='{e(w['filename'])}'>{e(w['name'])}</a></td><td>{e(w['version'])}</td>"
-            f"<td>{e(w['kind'])}</td><td class=num>{w['size'] / 2**20:.2f} MiB</td>"
+            f"<tr><td><a href='{e(w.filename)}'>{e(w.name)}</a></td><td>{e(w.version)}</td>"
+            f"<td>{e(w.kind)}</td><td class=num>{w.size / 2**20:.2f} MiB</td>"
             f"<td class=num>{part}</td>"
             f"<td><span class='bar{over}' style='width:{min(share, 1) * 120:.0f}px'></span> "
             f"{100 * share:.0f}%</td><td class=num>{change}</td>"
-            f"<td title='{e(w['sha256'])}'><code>{e(w['sha256'][:16])}</code></td><td class={_cls(v)}>{v}</td>"
-            f"<td>{e(supply.get(w['filename'], 'not audited'))}</td></tr>"
+            f"<td title='{e(w.sha256)}'><code>{e(w.sha256[:16])}</code></td><td class={_cls(v)}>{v}</td>"
+            f"<td>{e(supply.get(w.filename, 'not audited'))}</td></tr>"
         )
     out.append("</table>")
     findings = audit.get("findings", [])
@@ -302,7 +299,7 @@ def render_html(
         out.append("</table>")
     out.append(_cpu_matrix(audit))
     out.append(_cuda_matrix(audit))
-    sizes = [(w["name"], int(w["size"])) for w in manifest["wheels"]]
+    sizes = [(w.name, w.size) for w in manifest.wheels]
     breakdown = [(f"kt-kernel: {k}", v) for k, v in kernel_breakdown(dist, manifest).items()]
     out.append(
         "<h2 id=sizes>Sizes</h2>"
@@ -397,8 +394,8 @@ KERNEL_STAMP = ".kt-kernel-inputs.sha256"  # kernel/tools/build_wheel.py's key b
 def build_key(dist: Path) -> str | None:
     """The key of exactly the files dist/ lists (re-hashed), or None when dist/ does not match its SHA256SUMS."""
     try:
-        return stagecache.dist_sha256(dist)
-    except stagecache.DistError:
+        return distdir.key(dist)
+    except distdir.DistError:
         return None
 
 
@@ -418,10 +415,10 @@ def for_this_build(results: dict[str, Any], key: str | None) -> tuple[dict[str, 
     return current, other
 
 
-def audit_for_build(audit: dict[str, Any], manifest: dict[str, Any]) -> bool:
+def audit_for_build(audit: dict[str, Any], manifest: distdir.Manifest) -> bool:
     """The audit report judged exactly the wheels manifest.json lists (every filename with its sha256)."""
     judged = {w.get("filename"): w.get("sha256") for w in audit.get("wheels", [])}
-    return bool(judged) and all(judged.get(w["filename"]) == w["sha256"] for w in manifest["wheels"])
+    return bool(judged) and all(judged.get(w.filename) == w.sha256 for w in manifest.wheels)
 
 
 def other_checks(key: str | None, resolution: Any, interpreters: Any) -> list[str]:
@@ -518,14 +515,8 @@ def _main(argv: list[str] | None) -> int:
         help="accept a missing (NOT VERIFIED, NOT CHECKED, not run) item by name or glob, with a reason",
     )
     args = p.parse_args(argv)
-    manifest = _load(args.dist / "manifest.json")
-    if manifest is None:
-        print(f"error: {args.dist}/manifest.json is missing; run nox -s build_all", file=sys.stderr)
-        return 1
-    baseline = _load(args.baseline) if args.baseline else None
-    if args.baseline and baseline is None:
-        print(f"error: {args.baseline}: no such baseline manifest", file=sys.stderr)
-        return 1
+    manifest = distdir.read_manifest(args.dist / distdir.MANIFEST)  # read whole even when a file differs
+    baseline = distdir.read_manifest(args.baseline) if args.baseline else None
     key = build_key(args.dist)  # every result shown must have been obtained on exactly these wheels
     audit = _load(args.dist / "audit-report.json") or {}
     notes = [] if key else [f"dist/ does not match its SHA256SUMS: nothing is {NOT_THIS_BUILD}; rebuild it"]
@@ -539,10 +530,10 @@ def _main(argv: list[str] | None) -> int:
     notes += [line for line in [vulnerabilities_line(vulnerabilities)] if line]
     judged = judge(manifest, audit, vulnerabilities, (verify, stale), args, key)
     errors: dict[str, int] = {w["filename"]: w["errors"] for w in audit.get("wheels", [])}
-    torch = torch_summary(str(manifest.get("torch", "")))
-    lines = [f"KT release {manifest['kt_version']}  (torch {torch})", pythons_line(manifest), ""]
+    torch = torch_summary(manifest.torch)
+    lines = [f"KT release {manifest.kt_version}  (torch {torch})", pythons_line(manifest), ""]
     md = [
-        f"# KT release {manifest['kt_version']}",
+        f"# KT release {manifest.kt_version}",
         "",
         pythons_line(manifest),
         "",
@@ -552,25 +543,24 @@ def _main(argv: list[str] | None) -> int:
         "| --- | --- | --- | ---: | --- | --- | --- |",
     ]
     supply = supply_chain(audit)
-    width = max(len(w["name"]) for w in manifest["wheels"])
-    for w in manifest["wheels"]:
-        verdict = "pass" if errors.get(w["filename"]) == 0 else ("FAIL" if w["filename"] in errors else "not audited")
+    width = max(len(w.name) for w in manifest.wheels)
+    for w in manifest.wheels:
+        verdict = "pass" if errors.get(w.filename) == 0 else ("FAIL" if w.filename in errors else "not audited")
         lines.append(
-            f"{w['name']:<{width}}  {w['version']:<14} {w['kind']:<8} {w['size'] / 2**20:7.2f} MiB  "
-            f"{w['sha256'][:16]}  audit: {verdict}"
-            + (f"  ({supply[w['filename']]})" if w["filename"] in supply else "")
+            f"{w.name:<{width}}  {w.version:<14} {w.kind:<8} {w.size / 2**20:7.2f} MiB  "
+            f"{w.sha256[:16]}  audit: {verdict}" + (f"  ({supply[w.filename]})" if w.filename in supply else "")
         )
         md.append(
-            f"| {w['name']} | {w['version']} | {w['kind']} | {w['size'] / 2**20:.2f} | `{w['sha256'][:16]}` "
-            f"| {verdict} | {supply.get(w['filename'], 'not audited')} |"
+            f"| {w.name} | {w.version} | {w.kind} | {w.size / 2**20:.2f} | `{w.sha256[:16]}` "
+            f"| {verdict} | {supply.get(w.filename, 'not audited')} |"
         )
     lines.append("")
-    pl = manifest.get("payload")
+    pl = manifest.payload
     if pl:
-        parts = ", ".join(f"{p['distribution']} {p['size'] / 2**20:.1f}" for p in pl["parts"])
+        parts = ", ".join(f"{p.distribution} {p.size / 2**20:.1f}" for p in pl.parts)
         line = (
-            f"CUDA payload: {pl['files']} files, {pl['extracted_size'] / 2**20:.0f} MiB -> "
-            f"{pl['archive_size'] / 2**20:.1f} MiB zstd in {len(pl['parts'])} parts (MiB: {parts})"
+            f"CUDA payload: {pl.files} files, {pl.extracted_size / 2**20:.0f} MiB -> "
+            f"{pl.archive_size / 2**20:.1f} MiB zstd in {len(pl.parts)} parts (MiB: {parts})"
         )
         lines.append(line)
         md.append(f"\n- {line}")
@@ -598,7 +588,7 @@ def _main(argv: list[str] | None) -> int:
     md += [f"\n- {n}" for n in notes]
     since = release_start(args.timings)
     stages = stage_outcomes(args.stages, args.kernel_out, since)
-    sizes = [(w["name"], int(w["size"])) for w in manifest["wheels"]]
+    sizes = [(w.name, w.size) for w in manifest.wheels]
     breakdown = [(f"kt-kernel: {k}", v) for k, v in kernel_breakdown(args.dist, manifest).items()]
     chart = svg_bars(sorted(sizes, key=lambda x: -x[1]), "Wheel sizes") + svg_bars(breakdown, "kt-kernel, compressed")
     md += ["\n## Stages\n", *(f"- {row}" for row in stages)] if stages else []
@@ -630,7 +620,7 @@ def _main(argv: list[str] | None) -> int:
 
 
 def judge(
-    manifest: dict[str, Any],
+    manifest: distdir.Manifest,
     audit: dict[str, Any],
     vulnerabilities: Any,
     verified: tuple[dict[str, Any], dict[str, str]],
@@ -643,7 +633,7 @@ def judge(
     from verify.interpreters import PUBLISHED, SUITES
 
     current, other = verified
-    pythons = list(manifest.get("pythons", []))
+    pythons = list(manifest.pythons)
     interpreters = for_this_build(_load(args.interpreters) or {}, key)
     elsewhere = [r for i in interpreters[0].values() for r in (i.get("published") or {}).values()]
     items = [
@@ -667,17 +657,9 @@ def judge(
 
 def record_verdict(dist: Path, judged: verdicts.Verdict, key: str | None) -> None:
     """The verdict into manifest.json's `release` member (which no stage key includes: the verdict is this
-    stage's output), with the key of the dist/ it judged; written whole (a temporary file, renamed)."""
-    path = dist / "manifest.json"
-    data = json.loads(path.read_text())
-    data["release"] = {
-        **judged.as_dict(),
-        "dist_sha256": key,
-        "judged": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
-    }
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.part")
-    tmp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
-    tmp.replace(path)
+    stage's output), with the key of the dist/ it judged (base.distdir writes it whole)."""
+    judged_at = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
+    distdir.record_verdict(dist, {**judged.as_dict(), "dist_sha256": key, "judged": judged_at})
 
 
 def main(argv: list[str] | None = None) -> int:

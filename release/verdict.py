@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from base import distdir
 from base.version import python_tag
 
 from .errors import ReleaseError
@@ -191,11 +192,10 @@ def dist_items(key: str | None) -> list[Item]:
     return [Item("dist", "passed")]
 
 
-def partial_items(manifest: Mapping[str, Any]) -> list[Item]:
-    partial = manifest.get("partial")
-    if not partial:
+def partial_items(manifest: distdir.Manifest) -> list[Item]:
+    if not manifest.partial:
         return [Item("partial", "passed", "a whole release: every Python of the matrix")]
-    missing = ", ".join(partial.get("missing", []))
+    missing = ", ".join(manifest.partial.missing)
     return [Item("partial", "missing", f"a partial development release: no wheels for CPython {missing}")]
 
 
@@ -274,7 +274,7 @@ def resolution_items(expected: Sequence[tuple[str, str]], data: Any, key: str | 
 
 
 def published_items(
-    manifest: Mapping[str, Any],
+    manifest: distdir.Manifest,
     results: Iterable[Any],
     here: str,
     elsewhere: Mapping[str, Sequence[str]] | None = None,
@@ -289,16 +289,16 @@ def published_items(
         if isinstance(r, dict) and isinstance(r.get("install_file"), dict)
     }
     items = []
-    for f in manifest.get("install", []):
-        if not str(f.get("file", "")).endswith(".txt"):
+    for f in manifest.install or ():
+        if f.format != "requirements":
             continue
-        name, python, profile = f"published:{Path(f['file']).name}", f.get("python"), f.get("profile")
-        if f.get("sha256") in exercised:
+        name, python, profile = f"published:{Path(f.file).name}", f.python, f.profile
+        if f.sha256 in exercised:
             items.append(Item(name, "passed"))
         elif python == here:
             items.append(Item(name, "missing", f"not exercised (nox -s verify_install -- --profile {profile})"))
-        elif profile in elsewhere.get(str(python), ()):
-            cmd = f"nox -s verify_install -- --profile {python_tag(str(python))}"
+        elif profile in elsewhere.get(python, ()):
+            cmd = f"nox -s verify_install -- --profile {python_tag(python)}"
             items.append(Item(name, "missing", f"not exercised ({cmd})"))
         else:
             why = f"not exercised: no environment of CPython {python} runs the {profile} profile here"

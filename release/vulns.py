@@ -22,7 +22,7 @@ from typing import Any
 from packaging.utils import canonicalize_name
 
 from audits.policy import VulnerabilityWaiver
-from base import progress
+from base import distdir, progress
 from locks.read import parse_lock
 
 from . import osv
@@ -55,15 +55,11 @@ class Vulnerabilities:
 
 def queries(dist: Path) -> tuple[dict[tuple[str, str], list[str]], dict[str, str]]:
     """((package, version) -> the install files that pin it, as the index knows it; package -> why not asked)."""
-    manifest = json.loads((dist / "manifest.json").read_text())
-    upstream = {
-        canonicalize_name(w["name"]): (canonicalize_name(w["inputs"][0]["name"]), w["inputs"][0]["version"])
-        for w in manifest["wheels"]
-        if w.get("inputs")
-    }
-    ours = {canonicalize_name(w["name"]) for w in manifest["wheels"]} - set(upstream)
+    manifest = distdir.open_release(dist).manifest
+    upstream = {w.name: (canonicalize_name(w.inputs[0].name), w.inputs[0].version) for w in manifest.wheels if w.inputs}
+    ours = {w.name for w in manifest.wheels} - set(upstream)
     asked: dict[tuple[str, str], list[str]] = {}
-    files = sorted((dist / "install").glob("*.txt"))
+    files = sorted(dist / f.file for f in manifest.install or () if f.format == "requirements")
     if not files:
         raise ReleaseError(f"{dist / 'install'}: no install files; build the release first (nox -s build_all)")
     for f in files:

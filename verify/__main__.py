@@ -22,7 +22,6 @@ from base.paths import VERIFY_WORK
 from . import cached, lf
 from .serve import verify_serve
 from .sft import verify_sft, verify_sft_cpu
-from .venv import sums
 
 RUN: dict[str, Callable[[Path, Path], dict[str, Any]]] = {
     "sft-cpu": verify_sft_cpu,
@@ -47,8 +46,7 @@ def main(argv: list[str] | None = None) -> int:
     args.work.mkdir(parents=True, exist_ok=True)
     results: dict[str, Any] = _previous(args.json)
     try:
-        sums(args.dist)  # a dist/ that is not a complete build fails here, before any venv
-        key = cached.dist_key(args.dist)
+        key = cached.dist_key(args.dist)  # dist/ opened and re-hashed once: an incomplete build fails here
         for prof in args.profile or list(RUN):
             results.pop(prof, None)  # a failure below leaves no earlier success of it behind
             work = functools.partial(_timed, prof, args)

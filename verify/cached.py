@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
-from base import stagecache, stages
+from base import distdir, stagecache, stages
 
 from .venv import VerifyError
 
@@ -25,8 +25,8 @@ T = TypeVar("T")
 def dist_key(dist: Path) -> str:
     """dist_sha256 of dist/ (every listed file re-hashed), or VerifyError saying what is wrong."""
     try:
-        return stagecache.dist_sha256(dist)
-    except stagecache.DistError as exc:
+        return distdir.key(dist)
+    except distdir.DistError as exc:
         raise VerifyError(str(exc)) from None
 
 

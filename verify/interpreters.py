@@ -22,14 +22,13 @@ from typing import Any
 
 from packaging.utils import canonicalize_name
 
-from base import paths
+from base import distdir, paths
 from base.cli import dist_option, fresh_option
 from base.errors import StageError, report
 from base.version import python_tag
 
 from . import cached
 from .venv import VerifyError
-from .venv import published as published_file
 
 SUITES = {"3.13": "trixie"}  # CPython -> the Debian suite whose python3 it is
 MIRROR = "http://deb.debian.org/debian"
@@ -93,15 +92,16 @@ def package_list(python: str, cache: Path) -> str:
 
 def _requirements(dist: Path, python: str) -> tuple[list[Path], str]:
     """The carriers' wheels for `python` and the pin lines (their sha256; numpy/zstandard from the lock)."""
-    from carriers.inputs import serves
     from locks.read import pylock_path, read_pylock
 
-    manifest = json.loads((dist / "manifest.json").read_text())
+    manifest = distdir.open_release(dist).manifest
     wheels, lines = [], []
     for name in CARRIERS:
-        (w,) = [w for w in manifest["wheels"] if w["name"] == name and serves(w["filename"], python)]
-        wheels.append(dist / w["filename"])
-        lines.append(f"{name}=={w['version']} --hash=sha256:{w['sha256']}")
+        w = manifest.wheel_for(name, python)
+        if w is None:
+            raise InterpreterError(f"{dist / distdir.MANIFEST} lists no {name} wheel for CPython {python}; rebuild it")
+        wheels.append(dist / w.filename)
+        lines.append(f"{name}=={w.version} --hash=sha256:{w.sha256}")
     pins: dict[str, Any] = {canonicalize_name(p.name): p for p in read_pylock(pylock_path("serve", python)).packages}
     for name in THIRD_PARTY:
         p = pins[name]
@@ -231,18 +231,17 @@ def exercise_published(dist: Path, python: str, root: Path, profile: str) -> dic
     hash for that Python), then the profile's checks in it (sft: the training/resume control and
     kt_kernel.sft; serve: SGLang's tokenizer and grammars on CPU and kt-doctor --run; lf-kt: LlamaFactory
     training with use_kt and kt-doctor --run)."""
-    from carriers.inputs import MANYLINUX_2_34, download, serves
+    from carriers.inputs import MANYLINUX_2_34, download
 
     t0 = time.perf_counter()
-    manifest = json.loads((dist / "manifest.json").read_text())
-    published, digest = published_file(dist, profile, python)
+    release = distdir.open_release(dist)
+    published, digest = release.install_file(profile, python)
     work = root / "kt-published"
     shutil.rmtree(work, ignore_errors=True)
     (work / "wheels").mkdir(parents=True)
-    ours = {str(canonicalize_name(w["name"])) for w in manifest["wheels"]}
-    for w in manifest["wheels"]:
-        if serves(w["filename"], python):
-            shutil.copyfile(dist / w["filename"], work / "wheels" / w["filename"])
+    ours = {w.name for w in release.manifest.wheels}
+    for w in release.wheels_for(python):
+        shutil.copyfile(dist / w.filename, work / "wheels" / w.filename)
     third = work / "third-party.txt"
     third.write_text(_third_party(published, ours))
     label = f"{python_tag(python)}: the published {published.name}'s wheels"

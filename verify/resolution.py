@@ -31,10 +31,10 @@ from typing import Any
 from packaging.utils import canonicalize_name
 from packaging.version import Version
 
-from base import paths, progress, stages
+from base import distdir, paths, progress, stages
 from base.cli import dist_option, fresh_option
 from base.errors import StageError, report
-from base.version import install_file, python_tag
+from base.version import python_tag
 from carriers.inputs import MANYLINUX_2_34, target_args
 from locks.indexes import extra_indexes
 
@@ -242,12 +242,12 @@ def check(
 ) -> Result:
     """Resolve the profile's roots at the release's versions and compare with its install file."""
     t0 = time.perf_counter()
-    manifest = json.loads((dist / "manifest.json").read_text())
-    versions = {w["name"]: w["version"] for w in manifest["wheels"]}
-    files = {w["filename"] for w in manifest["wheels"]}
+    release = distdir.open_release(dist)
+    versions = release.manifest.versions()
+    files = {w.filename for w in release.manifest.wheels}
     reqs = [f"{r}=={versions[canonicalize_name(r.split('[')[0])]}" for r in roots]
     result = Result(profile, python, reqs, interpreter=how(python))
-    install = install_file(dist, profile, python)
+    install, _ = release.install_file(profile, python)
     sdists = re.findall(r"^--no-binary (\S+)", install.read_text(), re.MULTILINE)
     if sdists and python != HERE:
         result.not_verified = (
@@ -330,10 +330,11 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     args.profile = args.profile or install_profiles()
     args.python = args.python or list(load_carriers().pythons)
-    root = Path(__file__).resolve().parent.parent
-    if not (args.dist / "manifest.json").is_file() or not (args.dist / "install").is_dir():
-        print(f"error: {args.dist} is not an assembled release (no manifest.json or install/); run nox -s build_all")
-        return 1
+    root = paths.ROOT
+    try:
+        distdir.open_release(args.dist)
+    except distdir.DistError as exc:
+        return report(exc)
 
     if args.index:
         return _from_published(args, root)

@@ -17,9 +17,8 @@ from typing import Any
 from packaging.tags import sys_tags
 from packaging.utils import parse_wheel_filename
 
-from base import progress
+from base import distdir, progress
 from base.errors import StageError
-from base.keys import file_sha256
 from locks import indexes
 
 PROBES = Path(__file__).resolve().parent / "probes"
@@ -34,44 +33,16 @@ def probe(name: str) -> str:
     return str(PROBES / f"{name}.py")
 
 
-_CHECKED: dict[tuple[object, ...], dict[str, str]] = {}
-
-
-def sums(dist: Path) -> dict[str, str]:
-    """dist/SHA256SUMS checked against the files; filename -> sha256. Each file is hashed once per
-    run: a later call with the same SHA256SUMS and unchanged files (size, mtime) reuses the check."""
-    path = dist / "SHA256SUMS"
-    if not path.exists():
-        raise VerifyError(f"{path} is missing; build the candidate first (nox -s build_all)")
-    entries = [line.split(maxsplit=1) for line in path.read_text().splitlines() if line.strip()]
-    try:
-        stats = tuple((name, st.st_size, st.st_mtime_ns) for _, name in entries for st in [(dist / name).stat()])
-    except OSError as exc:
-        raise VerifyError(f"{dist}: SHA256SUMS names a file that cannot be read ({exc}); rebuild dist/") from None
-    key = (str(dist.resolve()), tuple(map(tuple, entries)), stats)
-    if key not in _CHECKED:
-        out = {}
-        for digest, name in entries:
-            actual = file_sha256(dist / name)
-            if actual != digest:
-                raise VerifyError(f"{dist / name}: sha256 {actual} differs from SHA256SUMS ({digest}); rebuild dist/")
-            out[name] = digest
-        _CHECKED[key] = out
-    return dict(_CHECKED[key])
-
-
 def carrier_lines(dist: Path, names: list[str], extras: dict[str, str] | None = None) -> list[str]:
-    """`name[extra] @ file://... --hash=sha256:...` for each carrier."""
+    """`name[extra] @ file://... --hash=sha256:...` for each carrier (dist/ opened and re-hashed once)."""
     extras = extras or {}
     lines = []
     supported = set(sys_tags())  # kt-kernel ships one wheel per Python: the one this interpreter takes
-    for fname, digest in sorted(sums(dist).items()):
-        if not fname.endswith(".whl"):
-            continue
-        name, _, _, tags = parse_wheel_filename(fname)
+    for w in sorted(distdir.open_release(dist).manifest.wheels, key=lambda w: w.filename):
+        name, _, _, tags = parse_wheel_filename(w.filename)
         if name in names and supported & set(tags):
             extra = f"[{extras[name]}]" if name in extras else ""
-            lines.append(f"{name}{extra} @ {(dist / fname).resolve().as_uri()} --hash=sha256:{digest}")
+            lines.append(f"{name}{extra} @ {(dist / w.filename).resolve().as_uri()} --hash=sha256:{w.sha256}")
     return lines
 
 
@@ -80,23 +51,7 @@ def published(dist: Path, profile: str, python: str | None = None) -> tuple[Path
     dist/install/, as manifest.json lists it, not the PEP 751 lock beside it) and its sha256, checked
     against SHA256SUMS: what the profile installs, as published."""
     python = python or f"{sys.version_info.major}.{sys.version_info.minor}"
-    manifest = json.loads((dist / "manifest.json").read_text())
-    entry = next(
-        (
-            f
-            for f in manifest.get("install", [])
-            if f.get("profile") == profile and f.get("python") == python and str(f.get("file", "")).endswith(".txt")
-        ),
-        None,
-    )
-    if entry is None:
-        raise VerifyError(
-            f"{dist / 'manifest.json'} lists no {profile} install file for CPython {python}; rebuild the release"
-        )
-    digest = sums(dist).get(entry["file"])
-    if digest is None:
-        raise VerifyError(f"{dist / entry['file']} is not in SHA256SUMS; rebuild the release")
-    return dist / entry["file"], digest
+    return distdir.open_release(dist).install_file(profile, python)
 
 
 def install_published(

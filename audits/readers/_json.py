@@ -15,6 +15,7 @@ PAYLOAD_MANIFEST = "payload-manifest"
 BUILD_MANIFEST = "build-manifest"
 KT_UPSTREAM = "kt-upstream"
 SIZE_BASELINE = "size-baseline"
+RELEASE_MANIFEST = "release-manifest"  # dist/manifest.json; generated from base/distdir.py
 
 
 @cache

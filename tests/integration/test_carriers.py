@@ -165,7 +165,7 @@ def test_assembly_is_deterministic_and_dist_is_complete(
     # process-time and folder, whose wheels came from the memo or were encoded into it: the same bytes.
     a = assemble(cs, kt_wheel, tmp_path / "a", memo=False)
     other = next(iter(built.values())).parent
-    assert {w["filename"]: w["sha256"] for w in a["wheels"]} == {
+    assert {w.filename: w.sha256 for w in a.wheels} == {
         p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(other.glob("*.whl"))
     }
     manifest = json.loads((tmp_path / "a" / "manifest.json").read_text())

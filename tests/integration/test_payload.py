@@ -23,6 +23,7 @@ from base.version import python_tag
 from carriers import InputError, load, wheelio
 from carriers.assemble import assemble
 from locks.read import parse_lock
+from tests import distkit
 from tests.conftest import KT_SRC, ROOT, load_source_module
 from tests.integration.conftest import make_venv
 from tests.payloadkit import compressible, make_release, validate_manifest
@@ -84,7 +85,7 @@ def release(tmp_path_factory: pytest.TempPathFactory, kt_wheel: Path) -> tuple[P
     dist = tmp_path_factory.mktemp("release") / "dist"
     # The one abi3 kernel wheel serves every Python; sglang-kt and xgrammar-kt come once per Python.
     manifest = assemble(load(), [kt_wheel], dist)
-    return dist, manifest
+    return dist, manifest.as_json()  # manifest.json's content, as every reader sees it
 
 
 def _provider(dist: Path) -> Path:
@@ -379,9 +380,13 @@ def test_an_offline_bundle_installs_and_materializes_with_every_index_unreachabl
         pin = parse_lock(ROOT / "lockfiles" / f"{lockname}.txt")[dep]
         lines.append(f"{dep}=={pin.version}" + "".join(f" \\\n    --hash=sha256:{h}" for h in pin.hashes))
     install = small / "install" / "payload-cp311.txt"
-    install.write_text("\n".join(lines) + "\n")
-    kept = [w for w in summary["wheels"] if (small / w["filename"]).exists()]
-    (small / "manifest.json").write_text(json.dumps({"wheels": kept}))
+    kept = {
+        w["filename"]: (small / w["filename"]).read_bytes()
+        for w in summary["wheels"]
+        if (small / w["filename"]).exists()
+    }
+    records = {w["filename"]: {"kind": w["kind"], "pythons": tuple(w["pythons"])} for w in summary["wheels"]}
+    distkit.make_release(small, kept, {"install/payload-cp311.txt": "\n".join(lines) + "\n"}, records=records)
     out = tmp_path / "bundle"
     got = build(small, "payload", "3.11", out)
     assert got.files == len(names) + 2 + 2  # the wheels, the install file, the README
@@ -401,9 +406,10 @@ def test_an_offline_bundle_installs_and_materializes_with_every_index_unreachabl
     assert run.returncode == 0, run.stderr[-3000:]
     materialized = Path(run.stdout.strip().splitlines()[-1])
     assert (materialized / "sgl_kernel/sm90/common_ops.abi3.so").is_file()
-    # a bundle missing a file is refused, naming it; nothing is left behind
-    (small / min(dist.glob("accelerate_kt-*.whl")).name).unlink()
-    with pytest.raises(BundleError, match=r"pins accelerate-kt by a sha256 no wheel in .* has"):
+    # a release missing a file is refused, naming it; nothing is left behind
+    gone = min(dist.glob("accelerate_kt-*.whl")).name
+    (small / gone).unlink()
+    with pytest.raises(BundleError, match=rf"{gone}: listed in SHA256SUMS but unreadable"):
         build(small, "payload", "3.11", tmp_path / "bundle2")
     assert not (tmp_path / "bundle2").exists()
     assert not list(tmp_path.glob(".bundle2.part-*"))

@@ -4,8 +4,6 @@ file: nothing uploaded), only what SHA256SUMS lists, a partial release refused, 
 
 from __future__ import annotations
 
-import hashlib
-import json
 import shutil
 import subprocess
 import sys
@@ -13,8 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from base import stagecache
+from base import distdir
 from release.publish import PublishError, publish, upload_order
+from tests import distkit
 from tests.wheelkit import pure_wheel_members, write_wheel
 
 
@@ -27,24 +26,16 @@ def _dist(tmp_path: Path, marker: str = "1", specs: dict[str, tuple[str, ...]] |
         "mid_kt": ("base-kt==1.0",),
         "top_kt": ('mid-kt==1.0; extra == "x"', "base-kt==1.0"),
     }
-    wheels = []
+    wheels = {}
     for name, reqs in specs.items():
         m = pure_wheel_members(name, "1.0", requires=reqs)
         m[f"{name}/__init__.py"] = f"MARK = {marker!r}\n".encode()
         path = write_wheel(dist / f"{name}-1.0-py3-none-any.whl", m)
-        wheels.append(
-            {
-                "name": name.replace("_", "-"),
-                "filename": path.name,
-                "sha256": hashlib.sha256(path.read_bytes()).hexdigest(),
-            }
-        )
-    manifest: dict[str, object] = {"schema_version": 1, "wheels": wheels}
-    (dist / "manifest.json").write_text(json.dumps(manifest))
-    (dist / "SHA256SUMS").write_text("".join(f"{w['sha256']}  {w['filename']}\n" for w in wheels))
+        wheels[path.name] = path.read_bytes()
+    distkit.make_release(dist, wheels)
     # the release verdict publish requires (release/report.py writes it after every check passed)
-    manifest["release"] = {"verdict": "PASSED", "publishable": True, "dist_sha256": stagecache.dist_sha256(dist)}
-    (dist / "manifest.json").write_text(json.dumps(manifest))
+    judged = {"verdict": "PASSED", "publishable": True, "dist_sha256": distdir.key(dist), "judged": "now"}
+    distdir.record_verdict(dist, {**judged, "passed": [], "failed": [], "missing": [], "accepted": []})
     return dist
 
 
@@ -123,8 +114,7 @@ def test_a_partial_release_and_one_over_the_limit_are_refused(index: tuple[str, 
     )
     with pytest.raises(PublishError, match=r"over .*'s per-file limit of 0 MiB"):
         publish(dist, url, url + "simple/", wait_s=30, twine_args=KT, rules_file=rules)
-    manifest = json.loads((dist / "manifest.json").read_text())
-    (dist / "manifest.json").write_text(json.dumps({**manifest, "partial": {"missing": ["3.12"]}}))
+    distkit.rewrite(dist, partial=distdir.Partial(("3.11",), ("3.12",)))
     with pytest.raises(PublishError, match="partial development release"):
         publish(dist, url, url + "simple/", wait_s=30, twine_args=KT)
     assert list(packages.iterdir()) == []

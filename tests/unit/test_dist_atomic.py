@@ -5,6 +5,7 @@ The assembly's wheel building is replaced by a stand-in; what is tested is the s
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 from pathlib import Path
 from types import ModuleType
@@ -12,11 +13,12 @@ from typing import Any
 
 import pytest
 
-from base import swap
+from base import distdir, swap
 from carriers import ConsistencyError, load
 from carriers import assemble as assembly
 from carriers.assemble import Built
 from carriers.consistency import Report
+from tests import distkit
 from tests.conftest import ROOT
 
 
@@ -179,32 +181,34 @@ def test_a_wheel_is_reused_only_for_identical_inputs(tmp_path: Path) -> None:
     assert bw.up_to_date(tmp_path, digest) is None  # two wheels: not a build of ours
 
 
-def _manifest(pythons: list[str], **extra: object) -> dict[str, Any]:
+def _manifest(pythons: list[str], **extra: Any) -> distdir.Manifest:
     from carriers.inputs import serves
 
-    wheels: list[dict[str, str]] = []
+    wheels: list[distdir.Wheel] = []
     for c in load().carriers:
         for v in pythons:
             tag = "cp311-abi3" if c.name == "kt-kernel" else f"cp{v.replace('.', '')}-cp{v.replace('.', '')}"
             name = f"{c.name.replace('-', '_')}-1-{tag}-manylinux_2_34_x86_64.whl"
-            if serves(name, v) and all(w["filename"] != name for w in wheels):
-                wheels.append({"name": c.name, "filename": name})
-    return {"kt_version": load().kt_version, "pythons": pythons, "wheels": wheels, **extra}
+            if serves(name, v) and all(w.filename != name for w in wheels):
+                served = tuple(p for p in pythons if serves(name, p))
+                wheels.append(distkit.wheel(name, b"", pythons=served))
+    fields: dict[str, Any] = {"kt_version": load().kt_version, "pythons": tuple(pythons), "wheels": tuple(wheels)}
+    return distdir.Manifest(schema_version=1, torch="", torch_candidates=(), **{**fields, **extra})
 
 
 def test_a_reused_dist_is_checked_as_a_run_checks_it() -> None:
     cs = load()
     full = list(cs.pythons)
     assembly.check_reused(cs, _manifest(full), None)  # the whole release: reused as it is
-    partial = _manifest(full[:1], partial={"pythons": full[:1], "missing": full[1:]})
+    partial = _manifest(full[:1], partial=distdir.Partial(tuple(full[:1]), tuple(full[1:])))
     assembly.check_reused(cs, partial, full[:1])  # a partial one, asked for as such
     with pytest.raises(ConsistencyError, match="it is a partial development release") as e:
         assembly.check_reused(cs, partial, None)  # never reused as the whole release
     assert "nox -s assemble -- --fresh" in str(e.value)
-    bumped = {**_manifest(full), "kt_version": "0.0.1"}
+    bumped = _manifest(full, kt_version="0.0.1")
     with pytest.raises(ConsistencyError, match=f"it is KT 0.0.1, the version file says {cs.kt_version}"):
         assembly.check_reused(cs, bumped, None)
-    short = _manifest(full)
-    short["wheels"] = [w for w in short["wheels"] if w["name"] != "sglang-kt"]
+    whole = _manifest(full)
+    short = dataclasses.replace(whole, wheels=tuple(w for w in whole.wheels if w.name != "sglang-kt"))
     with pytest.raises(ConsistencyError, match="no sglang-kt wheel"):
         assembly.check_reused(cs, short, None)

@@ -125,16 +125,52 @@ def test_every_policy_and_carrier_key_is_the_schemas() -> None:
     assert set(model.KINDS) == {"native", "umbrella", "fork", "repack"}
 
 
+def _paths_from_file(path: Path) -> list[Path]:
+    """The value of every `Path(__file__)` chain in a module (.resolve(), .parent, .parents[N]), evaluated."""
+    import ast
+
+    values = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        steps: list[str | int] = []
+        here: ast.AST = node
+        while True:
+            if isinstance(here, ast.Call) and isinstance(here.func, ast.Attribute) and here.func.attr == "resolve":
+                here = here.func.value
+            elif isinstance(here, ast.Attribute) and here.attr == "parent":
+                steps.append("parent")
+                here = here.value
+            elif (
+                isinstance(here, ast.Subscript)
+                and isinstance(here.value, ast.Attribute)
+                and here.value.attr == "parents"
+                and isinstance(here.slice, ast.Constant)
+                and isinstance(here.slice.value, int)
+            ):
+                steps.append(here.slice.value)
+                here = here.value.value
+            else:
+                break
+        is_file = isinstance(here, ast.Call) and isinstance(here.func, ast.Name) and here.func.id == "Path"
+        if steps and is_file and isinstance(here, ast.Call) and ast.unparse(here.args[0]) == "__file__":
+            value = path.resolve()
+            for step in reversed(steps):
+                value = value.parent if step == "parent" else value.parents[int(step)]
+            values.append(value)
+    return values
+
+
 def test_nothing_in_the_stages_defines_its_own_root() -> None:
+    """By value: any `Path(__file__)` chain in a stage that lands on the repository root, however spelled."""
     stages = ("base", "locks", "carriers", "verify", "release", "bundle", "bench", "maint")
-    own = [
-        f"{p.relative_to(ROOT)}"
+    own = sorted(
+        str(p.relative_to(ROOT))
         for s in stages
         for p in (ROOT / s).rglob("*.py")
-        if "probes" not in p.parts and "ROOT = Path(__file__)" in p.read_text() and p != ROOT / "base" / "paths.py"
-    ]
+        if "probes" not in p.parts and p != ROOT / "base" / "paths.py" and ROOT in _paths_from_file(p)
+    )
     assert own == [], f"these compute the repository root themselves; import base.paths.ROOT: {own}"
     assert paths.ROOT.samefile(ROOT)
+    assert ROOT in _paths_from_file(ROOT / "base" / "paths.py")  # the search finds the owner's own
 
 
 @pytest.mark.parametrize(

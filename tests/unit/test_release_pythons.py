@@ -129,11 +129,11 @@ def test_an_sdist_only_package_is_allowed_but_nothing_at_all_is_not(lockdir: Pat
     )
 
 
-def test_the_python_tag_and_the_install_file_are_named_in_one_place(tmp_path: Path) -> None:
-    """base.version names them for every stage; the assembly writes install files where it says."""
-    from base.version import install_file, python_key
-    from carriers.install import INSTALL_DIR
+def test_the_python_tag_and_the_install_file_are_named_in_one_place() -> None:
+    """base.version names the tag and base.distdir the install files, for every stage and the assembly."""
+    from base.distdir import install_name
+    from base.version import python_key
 
     assert [python_tag(v) for v in ("3.11", "3.13")] == ["cp311", "cp313"]
     assert sorted(["3.13", "3.9", "3.11"], key=python_key) == ["3.9", "3.11", "3.13"]
-    assert install_file(tmp_path, "sft", "3.12") == tmp_path / INSTALL_DIR / "sft-cp312.txt"
+    assert install_name("sft", "3.12") == "install/sft-cp312.txt"

@@ -4,14 +4,16 @@ audit passed)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import zipfile
 from pathlib import Path
 
 import pytest
 
-from base import stagecache
+from base import distdir, stagecache
 from release import report as release_report
+from tests import distkit
 
 
 @pytest.fixture(autouse=True)
@@ -24,7 +26,7 @@ def _hermetic(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
 
 def _results(dist: Path, results: dict[str, dict[str, object]]) -> str:
     """verify.json's text: each result obtained on exactly these wheels (their key)."""
-    key = stagecache.dist_sha256(dist)
+    key = distdir.key(dist)
     return json.dumps({name: {**r, "dist_sha256": key} for name, r in results.items()})
 
 
@@ -40,43 +42,31 @@ def _candidate(tmp_path: Path, *, audit_passed: bool | None) -> Path:
         zf.writestr("kt_kernel/cuda_archive/kt_cuda.tar.xz", b"c" * 5000)
         zf.writestr("kt_kernel/_core.cpython-311-x86_64-linux-gnu.so", b"b" * 700)
         zf.writestr("kt_kernel/__init__.py", b"x" * 11)
-    (dist / TF).write_bytes(b"tf")
-    wheels = [
-        {
-            "name": "kt-kernel",
-            "version": "0.6.1",
-            "kind": "native",
-            "filename": KT,
-            "sha256": "a" * 64,
-            "size": (dist / KT).stat().st_size,
-        },
-        {
-            "name": "transformers-kt",
-            "version": "5.19.0.post1",
-            "kind": "fork",
-            "filename": TF,
-            "sha256": "b" * 64,
-            "size": 2,
-        },
-    ]
-    payload = {
-        "files": 7,
-        "extracted_size": 1148 << 20,
-        "archive_size": 170 << 20,
-        "parts": [{"distribution": "kt-kernel", "size": 44 << 20}, {"distribution": "x", "size": 6 << 20}],
-    }
-    (dist / "manifest.json").write_text(
-        json.dumps({"kt_version": "0.6.1", "torch": "==2.14.1", "wheels": wheels, "payload": payload})
+    payload = distdir.Payload(
+        archive_sha256="c" * 64,
+        archive_size=170 << 20,
+        files=7,
+        extracted_size=1148 << 20,
+        parts=(distdir.Part(1, "kt-kernel", "0.6.1", 44 << 20, "d" * 64), distdir.Part(2, "x", "1", 6 << 20, "e" * 64)),
     )
-    (dist / "SHA256SUMS").write_text("".join(f"{stagecache.file_sha256(dist / n)}  {n}\n" for n in (KT, TF)))
+    manifest = distkit.make_release(
+        dist,
+        {KT: (dist / KT).read_bytes(), TF: b"tf"},
+        records={TF: {"kind": "fork"}},
+        pythons=(),
+        torch="==2.14.1",
+        kt_version="0.6.1",
+        payload=payload,
+    )
+    digests = {w.filename: w.sha256 for w in manifest.wheels}
     if audit_passed is not None:
         report = {
             "passed": audit_passed,
             "elapsed_s": 1.5,
             "findings": [{"rule": "x"}] * (0 if audit_passed else 2),
             "wheels": [
-                {"filename": KT, "errors": 0 if audit_passed else 2, "sha256": "a" * 64},
-                {"filename": TF, "errors": 0, "sha256": "b" * 64},
+                {"filename": KT, "errors": 0 if audit_passed else 2, "sha256": digests[KT]},
+                {"filename": TF, "errors": 0, "sha256": digests[TF]},
             ],
         }
         (dist / "audit-report.json").write_text(json.dumps(report))
@@ -109,22 +99,21 @@ def test_a_passing_candidate(tmp_path: Path, capsys: pytest.CaptureFixture[str])
     judged = json.loads((dist / "manifest.json").read_text())["release"]
     assert judged["verdict"] == "PASSED"
     assert judged["publishable"] is True
-    assert judged["dist_sha256"] == stagecache.dist_sha256(dist)  # the verdict is no input of any stage key
+    assert judged["dist_sha256"] == distdir.key(dist)  # the verdict is no input of any stage key
     assert "KT release 0.6.1  (torch ==2.14.1)" in out
     assert "audit: PASSED (0 findings, 1.5s)" in out
     assert "verify_install sft-cpu: ok (install_s=41.0, elapsed_s=90.2)" in out
     assert "CUDA payload: 7 files, 1148 MiB -> 170.0 MiB zstd in 2 parts (MiB: kt-kernel 44.0, x 6.0)" in out
     md = (dist / "release-report.md").read_text()
-    assert (
-        f"| kt-kernel | 0.6.1 | native | {(dist / KT).stat().st_size / 2**20:.2f} | `aaaaaaaaaaaaaaaa` | pass |" in md
-    )
-    assert "| transformers-kt | 5.19.0.post1 | fork | 0.00 | `bbbbbbbbbbbbbbbb` | pass |" in md
+    kt, tf = (distdir.open_release(dist).digest(n)[:16] for n in (KT, TF))  # type: ignore[index]
+    assert f"| kt-kernel | 0.6.1 | native | {(dist / KT).stat().st_size / 2**20:.2f} | `{kt}` | pass |" in md
+    assert f"| transformers-kt | 5.19.0.post1 | fork | 0.00 | `{tf}` | pass |" in md
     assert (dist / "release-report.html").read_text().startswith("<!doctype html>")
 
 
 def test_the_kernel_breakdown_is_read_from_the_wheel(tmp_path: Path) -> None:
     dist = _candidate(tmp_path, audit_passed=True)
-    manifest = json.loads((dist / "manifest.json").read_text())
+    manifest = distdir.read_manifest(dist / "manifest.json")
     assert release_report.kernel_breakdown(dist, manifest) == {
         "CPU variants": 3000,
         "CUDA payload": 5000,
@@ -149,7 +138,9 @@ def test_a_failed_audit_exits_1_and_a_missing_one_2(
 
 def test_no_manifest_is_an_error_naming_the_session(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert release_report.main(["--dist", str(tmp_path)]) == 1
-    assert "manifest.json is missing; run nox -s build_all" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "manifest.json is missing: " in err
+    assert "build it (nox -s build_all)" in err
 
 
 def test_the_stage_timing_table_of_this_release_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -170,9 +161,10 @@ def test_the_stage_timing_table_of_this_release_run(tmp_path: Path, capsys: pyte
 def test_a_partial_development_release_is_labelled_and_a_full_one_lists_its_pythons() -> None:
     from release.report import pythons_line
 
-    full = {"pythons": ["3.11", "3.12", "3.13"], "install": [{}] * 18}
+    files = tuple(distkit.install_file(f"install/p{n}-cp311.txt", "") for n in range(18))
+    full = distdir.Manifest(1, "1", ("3.11", "3.12", "3.13"), "", (), (), install=files)
     assert pythons_line(full) == "Pythons: 3.11, 3.12, 3.13; 18 install files"
-    partial = dict(full, pythons=["3.11"], partial={"pythons": ["3.11"], "missing": ["3.12", "3.13"]})
+    partial = dataclasses.replace(full, pythons=("3.11",), partial=distdir.Partial(("3.11",), ("3.12", "3.13")))
     assert "PARTIAL DEVELOPMENT RELEASE: no wheels for 3.12, 3.13; not a release" in pythons_line(partial)
 
 

@@ -5,18 +5,19 @@ with its reason wherever the verdict is shown, and publish refuses anything else
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
-import hashlib
-import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from audits.policy import IncompleteAcceptance
-from base import stagecache
+from base import distdir
 from release import verdict as v
 from release.errors import ReleaseError
 from release.publish import PublishError, releasable
+from tests import distkit
 
 CLEAN = {"asked": 2, "found": [], "waived": [], "not_checked": {}, "source": {"kind": "the index (pip-audit)"}}
 
@@ -24,7 +25,7 @@ CLEAN = {"asked": 2, "found": [], "waived": [], "not_checked": {}, "source": {"k
 def _items(vulnerabilities: object = CLEAN, interpreters: dict[str, object] | None = None) -> list[v.Item]:
     return [
         *v.dist_items("k"),
-        *v.partial_items({"pythons": ["3.11"]}),
+        *v.partial_items(distdir.Manifest(1, "1", ("3.11",), "", (), ())),
         *v.audit_items({"passed": True}),
         *v.vulnerability_items(vulnerabilities),
         *v.verify_items(["sft-cpu"], {"sft-cpu": {}}, {}),
@@ -97,23 +98,17 @@ def test_an_acceptance_without_a_reason_is_refused(value: str) -> None:
         v.parse_accept([value])
 
 
-def _judged_dist(tmp_path: Path, verdict: str, publishable: bool, **manifest: object) -> Path:
+def _judged_dist(tmp_path: Path, verdict: str, publishable: bool, **members: Any) -> Path:
     dist = tmp_path / "dist"
-    dist.mkdir()
-    (dist / "a-1-py3-none-any.whl").write_bytes(b"a")
-    digest = hashlib.sha256(b"a").hexdigest()
-    (dist / "SHA256SUMS").write_text(f"{digest}  a-1-py3-none-any.whl\n")
-    body = {"wheels": [{"name": "a", "filename": "a-1-py3-none-any.whl", "sha256": digest}], **manifest}
-    (dist / "manifest.json").write_text(json.dumps(body))
-    key = stagecache.dist_sha256(dist)
+    distkit.make_release(dist, {"a-1-py3-none-any.whl": b"a"}, **members)
     missing = [] if publishable else [{"item": "python:3.13", "detail": "NOT VERIFIED: no root"}]
-    body["release"] = {"verdict": verdict, "publishable": publishable, "dist_sha256": key, "missing": missing}
-    (dist / "manifest.json").write_text(json.dumps(body))
+    judged = {"verdict": verdict, "publishable": publishable, "dist_sha256": distdir.key(dist), "judged": "now"}
+    distdir.record_verdict(dist, {**judged, "passed": [], "failed": [], "missing": missing, "accepted": []})
     return dist
 
 
 def test_publish_takes_a_passed_or_accepted_release(tmp_path: Path) -> None:
-    assert releasable(_judged_dist(tmp_path, "PASSED", True))["wheels"]
+    assert releasable(_judged_dist(tmp_path, "PASSED", True)).manifest.wheels
 
 
 def test_publish_refuses_an_incomplete_release_naming_what_it_lacks(tmp_path: Path) -> None:
@@ -123,9 +118,7 @@ def test_publish_refuses_an_incomplete_release_naming_what_it_lacks(tmp_path: Pa
 
 def test_publish_refuses_a_verdict_on_other_files(tmp_path: Path) -> None:
     dist = _judged_dist(tmp_path, "PASSED", True)
-    data = json.loads((dist / "manifest.json").read_text())
-    data["kt_version"] = "changed after the verdict"
-    (dist / "manifest.json").write_text(json.dumps(data))
+    distkit.rewrite(dist, kt_version="changed after the verdict")
     with pytest.raises(PublishError, match="judged other files"):
         releasable(dist)
 
@@ -133,12 +126,10 @@ def test_publish_refuses_a_verdict_on_other_files(tmp_path: Path) -> None:
 def test_publish_refuses_no_verdict_a_partial_release_and_no_release(tmp_path: Path) -> None:
     with pytest.raises(PublishError, match="holds no release; build it"):
         releasable(tmp_path / "nowhere")
-    dist = _judged_dist(tmp_path, "PASSED", True, partial={"missing": ["3.12"]})
+    dist = _judged_dist(tmp_path, "PASSED", True, partial=distdir.Partial(("3.11",), ("3.12",)))
     with pytest.raises(PublishError, match="partial development release"):
         releasable(dist)
-    data = json.loads((dist / "manifest.json").read_text())
-    del data["release"], data["partial"]
-    (dist / "manifest.json").write_text(json.dumps(data))
+    distkit.rewrite(dist, release=None, partial=None)
     with pytest.raises(PublishError, match="no release verdict: run nox -s release"):
         releasable(dist)
 
@@ -156,14 +147,13 @@ def test_many_missing_items_of_one_family_are_one_line_with_their_glob() -> None
 
 
 def test_each_published_install_file_is_an_item_passed_only_when_installed_as_published() -> None:
-    manifest = {
-        "install": [
-            {"profile": "sft", "python": "3.11", "file": "install/sft-cp311.txt", "sha256": "a" * 64},
-            {"profile": "sft", "python": "3.11", "file": "install/pylock.sft-cp311.toml", "sha256": "b" * 64},
-            {"profile": "serve", "python": "3.11", "file": "install/serve-cp311.txt", "sha256": "c" * 64},
-            {"profile": "sft", "python": "3.12", "file": "install/sft-cp312.txt", "sha256": "d" * 64},
-        ]
-    }
+    manifest = distdir.Manifest(1, "1", ("3.11",), "", (), ())
+    files = ("install/sft-cp311.txt", "install/pylock.sft-cp311.toml", "install/serve-cp311.txt")
+    install = [
+        dataclasses.replace(distkit.install_file(f, ""), sha256=c * 64) for f, c in zip(files, "abc", strict=True)
+    ]
+    install.append(dataclasses.replace(distkit.install_file("install/sft-cp312.txt", ""), sha256="d" * 64))
+    manifest = dataclasses.replace(manifest, install=tuple(install))
     current = {"sft": {"install_file": {"file": "install/sft-cp311.txt", "sha256": "a" * 64}}, "sft-cpu": {}}
     items = {i.name: i for i in v.published_items(manifest, current.values(), "3.11")}
     assert sorted(items) == ["published:serve-cp311.txt", "published:sft-cp311.txt", "published:sft-cp312.txt"]

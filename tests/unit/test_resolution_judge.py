@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
 
+from tests import distkit
 from verify.resolution import judge
 
 KT = "kt_kernel-0.6.1-cp311-abi3-manylinux_2_34_x86_64.whl"
@@ -61,11 +61,8 @@ def test_an_older_version_or_a_left_out_package_is_a_problem_a_newer_one_is_drif
 def test_an_sdist_only_package_on_a_python_not_run_here_is_not_verified_not_passed(tmp_path: Path) -> None:
     from verify.resolution import check
 
-    (tmp_path / "install").mkdir()
-    (tmp_path / "manifest.json").write_text(
-        json.dumps({"wheels": [{"name": "ktransformers", "version": "0.6.1", "filename": "k.whl"}]})
-    )
-    (tmp_path / "install" / "serve-cp313.txt").write_text("--only-binary :all:\n--no-binary outlines-core\n" + INSTALL)
+    install = {"install/serve-cp313.txt": "--only-binary :all:\n--no-binary outlines-core\n" + INSTALL}
+    distkit.make_release(tmp_path, {"ktransformers-0.6.1-py3-none-any.whl": b"k"}, install, pythons=("3.13",))
     result = check(tmp_path, "serve", "3.13", ["ktransformers[serve]"], "http://127.0.0.1:9/unreachable/")
     assert "outlines-core has only an sdist for CPython 3.13" in result.not_verified
     assert result.as_dict()["ok"] is False

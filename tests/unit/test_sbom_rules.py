@@ -14,7 +14,9 @@ import pytest
 
 from audits import load_policy
 from audits.core import run
+from base import distdir
 from carriers import sbom
+from tests import distkit
 from tests.wheelkit import pure_wheel_members, write_wheel
 
 DEFAULT = load_policy()
@@ -122,12 +124,16 @@ def test_the_third_party_policy_keeps_the_sbom_rules_as_warnings(tmp_path: Path)
 
 
 def _manifest(tmp_path: Path, inputs_sha: str, patch_sha: str | None = None) -> None:
-    entry: dict[str, object] = {
-        "filename": "peft_kt-0.21.2-py3-none-any.whl",
-        "inputs": [{"filename": UPSTREAM.filename, "sha256": inputs_sha}],
-        "patches": [{"file": "0001-x.patch", "sha256": patch_sha}] if patch_sha else [],
+    """A release manifest (base.distdir's types, so of the shape the audit's schema asks) recording
+    the fork's input and patches."""
+    fork = {
+        "kind": "fork",
+        "inputs": (distdir.Input(UPSTREAM.name, UPSTREAM.version, UPSTREAM.filename, inputs_sha),),
+        "patches": (distdir.Patch("0001-x.patch", patch_sha),) if patch_sha else (),
     }
-    (tmp_path / "manifest.json").write_text(json.dumps({"wheels": [entry]}))
+    wheel = distkit.wheel("peft_kt-0.21.2-py3-none-any.whl", b"", **fork)
+    manifest = distdir.Manifest(1, "1", ("3.11",), "", (), (wheel,))
+    (tmp_path / distdir.MANIFEST).write_text(distdir.manifest_text(manifest))
 
 
 def test_every_input_the_release_manifest_records_is_in_the_sbom_by_its_hash(tmp_path: Path) -> None:

@@ -18,7 +18,8 @@ from types import ModuleType
 
 import pytest
 
-from base import keys, paths, stagecache, stages
+from base import keys, paths, stages
+from tests import distkit
 from tests.conftest import ROOT
 
 CODE = ("carriers/", "audits/", "base/", "locks/")
@@ -62,10 +63,7 @@ def repo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     out.mkdir(parents=True)
     (out / "kt_kernel-0.6.1-cp311-abi3-manylinux_2_34_x86_64.whl").write_bytes(b"kernel")
     dist = root / "dist"
-    dist.mkdir()
-    (dist / "x-1-py3-none-any.whl").write_bytes(b"wheel")
-    (dist / "SHA256SUMS").write_text(f"{stagecache.file_sha256(dist / 'x-1-py3-none-any.whl')}  x-1-py3-none-any.whl\n")
-    (dist / "manifest.json").write_text("{}\n")
+    distkit.make_release(dist, {"x-1-py3-none-any.whl": b"wheel"})
     mp = pytest.MonkeyPatch()
     for name, value in {
         "ROOT": root,

@@ -68,24 +68,6 @@ def test_a_corrupted_record_is_detected_and_re_run(
     assert stagecache.Stage("s", {"a": "1"}, cache=tmp_path).reuse() is not None
 
 
-def test_the_dist_key_re_hashes_every_listed_file(tmp_path: Path) -> None:
-    (tmp_path / "a.whl").write_bytes(b"a")
-    (tmp_path / "SHA256SUMS").write_text(f"{stagecache.file_sha256(tmp_path / 'a.whl')}  a.whl\n")
-    (tmp_path / "manifest.json").write_text("{}\n")
-    key = stagecache.dist_sha256(tmp_path)
-    assert key == stagecache.dist_sha256(tmp_path)
-    (tmp_path / "manifest.json").write_text('{"partial": {}}\n')  # not listed in SHA256SUMS, yet read
-    assert stagecache.dist_sha256(tmp_path) != key
-    (tmp_path / "a.whl").write_bytes(b"b")
-    with pytest.raises(stagecache.DistError, match=r"a.whl: sha256 .* differs from SHA256SUMS"):
-        stagecache.dist_sha256(tmp_path)
-    (tmp_path / "a.whl").unlink()
-    with pytest.raises(stagecache.DistError, match="listed in SHA256SUMS but unreadable"):
-        stagecache.dist_sha256(tmp_path)
-    with pytest.raises(stagecache.DistError, match="SHA256SUMS is missing"):
-        stagecache.dist_sha256(tmp_path / "nowhere")
-
-
 def test_the_release_bench_reads_the_lines_the_stage_cache_prints(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -223,15 +205,3 @@ def test_the_environment_allowlist_is_recorded(tmp_path: Path, monkeypatch: pyte
     assert stagecache.Stage("s", {"a": "1"}, cache=tmp_path, environment=keys.environment("kernel")).why_not() == (
         "changed: env:CXXFLAGS"
     )
-
-
-def test_the_release_verdict_in_the_manifest_is_no_stage_s_input(tmp_path: Path) -> None:
-    (tmp_path / "SHA256SUMS").write_text("")
-    manifest = tmp_path / "manifest.json"
-    manifest.write_text(json.dumps({"kt_version": "1", "wheels": []}, indent=2))
-    key, out = stagecache.dist_sha256(tmp_path), stagecache.output_sha256(manifest)
-    manifest.write_text(json.dumps({"kt_version": "1", "wheels": [], "release": {"verdict": "PASSED"}}))
-    assert stagecache.dist_sha256(tmp_path) == key  # the audit and verification stay reused
-    assert stagecache.output_sha256(manifest) == out  # and so does the assembly
-    manifest.write_text(json.dumps({"kt_version": "2", "wheels": [], "release": {"verdict": "PASSED"}}))
-    assert stagecache.dist_sha256(tmp_path) != key  # any other member is an input

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from carriers import __main__ as carriers_cli
+from tests import distkit
 from verify import interpreters, resolution
 
 
@@ -18,8 +19,7 @@ def test_no_debootstrap_is_not_verified_with_the_fix(
     monkeypatch.setattr("shutil.which", lambda name: None)
     monkeypatch.setattr("os.geteuid", lambda: 0)
     out = tmp_path / "r.json"
-    (tmp_path / "SHA256SUMS").write_text("")  # a dist/ of nothing: the verdict is about the machine
-    (tmp_path / "manifest.json").write_text("{}\n")
+    distkit.make_release(tmp_path, {})  # a dist/ of nothing: the verdict is about the machine
     assert interpreters.main(["--dist", str(tmp_path), "--cache", str(tmp_path / "cache"), "--json", str(out)]) == 0
     assert "NOT VERIFIED: debootstrap is not installed: apt-get install debootstrap" in capsys.readouterr().out
     recorded = json.loads(out.read_text())
@@ -49,7 +49,9 @@ def test_resolution_of_a_directory_that_is_no_release_names_the_fix(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     assert resolution.main(["--dist", str(tmp_path / "none"), "--profile", "sft", "--python", "3.11"]) == 1
-    assert "is not an assembled release (no manifest.json or install/); run nox -s build_all" in capsys.readouterr().out
+    err = capsys.readouterr().err
+    assert "manifest.json is missing: " in err
+    assert "holds no release; build it (nox -s build_all)" in err
 
 
 def test_a_partial_release_for_a_python_outside_the_matrix_is_refused(
@@ -66,7 +68,8 @@ def test_a_partial_release_for_a_python_outside_the_matrix_is_refused(
     [
         ("manifest.json", "{not json", "not a release manifest"),
         ("manifest.json", '{"wheels": [{"filename": "x.whl"}]}', "not a release manifest"),
-        ("bad-name.whl", "", "not a wheel filename"),
+        ("SHA256SUMS", "x  a.whl\n", "is not '<sha256>  <file in this directory>'"),
+        ("a-1-py3-none-any.whl", "changed", "differs from SHA256SUMS"),
     ],
 )
 def test_a_corrupt_release_directory_is_a_bundle_error_naming_the_file(
@@ -75,8 +78,8 @@ def test_a_corrupt_release_directory_is_a_bundle_error_naming_the_file(
     from bundle.build import BundleError, build
 
     dist = tmp_path / "dist"
-    (dist / "install").mkdir(parents=True)
-    (dist / "install" / "sft-cp311.txt").write_text("numpy==2.3.5 \\\n    --hash=sha256:" + "a" * 64 + "\n")
+    pin = "numpy==2.3.5 \\\n    --hash=sha256:" + "a" * 64 + "\n"
+    distkit.make_release(dist, {"a-1-py3-none-any.whl": b"a"}, {"install/sft-cp311.txt": pin})
     (dist / name).write_text(content)
     with pytest.raises(BundleError, match=message) as exc:
         build(dist, "sft", "3.11", tmp_path / "out")

@@ -14,26 +14,26 @@ import pytest
 
 from audits import PolicyError, load_policy
 from audits.policy import VulnerabilityWaiver
+from base import distdir
 from release import osv, vulns
 from release.errors import ReleaseError
+from tests import distkit
 
 TODAY = datetime.date(2026, 12, 1)
 
 
 def _dist(tmp_path: Path) -> Path:
     dist = tmp_path / "dist"
-    (dist / "install").mkdir(parents=True)
-    wheels = [
-        {"name": "transformers-kt", "inputs": [{"name": "transformers", "version": "5.19.0"}]},
-        {"name": "kt-kernel", "inputs": []},
-    ]
-    (dist / "manifest.json").write_text(json.dumps({"wheels": wheels}))
     h = " \\\n    --hash=sha256:" + "0" * 64 + "\n"
-    (dist / "install" / "sft-cp311.txt").write_text(
-        "# KT release install file\n--only-binary :all:\n"
-        f"transformers-kt==5.19.0.post1{h}kt-kernel==0.6.1{h}urllib3==2.5.0{h}"
-    )
-    (dist / "install" / "sft-cp312.txt").write_text(f"urllib3==2.6.0{h}requests==2.32.5{h}")
+    install = {
+        "install/sft-cp311.txt": "# KT release install file\n--only-binary :all:\n"
+        f"transformers-kt==5.19.0.post1{h}kt-kernel==0.6.1{h}urllib3==2.5.0{h}",
+        "install/sft-cp312.txt": f"urllib3==2.6.0{h}requests==2.32.5{h}",
+    }
+    upstream = distdir.Input("transformers", "5.19.0", "transformers-5.19.0-py3-none-any.whl", "1" * 64)
+    wheels = {"transformers_kt-5.19.0.post1-py3-none-any.whl": b"t", "kt_kernel-0.6.1-py3-none-any.whl": b"k"}
+    records = {"transformers_kt-5.19.0.post1-py3-none-any.whl": {"kind": "fork", "inputs": (upstream,)}}
+    distkit.make_release(dist, wheels, install, records=records)
     return dist
 
 
@@ -155,10 +155,9 @@ OSV: list[dict[str, Any]] = [
 
 def _pinned(tmp_path: Path) -> Path:
     dist = tmp_path / "dist"
-    (dist / "install").mkdir(parents=True)
-    (dist / "manifest.json").write_text(json.dumps({"wheels": []}))
     h = " \\\n    --hash=sha256:" + "0" * 64 + "\n"
-    (dist / "install" / "serve-cp311.txt").write_text(f"jinja2==2.10{h}urllib3==1.24.1{h}requests==2.32.5{h}")
+    install = {"install/serve-cp311.txt": f"jinja2==2.10{h}urllib3==1.24.1{h}requests==2.32.5{h}"}
+    distkit.make_release(dist, {}, install)
     return dist
 
 
