@@ -22,8 +22,8 @@ from base import distdir
 from base.errors import StageError
 from base.keys import file_sha256
 from base.version import python_tag
-from carriers.inputs import MANYLINUX_2_34, download
 from locks.read import parse_pins
+from locks.targets import MANYLINUX_2_34, download
 
 
 class BundleError(StageError):

@@ -15,6 +15,7 @@ from typing import Any
 from packaging.utils import parse_wheel_filename
 
 from base import distdir, progress, stagecache, stages, swap
+from locks.targets import serves
 
 from . import consistency, inputs, install, licensing, payload, sbom, transform, wheelio
 from .errors import ConsistencyError, InputError
@@ -261,7 +262,7 @@ def coverage_problems(built: Sequence[Built] | Sequence[tuple[str, str]], python
     for name in dict.fromkeys(n for n, _ in pairs):
         wheels = [f for n, f in pairs if n == name]
         for python in pythons:
-            if not any(inputs.serves(w, python) for w in wheels):
+            if not any(serves(w, python) for w in wheels):
                 problems.append(
                     f"{name} has no wheel for CPython {python} (it has {', '.join(wheels)}); "
                     + (
@@ -306,7 +307,7 @@ def _describe(b: Built, cs: CarrierSet) -> distdir.Wheel:
         filename=b.path.name,
         sha256=inputs.sha256(b.path),
         size=b.path.stat().st_size,
-        pythons=tuple(v for v in cs.pythons if inputs.serves(b.path.name, v)),
+        pythons=tuple(v for v in cs.pythons if serves(b.path.name, v)),
         inputs=tuple(distdir.Input(**i) for i in b.inputs),
         patches=tuple(distdir.Patch(**p) for p in b.patches),
     )

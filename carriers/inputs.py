@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 from collections.abc import Sequence
@@ -18,6 +17,7 @@ from packaging.version import Version
 from base import paths, progress, stagecache
 from base.version import python_tag
 from locks.read import parse_lock
+from locks.targets import download, serves
 
 from . import proc
 from .errors import InputError
@@ -25,8 +25,6 @@ from .model import Source
 
 LOCK = paths.LOCKFILES / "carrier-inputs.txt"
 CACHE_ENV = "KT_RELEASE_CACHE"
-# Platforms an input wheel may carry (pip matches --platform exactly, so list them).
-PLATFORMS = ("manylinux_2_34_x86_64", "manylinux_2_28_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64")
 
 
 @dataclass(frozen=True)
@@ -50,79 +48,6 @@ def default_cache() -> Path:
 def locked_pins(lock: Path = LOCK) -> dict[str, tuple[str, tuple[str, ...]]]:
     """name -> (version, allowed sha256s) from the hash-locked inputs."""
     return {n: (str(p.version), p.hashes) for n, p in parse_lock(lock).items()}
-
-
-# Every platform tag an x86_64 glibc 2.34 system installs, newest first. pip does not expand --platform
-# itself: given manylinux_2_34 alone it skips a manylinux_2_27 wheel, and then backtracks to old releases
-# (resolving sft for 3.12 fell back to torch 2.7.1). Resolution, bundles and installs for another Python
-# take this chain; the release's own inputs keep PLATFORMS, the tags they are locked and built from.
-MANYLINUX_2_34 = (
-    *(f"manylinux_2_{minor}_x86_64" for minor in range(34, 4, -1)),
-    "manylinux2014_x86_64",
-    "manylinux2010_x86_64",
-    "manylinux1_x86_64",
-)
-
-
-def download(
-    requirements: Sequence[str],
-    python: str,
-    dest: Path,
-    label: str,
-    *,
-    index_url: str = "https://pypi.org/simple",
-    platforms: Sequence[str] = PLATFORMS,
-) -> subprocess.CompletedProcess[str]:
-    """`pip download --no-deps` of `requirements` (pip's arguments: `name==version`, or `--require-hashes -r
-    FILE`) as CPython `python` wheels for `platforms` into `dest`, with "still running" lines meanwhile."""
-    cmd = [
-        sys.executable,
-        "-m",
-        "pip",
-        "download",
-        "--isolated",
-        "--no-deps",
-        "--index-url",
-        index_url,
-        *target_args(python, platforms),
-        "-d",
-        str(dest),
-        *requirements,
-    ]
-    return progress.run_quiet(cmd, label)
-
-
-def target_args(python: str, platforms: Sequence[str] = PLATFORMS) -> list[str]:
-    """pip's options for wheels of CPython `python` ("3.12") on `platforms`, whatever runs pip (pip
-    matches --platform exactly: list every tag a target installs)."""
-    abi = python_tag(python)
-    return [
-        "--only-binary",
-        ":all:",
-        "--python-version",
-        python,
-        "--implementation",
-        "cp",
-        "--abi",
-        abi,
-        *(f"--platform={p}" for p in platforms),
-    ]
-
-
-def python_abis(python: str) -> frozenset[tuple[str, str]]:
-    """(interpreter, abi) pairs a CPython `python` ("3.12") installs: cp312-cp312, cp3N-abi3 for
-    N <= 12, py3-none and the like (packaging's own tag order, the platform left aside)."""
-    from packaging.tags import compatible_tags, cpython_tags
-
-    version = tuple(int(x) for x in python.split("."))
-    tags = [*cpython_tags(version, platforms=["any"]), *compatible_tags(version, python_tag(python))]
-    return frozenset((t.interpreter, t.abi) for t in tags)
-
-
-def serves(wheel_name: str, python: str) -> bool:
-    """Whether a wheel (by its filename's tags) installs on CPython `python`."""
-    pairs = python_abis(python)
-    return any((t.interpreter, t.abi) in pairs for t in parse_wheel_filename(wheel_name)[3])
 
 
 def fetch_matrix(name: str, pythons: Sequence[str], lock: Path = LOCK, cache: Path | None = None) -> list[Input]:

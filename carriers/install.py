@@ -53,7 +53,7 @@ def roots(profile: str) -> list[str]:
 
 
 def _carrier_wheel(staging: Path, name: str, python: str) -> Path:
-    from .inputs import serves
+    from locks.targets import serves
 
     found = [
         w for w in sorted(staging.glob(f"{canonicalize_name(name).replace('-', '_')}-*.whl")) if serves(w.name, python)

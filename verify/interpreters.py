@@ -112,7 +112,7 @@ def _requirements(dist: Path, python: str) -> tuple[list[Path], str]:
 
 def run(dist: Path, python: str, cache: Path) -> dict[str, Any]:
     """Install and exercise the release on CPython `python`; its result, or InterpreterError."""
-    from carriers.inputs import MANYLINUX_2_34, download
+    from locks.targets import MANYLINUX_2_34, download
 
     t0 = time.perf_counter()
     root = debian_root(python, cache)
@@ -231,7 +231,7 @@ def exercise_published(dist: Path, python: str, root: Path, profile: str) -> dic
     hash for that Python), then the profile's checks in it (sft: the training/resume control and
     kt_kernel.sft; serve: SGLang's tokenizer and grammars on CPU and kt-doctor --run; lf-kt: LlamaFactory
     training with use_kt and kt-doctor --run)."""
-    from carriers.inputs import MANYLINUX_2_34, download
+    from locks.targets import MANYLINUX_2_34, download
 
     t0 = time.perf_counter()
     release = distdir.open_release(dist)

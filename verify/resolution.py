@@ -35,8 +35,8 @@ from base import distdir, paths, progress, stages
 from base.cli import dist_option, fresh_option
 from base.errors import StageError, report
 from base.version import python_tag
-from carriers.inputs import MANYLINUX_2_34, target_args
 from locks.indexes import extra_indexes
+from locks.targets import MANYLINUX_2_34, target_args
 
 from . import cached
 from .venv import VerifyError

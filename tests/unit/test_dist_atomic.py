@@ -182,7 +182,7 @@ def test_a_wheel_is_reused_only_for_identical_inputs(tmp_path: Path) -> None:
 
 
 def _manifest(pythons: list[str], **extra: Any) -> distdir.Manifest:
-    from carriers.inputs import serves
+    from locks.targets import serves
 
     wheels: list[distdir.Wheel] = []
     for c in load().carriers:

@@ -10,9 +10,9 @@ import pytest
 from base.version import python_tag
 from carriers import DefinitionError, load
 from carriers.assemble import Built, coverage_problems
-from carriers.inputs import serves
 from carriers.model import DEFINITIONS
 from locks import read as locks
+from locks.targets import serves
 from maint import lock
 
 
