@@ -118,44 +118,27 @@ def build_wheels(session: nox.Session) -> None:
     session.run("cibuildwheel", "kernel", "--output-dir", str(paths.WHEELHOUSE), env=env)
 
 
-def _partial_args(session: nox.Session, name: str) -> list[str]:
-    """`-- --partial 3.11 [--partial 3.12]`: a partial development release for only those Pythons of the
-    matrix (carriers.toml's `pythons`), labelled so in manifest.json and the report. `--fresh`: run even
-    what the stage cache would reuse (base/stagecache.py; KT_FRESH=1 does the same)."""
-    p = _parser(name)
-    p.add_argument("--partial", action="append", default=[], metavar="3.N", help="only this Python (development)")
-    p.add_argument("--fresh", action="store_true", help="rebuild even what was built from exactly these inputs")
-    args = p.parse_args(session.posargs)
-    return [f"--partial={v}" for v in args.partial] + (["--fresh"] if _fresh(args.fresh) else [])
-
-
-def _fresh(flag: bool) -> bool:
-    """--fresh, or KT_FRESH=1 (CI and ci_local set it: they never reuse a stage)."""
-    return flag or os.environ.get("KT_FRESH", "") not in ("", "0")
-
-
 @nox.session(python=PYTHON, tags=["build"])
 def assemble(session: nox.Session) -> None:
     """Carriers and repacks around an already built kt-kernel wheel (build/kt-kernel/out) into dist/,
     for every Python of the release's matrix (`-- --partial 3.11`: a labelled development release)."""
-    partial = _partial_args(session, "assemble")
     _install_lock(session, "toolchain")
     _install_lock(session, "audit")  # the payload packer reads the policy and runs cuobjdump
-    session.run("python", "-m", "carriers", "assemble", "--kernel", str(KERNEL_OUT), "--dist", str(DIST), *partial)
+    session.run("python", "-m", "carriers", "assemble", *session.posargs)
 
 
 @nox.session(python=PYTHON, tags=["build"])
 def build_all(session: nox.Session) -> None:
     """Build the release into dist/: kt-kernel (CPU variants + CUDA archive), then every carrier for every
-    Python of the matrix, atomically (`-- --partial 3.11`: a labelled development release)."""
-    partial = _partial_args(session, "build_all")
-    reuse = [] if "--fresh" in partial else ["--if-stale"]  # the kernel's own key: its stamp
+    Python of the matrix, atomically (`-- --partial 3.11`: a labelled development release; `-- --fresh`)."""
+    fresh = "--fresh" in session.posargs or os.environ.get("KT_FRESH", "") not in ("", "0")
     with _timed("build_all"):
         _install_lock(session, "toolchain")
         _install_lock(session, "cuda")
         _install_lock(session, "audit")  # the payload packer reads the policy and runs cuobjdump
+        reuse = [] if fresh else ["--if-stale"]  # the kernel's own key: its stamp
         session.run("python", "kernel/tools/build_wheel.py", "--dist", str(KERNEL_OUT), "--cuda", *reuse)
-        session.run("python", "-m", "carriers", "assemble", "--kernel", str(KERNEL_OUT), "--dist", str(DIST), *partial)
+        session.run("python", "-m", "carriers", "assemble", *session.posargs)
 
 
 @nox.session(python=PYTHON)
@@ -206,76 +189,22 @@ def mutants(session: nox.Session) -> None:
 
 @nox.session(python=PYTHON, tags=["audit"])
 def audit(session: nox.Session) -> None:
-    """Run every audit over dist/: dist/audit-report.json and .md; fails on any error finding. The audit of
-    exactly these wheels with this policy and code is reused (`--fresh` audits anyway).
-
-    `-- PATH...` audits those wheels or directories instead; their reports go to build/audit/, since
-    dist/ holds only the release build_all made."""
-    p = _parser("audit")
-    p.add_argument("--baseline", help="a previous audit-report.json, for size growth")
-    p.add_argument("--fresh", action="store_true", help="audit even if these wheels passed this audit before")
-    p.add_argument("--no-vulnerabilities", action="store_true", help="skip pip-audit (offline): NOT CHECKED")
-    p.add_argument("--advisories", help="OSV advisory data on disk (PyPI's all.zip) instead of the index")
-    p.add_argument("paths", nargs="*")
-    args = p.parse_args(session.posargs)
-    if not args.paths and not DIST.is_dir():
-        session.error(f"{DIST} does not exist: run `nox -s build_all` first, or name wheels: `nox -s audit -- PATH...`")
+    """Run every audit over dist/: dist/audit-report.json and .md, and the known vulnerabilities of what the
+    install files pin; fails on any error finding. The audit of exactly these wheels with this policy and code
+    is reused (`--fresh` audits anyway). `-- PATH...` audits anyone's wheels instead (reports: build/audit/)."""
     _install_lock(session, "audit")
-    extra = ["--baseline", args.baseline] if args.baseline else []
-    summary = os.environ.get("GITHUB_STEP_SUMMARY")  # CI: the Markdown report goes into the job summary
-    extra += ["--summary", summary] if summary else []
-    if args.paths:  # anyone's wheels: audited as they are, no stage cache
-        paths.AUDIT_REPORTS.mkdir(parents=True, exist_ok=True)
-        reports = [f"--json={paths.AUDIT_REPORTS / 'audit-report.json'}"]
-        reports += [f"--markdown={paths.AUDIT_REPORTS / 'audit-report.md'}"]
-        session.run("python", "-m", "audits", *args.paths, *reports, *extra)
-        return
     _install_lock(session, "vulns")  # pip-audit: the known vulnerabilities of what the install files pin
     with _timed("audit"):
-        fresh = ["--fresh"] if _fresh(args.fresh) else []
-        offline = ["--no-vulnerabilities"] if args.no_vulnerabilities else []
-        offline += ["--advisories", args.advisories] if args.advisories else []
-        session.run("python", "-m", "release.audit", "--dist", str(DIST), *extra, *fresh, *offline)
+        session.run("python", "-m", "release.audit", *session.posargs)
 
 
 @nox.session(python=PYTHON, tags=["verify"])
 def verify_install(session: nox.Session) -> None:
-    """Install dist/ into fresh venvs by hash (sft-cpu, serve, the LlamaFactory profiles); owners, training, resume."""
-    p = _parser("verify_install")
-    p.add_argument(
-        "--profile",
-        action="append",
-        default=[],
-        help="sft-cpu, sft, serve, lf-standard, lf-kt, lf-upgrade, resolve, cp313",
-    )
-    p.add_argument("--python", action="append", default=[], metavar="3.N", help="resolve: only these Pythons")
-    p.add_argument(
-        "--index",
-        metavar="URL",
-        help="resolve: from the index the release was published to (and install its sft profile from there)",
-    )
-    p.add_argument("--fresh", action="store_true", help="run even the profiles proven on exactly these inputs")
-    args = p.parse_args(session.posargs)
-    report = str(paths.VERIFY_JSON)
-    venvs = [x for x in args.profile if x not in ("resolve", "cp313")]
-    fresh = ["--fresh"] if _fresh(args.fresh) else []
-    pythons = [f"--python={v}" for v in args.python] + fresh
+    """Install dist/ into fresh venvs by hash and exercise it (sft-cpu, sft, serve, the LlamaFactory profiles), on
+    the other interpreters (cp313), and resolve it normally (resolve); `-- --help` lists the profiles."""
     with _timed("verify_install"):
         _install_lock(session, "verify")
-        if venvs or not args.profile:
-            profiles = (f"--profile={x}" for x in venvs)
-            session.run("python", "-m", "verify", "--dist", str(DIST), "--json", report, *profiles, *fresh)
-        if "cp313" in args.profile or not args.profile:
-            # The release on Debian trixie's CPython 3.13 (a debootstrap'ed root; no 3.12 interpreter exists here),
-            # first: normal resolution for 3.13 then runs in that root, with 3.13's own environment markers.
-            exercised = str(paths.VERIFY_INTERPRETERS_JSON)
-            session.run("python", "-m", "verify.interpreters", "--dist", str(DIST), "--json", exercised, *fresh)
-        if "resolve" in args.profile or not args.profile:
-            # Normal resolution from an index serving dist/ (PyPI behind it), every install profile and Python.
-            # From where it was published: its own report, never the evidence the release verdict reads.
-            resolved = str(paths.VERIFY_PUBLISHED_JSON if args.index else paths.VERIFY_RESOLUTION_JSON)
-            index = ["--index", args.index] if args.index else []
-            session.run("python", "-m", "verify.resolution", "--dist", str(DIST), "--json", resolved, *pythons, *index)
+        session.run("python", "-m", "verify", *session.posargs)
 
 
 @nox.session(venv_backend="none", default=False)
@@ -397,84 +326,8 @@ def lock(session: nox.Session) -> None:
 
 @nox.session(python=PYTHON, default=False)
 def bench(session: nox.Session) -> None:
-    """Kernel throughput per variant vs torch bf16 and the bandwidth roofline; kt_kernel.sft forward+backward vs
-    torch autograd (bench/sft.py); kt-prepare-data serial vs parallel (bench/data_prep.py);
-    build times; the CUDA payload
-    (size, cold/warm materialization, disk, audit, assembly) beside the gzip reference, on dist/; the audit's
-    time and peak RSS on the torch wheel and a 2 GiB zip bomb beside auditwheel show. `-- --only release`:
-    the release loop (cold, no-op, --fresh, one kernel line changed) in a clone (bench/release.py). `-- --only ab
-    --against REV`: this tree's CPU kernels against REV's, call by call in one process (bench/ab.py)."""
-    p = _parser("bench")
-    p.add_argument("--no-build-times", action="store_true", help="skip the cold/incremental build timing")
-    p.add_argument("--json", default=str(paths.BENCH_JSON["kernel"]))
-    p.add_argument(
-        "--only",
-        choices=["kernel", "sft", "data_prep", "payload", "audit", "release", "anchor", "ab"],
-        help="run one part only",
-    )
-    p.add_argument("--assembly", action="store_true", help="payload: also time a cold and a warm assembly")
-    p.add_argument("--scenario", action="append", default=[], help="release: cold, no-op, reference, kernel line")
-    p.add_argument("--no-verify", action="store_true", help="release: build_all and audit only")
-    p.add_argument(
-        "--variant", action="append", default=[], choices=CPU_VARIANTS, help="anchor, sft, ab: only these CPU variants"
-    )
-    p.add_argument("--against", help="ab: the revision whose CPU kernels this tree's are timed against")
-    p.add_argument("--format", action="append", default=[], choices=["int8", "rawint4"], help="ab: only these formats")
-    p.add_argument(
-        "--threads",
-        help="ab, anchor: thread counts, comma-separated (default: 1 and every CPU; anchor: half the CPUs too)",
-    )
-    p.add_argument("--tokens", help="ab: token counts, comma-separated (default: 1,2,4,8,64,256)")
-    args = p.parse_args(session.posargs)
-    if (args.only == "ab") != (args.against is not None):
-        session.error("--only ab and --against REV go together: nox -s bench -- --only ab --against REV")
+    """Every measurement beside its reference in the same run: the audit beside auditwheel, the CUDA payload beside
+    gzip, kernel throughput beside torch bf16, SFT beside torch autograd, data preparation serial beside parallel.
+    `-- --only release|anchor|ab ...`: the parts a plain run leaves out; `-- --help` lists them (bench/__main__.py)."""
     _install_lock(session, "test")
-    if args.only == "release":  # not part of a plain `nox -s bench`: it builds and verifies a release, several times
-        extra = [f"--scenario={s}" for s in args.scenario] + (["--no-verify"] if args.no_verify else [])
-        session.run("python", "-m", "bench.release", *extra)
-        return
-    if args.only in (None, "audit"):
-        session.run("python", "-m", "bench.audit", "--json", str(paths.BENCH_JSON["audit"]))
-    if args.only == "audit":
-        return
-    if args.only not in ("kernel", "sft", "data_prep", "anchor", "ab"):
-        session.run(
-            "python",
-            "-m",
-            "bench.payload",
-            "--dist",
-            str(DIST),
-            "--kernel",
-            str(KERNEL_OUT),
-            *(["--assembly"] if args.assembly else []),
-        )
-    if args.only == "payload":
-        return
-    # A CPU-only kt-kernel of its own: build/kt-kernel/out holds the release's input (CUDA included),
-    # which a bench run must not replace (a later assemble would refuse it as a partial build).
-    session.run("python", "kernel/tools/build_wheel.py", "--dist", str(paths.BENCH_KERNEL), "--if-stale")
-    wheels = sorted(paths.BENCH_KERNEL.glob("kt_kernel-*.whl"))
-    if not wheels:  # only under --install-only, which skips the build above: the venv is ready, nothing to time
-        session.log(f"no kt_kernel wheel in {paths.BENCH_KERNEL} (its build did not run); stopping after the install")
-        return
-    wheel = wheels[-1]
-    session.install("--no-deps", "--force-reinstall", str(wheel))
-    if args.only in (None, "kernel"):
-        session.run(
-            "python", "-m", "bench.kernel", "--json", args.json, *(["--no-build-times"] if args.no_build_times else [])
-        )
-    if args.only == "ab":  # this tree's CPU kernels against another revision's, call by call in one process
-        extra = [f"--variant={v}" for v in args.variant] + [f"--format={f}" for f in args.format]
-        extra += [f"--{k}={getattr(args, k)}" for k in ("threads", "tokens") if getattr(args, k)]
-        session.run("python", "-m", "bench.ab", f"--against={args.against}", *extra)
-        return
-    if args.only == "anchor":  # not part of a plain `nox -s bench`: KTransformers' kt-kernel needs ~3 GB of wheels
-        extra = [f"--variant={v}" for v in args.variant] + ([f"--threads={args.threads}"] if args.threads else [])
-        session.run("python", "-m", "bench.anchor", *extra)
-        return
-    if args.only in (None, "sft"):
-        only = [f"--variant={v}" for v in args.variant]
-        session.run("python", "-m", "bench.sft", "--json", str(paths.BENCH_JSON["sft"]), *only)
-    if args.only in (None, "data_prep"):
-        _install_lock(session, "sft-test")  # transformers and tokenizers, the pins the tests use
-        session.run("python", "-m", "bench.data_prep", "--json", str(paths.BENCH_JSON["data_prep"]))
+    session.run("python", "-m", "bench", *session.posargs)

@@ -1,4 +1,4 @@
-"""python -m carriers assemble --kernel PATH --dist dist   |   python -m carriers check"""
+"""python -m carriers assemble [--kernel PATH] [--dist dist] [--partial 3.N] [--fresh]   |   python -m carriers check"""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from pathlib import Path
 from base import distdir, stages, swap
 from base.cli import dist_option, fresh_option
 from base.errors import StageError, report
+from base.paths import KERNEL_OUT
 
 from . import assemble, consistency, model
 from .errors import InputError
@@ -20,7 +21,12 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m carriers")
     sub = p.add_subparsers(dest="cmd", required=True)
     a = sub.add_parser("assemble", help="build every carrier into --dist (atomically)")
-    a.add_argument("--kernel", type=Path, required=True, help="the repaired kt_kernel wheel, or its directory")
+    a.add_argument(
+        "--kernel",
+        type=Path,
+        default=KERNEL_OUT,
+        help=f"the repaired kt_kernel wheel, or its directory (default: {KERNEL_OUT})",
+    )
     dist_option(a, "where the release is assembled")
     a.add_argument(
         "--partial",

@@ -1,4 +1,4 @@
-"""The release's audit stage: `python -m release.audit --dist dist [--baseline F] [--summary F] [--fresh]`.
+"""`nox -s audit`: `python -m release.audit [--dist dist] [--baseline F] [--summary F] [--fresh] [PATH...]`.
 
 Two checks: every wheel (`python -m audits`), and the known vulnerabilities of everything the install
 files pin (release/vulns.py: pip-audit against the index's vulnerability data, or `--advisories FILE`,
@@ -11,13 +11,15 @@ The audit of exactly these wheels (every file dist/SHA256SUMS lists, re-hashed),
 this audit code and lock, is reused from its record (base/stages.py says what the key holds); anything
 else runs `python -m audits` over dist/ into dist/audit-report.{json,md}. Only a passing audit is
 recorded, so a failing one always runs again. Third-party wheels (`nox -s audit -- PATH...`) are
-audited directly, never through this cache.
+audited directly, never through this cache, into build/audit/ (dist/ holds only the release). In CI the
+Markdown summary goes to $GITHUB_STEP_SUMMARY unless --summary names another file.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -34,10 +36,16 @@ from . import vulns
 
 def main(argv: list[str] | None = None) -> int:
     """0 the audit passed (ran or reused), else the audit's own exit status."""
-    p = argparse.ArgumentParser(prog="python -m release.audit")
+    p = argparse.ArgumentParser(prog="nox -s audit --")
     dist_option(p)
     p.add_argument("--baseline", type=Path, help="a previous audit-report.json, for size growth")
-    p.add_argument("--summary", type=Path, help="append the Markdown summary here (CI: $GITHUB_STEP_SUMMARY)")
+    summary = os.environ.get("GITHUB_STEP_SUMMARY")
+    p.add_argument(
+        "--summary",
+        type=Path,
+        default=Path(summary) if summary else None,
+        help="append the Markdown summary here (default: $GITHUB_STEP_SUMMARY when set)",
+    )
     fresh_option(p, "audit")
     p.add_argument(
         "--no-vulnerabilities",
@@ -49,7 +57,20 @@ def main(argv: list[str] | None = None) -> int:
         type=Path,
         help="OSV advisory data (PyPI's all.zip, a folder of OSV JSON, or one JSON file) instead of the index",
     )
+    p.add_argument("paths", nargs="*", type=Path, help="anyone's wheels or folders instead (reports: build/audit/)")
     args = p.parse_args(argv)
+    extra = [*(["--baseline", str(args.baseline)] if args.baseline else [])]
+    extra += ["--summary", str(args.summary)] if args.summary else []
+    if args.paths:  # anyone's wheels: audited as they are, no stage cache
+        paths.AUDIT_REPORTS.mkdir(parents=True, exist_ok=True)
+        out = [f"--json={paths.AUDIT_REPORTS / 'audit-report.json'}"]
+        out += [f"--markdown={paths.AUDIT_REPORTS / 'audit-report.md'}"]
+        return audit_main([*map(str, args.paths), *out, *extra])
+    if not args.dist.is_dir():
+        print(
+            f"error: {args.dist} does not exist: run `nox -s build_all` first, or name wheels: nox -s audit -- PATH..."
+        )
+        return 2
     vulns_json = args.dist / "vulnerabilities.json"
     reports = [args.dist / "audit-report.json", args.dist / "audit-report.md"]
     reports += [] if args.no_vulnerabilities else [vulns_json]
@@ -68,8 +89,6 @@ def main(argv: list[str] | None = None) -> int:
         if not args.no_vulnerabilities:
             print("\n".join(vulns.lines(vulns.Vulnerabilities(**_known(vulns_json)))))
         return 0
-    extra = [*(["--baseline", str(args.baseline)] if args.baseline else [])]
-    extra += ["--summary", str(args.summary)] if args.summary else []
     status = audit_main([str(args.dist), "--json", str(reports[0]), "--markdown", str(reports[1]), *extra])
     if args.no_vulnerabilities:
         vulns_json.write_text(json.dumps({"not_checked": "--no-vulnerabilities"}, indent=2) + "\n")

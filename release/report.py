@@ -629,8 +629,7 @@ def judge(
 ) -> verdicts.Verdict:
     """Every check's item for this build, and the acceptances of the command line and the policy."""
     from locks.read import install_profiles
-    from verify.__main__ import RUN
-    from verify.interpreters import PUBLISHED, SUITES
+    from verify.registry import PUBLISHED, SUITES, VENV
 
     current, other = verified
     pythons = list(manifest.pythons)
@@ -641,7 +640,7 @@ def judge(
         *verdicts.partial_items(manifest),
         *verdicts.audit_items(audit),
         *verdicts.vulnerability_items(vulnerabilities),
-        *verdicts.verify_items(list(RUN), current, other),
+        *verdicts.verify_items(list(VENV), current, other),
         *verdicts.resolution_items([(p, v) for p in install_profiles() for v in pythons], _load(args.resolution), key),
         *verdicts.interpreter_items(sorted(SUITES), *interpreters),
         *verdicts.published_items(

@@ -1,9 +1,10 @@
-"""The venv profiles of `nox -s verify_install`: python -m verify --dist dist [--profile NAME] [--json F].
+"""`nox -s verify_install`: python -m verify [--dist dist] [--profile NAME]... [--python 3.N] [--index URL].
 
-sft-cpu (the CPU torch lock), sft and serve (the published install files; verify/sft.py, verify/serve.py),
-lf-standard, lf-kt and lf-upgrade (verify/lf.py; lf-kt and lf-upgrade install the published lf-kt file).
-Normal resolution and the other interpreters have their own entry points (verify.resolution,
-verify.interpreters)."""
+Every profile of the registry (verify/registry.py), in its order. The venv profiles run here: sft-cpu
+(the CPU torch lock), sft and serve (the published install files; verify/sft.py, verify/serve.py),
+lf-standard, lf-kt and lf-upgrade (verify/lf.py). The other interpreters (cp313) run through
+verify.interpreters, normal resolution (resolve) through verify.resolution; each writes its own results
+file (base.paths), which the release report reads."""
 
 from __future__ import annotations
 
@@ -17,9 +18,15 @@ from typing import Any
 
 from base.cli import dist_option, fresh_option
 from base.errors import StageError, report
-from base.paths import VERIFY_WORK
+from base.paths import (
+    VERIFY_INTERPRETERS_JSON,
+    VERIFY_JSON,
+    VERIFY_PUBLISHED_JSON,
+    VERIFY_RESOLUTION_JSON,
+    VERIFY_WORK,
+)
 
-from . import cached, lf
+from . import cached, interpreters, lf, registry, resolution
 from .serve import verify_serve
 from .sft import verify_sft, verify_sft_cpu
 
@@ -31,26 +38,57 @@ RUN: dict[str, Callable[[Path, Path], dict[str, Any]]] = {
 }
 
 
-DIST_FREE = frozenset({"lf-standard"})  # upstream only: no wheel of dist/ is installed, a new build keeps its result
-
-
 def main(argv: list[str] | None = None) -> int:
-    """The verify_install CLI: 0 every profile proven, 1 one failed (the message says what), 2 unusable input."""
-    p = argparse.ArgumentParser(prog="nox -s verify_install --")
+    """The verify_install CLI: every profile asked for (default: all), each part run even when one before
+    failed; 0 all proven, 1 one failed (the message says what), 2 one could not be checked here."""
+    p = argparse.ArgumentParser(
+        prog="nox -s verify_install --",
+        epilog="profiles: " + "; ".join(f"{x.name}: {x.what}" for x in registry.PROFILES),
+    )
     dist_option(p)
     p.add_argument("--work", type=Path, default=VERIFY_WORK)
-    p.add_argument("--profile", action="append", choices=list(RUN), help="default: all")
-    p.add_argument("--json", type=Path, help="write the results here (merged with the other profiles' there)")
+    p.add_argument("--profile", action="append", default=[], choices=list(registry.BY_NAME), help="default: all")
+    p.add_argument("--python", action="append", default=[], metavar="3.N", help="resolve: only these Pythons")
+    p.add_argument(
+        "--index",
+        metavar="URL",
+        help="resolve from the index the release was published to (and install its sft profile from there)",
+    )
+    p.add_argument("--json", type=Path, default=VERIFY_JSON, help="the venv profiles' results (merged there)")
     fresh_option(p, "run every profile")
     args = p.parse_args(argv)
+    chosen = args.profile or (["resolve"] if args.index else [x.name for x in registry.PROFILES])
+    runs = {registry.BY_NAME[x].runs for x in chosen}
+    if args.index and runs != {"resolution"}:
+        p.error("--index verifies the published release: it goes with --profile resolve only")
+    if args.python and "resolution" not in runs:
+        p.error("--python chooses the Pythons of normal resolution: it goes with --profile resolve")
+    fresh = ["--fresh"] if args.fresh else []
+    codes = []
+    venv = [x for x in chosen if x in registry.VENV]
+    if venv:
+        codes.append(run_venv(args, venv))
+    pythons = [registry.BY_NAME[x].python for x in chosen if registry.BY_NAME[x].runs == "interpreters"]
+    if pythons:  # first: normal resolution for those Pythons then runs in their roots, with their own markers
+        argv_i = ["--dist", str(args.dist), "--json", str(VERIFY_INTERPRETERS_JSON), *fresh]
+        codes.append(interpreters.main(argv_i + [f"--python={v}" for v in pythons]))
+    if "resolution" in runs:  # from where it was published: its own report, never the evidence the verdict reads
+        out = VERIFY_PUBLISHED_JSON if args.index else VERIFY_RESOLUTION_JSON
+        argv_r = ["--dist", str(args.dist), "--json", str(out), *fresh, *(f"--python={v}" for v in args.python)]
+        codes.append(resolution.main(argv_r + (["--index", args.index] if args.index else [])))
+    return 1 if 1 in codes else max(codes, default=0)
+
+
+def run_venv(args: argparse.Namespace, chosen: list[str]) -> int:
+    """The venv profiles, each reused when proven on exactly these inputs; results merged into --json."""
     args.work.mkdir(parents=True, exist_ok=True)
     results: dict[str, Any] = _previous(args.json)
     try:
         key = cached.dist_key(args.dist)  # dist/ opened and re-hashed once: an incomplete build fails here
-        for prof in args.profile or list(RUN):
+        for prof in chosen:
             results.pop(prof, None)  # a failure below leaves no earlier success of it behind
             work = functools.partial(_timed, prof, args)
-            free = prof in DIST_FREE
+            free = prof in registry.DIST_FREE
             result, stamp = cached.run(prof, args.dist, key, work, fresh=args.fresh, dist_free=free)
             results[prof] = {**result, **stamp}
             print(f"{prof}: ok ({stamp['outcome']}, {result['elapsed_s']}s when produced) {json.dumps(result)}")

@@ -27,10 +27,10 @@ from base.cli import dist_option, fresh_option
 from base.errors import StageError, report
 from base.version import python_tag
 
-from . import cached
+from . import cached, registry
 from .venv import VerifyError
 
-SUITES = {"3.13": "trixie"}  # CPython -> the Debian suite whose python3 it is
+SUITES = registry.SUITES  # CPython -> the Debian suite whose python3 it is (the registry's)
 MIRROR = "http://deb.debian.org/debian"
 PROBE = Path(__file__).resolve().parent / "probes" / "exercise.py"
 CARRIERS = ("kt-kernel", "ktransformers", "sglang-kt", "transformers-kt", "accelerate-kt", "sglang-kernel-kt")
@@ -165,7 +165,7 @@ def run(dist: Path, python: str, cache: Path) -> dict[str, Any]:
     return result
 
 
-PUBLISHED = ("sft", "serve", "lf-kt")  # the install files exercised as published on another interpreter
+PUBLISHED = registry.PUBLISHED  # the install files exercised as published on another interpreter
 VENV = "/kt-published/venv"
 
 

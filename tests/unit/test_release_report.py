@@ -79,10 +79,10 @@ ACCEPT_ALL = "--accept=*=a unit test of the report's text, not of the verdict"
 def _complete(dist: Path, tmp_path: Path, sft: dict[str, object]) -> Path:
     """Every check's evidence for these wheels: each verification profile, the other interpreters (no
     Python in the manifest: no resolution expected), the vulnerability check; verify.json's path."""
-    from verify.__main__ import RUN
+    from verify.registry import VENV
 
     verify = tmp_path / "verify.json"
-    verify.write_text(_results(dist, {p: sft if p == "sft-cpu" else {} for p in RUN}))
+    verify.write_text(_results(dist, {p: sft if p == "sft-cpu" else {} for p in VENV}))
     interpreters = tmp_path / "build" / "verify_interpreters_json"
     interpreters.parent.mkdir(parents=True, exist_ok=True)
     interpreters.write_text(_results(dist, {"3.13": {"python": "3.13.5"}}))

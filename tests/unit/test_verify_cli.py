@@ -4,7 +4,9 @@ error naming the fix, never a traceback, and (where the machine lacks a tool) NO
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -152,3 +154,48 @@ def test_the_root_trusts_the_ca_bundle_this_machine_s_pip_trusts(
     assert resolution.host_ca() == bundle
     monkeypatch.setenv("PIP_CERT", str(tmp_path / "missing.pem"))
     assert resolution.host_ca() != tmp_path / "missing.pem"
+
+
+def test_one_registry_lists_every_verification_profile() -> None:
+    """verify/registry.py: the venv profiles are the ones verify runs, the interpreters' the Debian suites."""
+    from verify import __main__ as verify_cli
+    from verify import registry
+
+    assert list(verify_cli.RUN) == list(registry.VENV)
+    assert interpreters.SUITES == registry.SUITES
+    assert [p.name for p in registry.PROFILES if p.runs == "interpreters"] == ["cp313"]
+    assert sorted(registry.DIST_FREE) == ["lf-standard"]
+
+
+def test_verify_install_dispatches_each_profile_to_its_entry_point(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from verify import __main__ as verify_cli
+
+    ran: list[tuple[str, list[str]]] = []
+
+    def stand_in(kind: str, status: int) -> Callable[..., int]:
+        def run(*args: Any) -> int:
+            ran.append((kind, args[-1]))
+            return status
+
+        return run
+
+    monkeypatch.setattr(verify_cli, "run_venv", stand_in("venv", 0))
+    monkeypatch.setattr(interpreters, "main", stand_in("interpreters", 2))
+    monkeypatch.setattr(resolution, "main", stand_in("resolution", 0))
+    dist = ["--dist", str(tmp_path)]
+    assert verify_cli.main(dist) == 2  # one part could not check: not a pass, not a failure
+    assert [k for k, _ in ran] == ["venv", "interpreters", "resolution"]
+    assert ran[0][1] == ["sft-cpu", "sft", "serve", "lf-standard", "lf-kt", "lf-upgrade"]
+    assert "--python=3.13" in ran[1][1]
+    ran.clear()
+    assert verify_cli.main([*dist, "--index", "http://127.0.0.1:9/simple/", "--python", "3.12"]) == 0
+    ((kind, argv),) = ran
+    assert kind == "resolution"
+    assert argv[argv.index("--index") + 1] == "http://127.0.0.1:9/simple/"
+    assert "--python=3.12" in argv
+    for wrong in (["--index", "http://x/", "--profile", "sft"], ["--python", "3.12", "--profile", "sft"]):
+        with pytest.raises(SystemExit):
+            verify_cli.main([*dist, *wrong])
+        assert "goes with --profile resolve" in capsys.readouterr().err
