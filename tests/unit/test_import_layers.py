@@ -1,6 +1,7 @@
 """The import layers ([tool.importlinter] in pyproject.toml, run by `nox -s lint`): the repository
 keeps them, and a planted upward import, an audit importing what it checks, a third-party import
-in the stdlib-only bottom layer or an import circle inside a package breaks them, naming the import."""
+in the stdlib-only bottom layer, an import circle inside a package or a stage reaching into another
+stage's internals sideways breaks them, naming the import."""
 
 from __future__ import annotations
 
@@ -58,6 +59,8 @@ def test_the_repository_keeps_every_contract(tree: Path) -> None:
         ("audits/core.py", "import carriers.wheelio  # noqa", "audits.core -> carriers.wheelio"),
         ("base/version.py", "import packaging.version  # noqa", "base.version -> packaging"),
         ("carriers/model.py", "import carriers.assemble  # noqa", ".model -> .assemble"),
+        ("bundle/build.py", "from carriers.inputs import fetch  # noqa", "bundle.build -> carriers.inputs"),
+        ("release/report.py", "import verify.venv  # noqa", "release.report -> verify.venv"),
     ],
 )
 def test_a_planted_import_breaks_a_contract(tree: Path, module: str, line: str, named: str) -> None:
