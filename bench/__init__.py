@@ -1,2 +1,3 @@
-"""`nox -s bench`: each measurement beside its reference in the same run (kernel throughput, SFT
-forward+backward, data preparation, the CUDA payload, the audit). Nothing imports these."""
+"""`nox -s bench`: each measurement beside its reference in the same run (the audit, the CUDA
+payload, kernel throughput, SFT forward+backward, data preparation; `__main__` runs them, `--only` one).
+Nothing imports these."""

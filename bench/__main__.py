@@ -18,6 +18,7 @@ import argparse
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 from base import paths
 from base.cli import dist_option
@@ -101,10 +102,21 @@ def _run(cmd: list[str]) -> None:
         raise BenchError(f"{' '.join(cmd[1:4])} failed (exit {done.returncode}); its output is above")
 
 
+def _install(*args: str) -> None:
+    """Into this venv, as nox installs a session's packages: uv where the venv has it, else pip."""
+    uv = Path(sys.executable).with_name("uv")
+    pip = (
+        [str(uv), "pip", "install", "--python", sys.executable]
+        if uv.exists()
+        else [sys.executable, "-m", "pip", "install"]
+    )
+    _run([*pip, "--quiet", *args])
+
+
 def _install_lock(name: str) -> None:
     """lockfiles/NAME.txt into this venv, every hash checked (as nox installs a session's lock)."""
     lock = indexes.for_install(paths.LOCKFILES / f"{name}.txt", paths.LOCKS_FOR_INSTALL / f"{name}.txt")
-    _run([sys.executable, "-m", "pip", "install", "--quiet", "--require-hashes", "-r", str(lock)])
+    _install("--require-hashes", "-r", str(lock))
 
 
 def main(argv: list[str] | None = None) -> int:
