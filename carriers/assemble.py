@@ -5,6 +5,7 @@ failure leaves the previous dist/ exactly as it was."""
 from __future__ import annotations
 
 import functools
+import io
 import os
 import shutil
 from collections.abc import Callable, Mapping, Sequence
@@ -22,14 +23,16 @@ from .errors import ConsistencyError, InputError
 from .model import Carrier, CarrierSet
 
 
-@dataclass
+@dataclass(eq=False)
 class Built:
-    """One wheel the assembly wrote, with its inputs and patches for manifest.json."""
+    """One wheel of the assembly, with its inputs and patches for manifest.json: a draft in memory until
+    build_set writes it (once) to `path`."""
 
     name: str
     version: str
     kind: str
-    path: Path
+    path: Path  # where it is written: the output folder and the draft's file name
+    draft: wheelio.Draft
     inputs: list[dict[str, str]] = field(default_factory=list)
     patches: list[dict[str, str]] = field(default_factory=list)
     payload: distdir.Payload | None = None  # the lazy CUDA archive's summary (on one entry)
@@ -52,18 +55,14 @@ class _Job:
 
 
 def _native(job: _Job, c: Carrier) -> list[Built]:
-    """kt-kernel: the built wheel(s), one per Python, as they are."""
-    out = []
-    for k in job.kernels:
-        dest = job.out / k.name
-        shutil.copyfile(k, dest)
-        out.append(Built(c.name, job.versions[c.name], c.kind, dest))
-    return out
+    """kt-kernel: the built wheel(s), one per Python, as they are (until the payload or the SBOM edits them)."""
+    drafts = [wheelio.Draft(k.name, source=k, executable=payload.executable) for k in job.kernels]
+    return [Built(c.name, job.versions[c.name], c.kind, job.out / d.filename, d) for d in drafts]
 
 
 def _umbrella(job: _Job, c: Carrier) -> list[Built]:
-    path = transform.umbrella(c, job.cs, job.versions, job.out, licensing.project(job.kernels))
-    return [Built(c.name, job.versions[c.name], c.kind, path)]
+    d = transform.umbrella(c, job.cs, job.versions, licensing.project(job.kernels))
+    return [Built(c.name, job.versions[c.name], c.kind, job.out / d.filename, d)]
 
 
 def _derived(job: _Job, c: Carrier) -> list[Built]:
@@ -72,13 +71,14 @@ def _derived(job: _Job, c: Carrier) -> list[Built]:
     hook = job.take if c.payload_manifest else None
     out = []
     for src in job.sources[c.name]:
-        path = _derive_once(job, c, src, hook)
+        d = _derive_once(job, c, src, hook)
         out.append(
             Built(
                 c.name,
                 job.versions[c.name],
                 c.kind,
-                path,
+                job.out / d.filename,
+                d,
                 inputs=[{"name": src.name, "version": src.version, "filename": src.path.name, "sha256": src.sha256}],
                 patches=[{"file": p.name, "sha256": inputs.sha256(p)} for p in c.patches],
             )
@@ -86,13 +86,15 @@ def _derived(job: _Job, c: Carrier) -> list[Built]:
     return out
 
 
-def _derive_once(job: _Job, c: Carrier, src: inputs.Input, hook: Callable[[dict[str, bytes]], None] | None) -> Path:
-    """transform.derive, or the wheel it made before from exactly this input, carrier set, patch series,
-    versions and code (the wheel memo, when one is open). A carrier that hands members to the payload
-    (`hook`) is always derived: the payload needs those members."""
+def _derive_once(
+    job: _Job, c: Carrier, src: inputs.Input, hook: Callable[[dict[str, bytes]], None] | None
+) -> wheelio.Draft:
+    """transform.derive_draft, or the wheel it made before from exactly this input, carrier set, patch
+    series, versions and code (the wheel memo, when one is open). A carrier that hands members to the
+    payload (`hook`) is always derived: the payload needs those members."""
     memo = wheelio.current_memo()
     if memo is None or hook is not None:
-        return transform.derive(c, job.cs, src.path, job.out, job.versions, job.upstream_of, take=hook)
+        return transform.derive_draft(c, job.cs, src.path, job.versions, job.upstream_of, take=hook)
     key = stagecache.value_sha256(
         [
             "derive",
@@ -105,14 +107,17 @@ def _derive_once(job: _Job, c: Carrier, src: inputs.Input, hook: Callable[[dict[
             _code_key(),
         ]
     )
-    dest = job.out / transform.derived_name(c, src.path, job.versions)
+    name = transform.derived_name(c, src.path, job.versions)
     data = memo.get(key)
     if data is not None:
-        wheelio.write_bytes(dest, data)
-        return dest
-    path = transform.derive(c, job.cs, src.path, job.out, job.versions, job.upstream_of)
-    memo.put(key, path.read_bytes())
-    return path
+        return wheelio.Draft(name, data=data, executable=transform.derived_executable)
+    d = transform.derive_draft(c, job.cs, src.path, job.versions, job.upstream_of)
+    members = d.members()
+    buf = io.BytesIO()
+    wheelio.write_to(buf, members, d.executable(members))
+    d.encoded(buf.getvalue())
+    memo.put(key, buf.getvalue())
+    return d
 
 
 @functools.cache
@@ -212,27 +217,28 @@ def _build_set(
     if with_payload:
         provider = cs.payload_provider
         assert provider is not None
-        groups: dict[str, list[Path]] = {}
+        groups: dict[str, list[wheelio.Draft]] = {}
         for b in built:
-            groups.setdefault(b.name, []).append(b.path)
-        result = payload.attach(
+            groups.setdefault(b.name, []).append(b.draft)
+        summary = payload.attach(
             cs,
             groups,
+            kernels,
             archived,
             versions,
             [i.path for i in sources[provider.name]],
             (cache or inputs.default_cache()).parent / "payload",
             pol,
-            {b.path: _provenance(b) for b in built},
+            {b.draft: _provenance(b) for b in built},
         )
-        for b in built:
-            b.path = result.moved.get(b.path, b.path)
-        built[0].payload = payload.manifest_summary(result.manifest)
+        built[0].payload = payload.manifest_summary(summary)
+        for b in built:  # the part carriers and the provider are retagged for the archive's platform
+            b.path = out / b.draft.filename
     for b in built:  # a wheel no step gave an SBOM (kt-kernel, where the set has no payload): its own
-        if not wheelio.has_sbom(b.path):
-            members = wheelio.read(b.path)
+        if not wheelio.has_sbom(b.draft.names()):
+            members = b.draft.members()
             sbom.add(members, wheelio.dist_info(members), b.name, b.version, cs.kt_version, _provenance(b, members))
-            wheelio.write(b.path, members, payload.executable(members))
+            b.draft.executable = payload.executable
     if only is None:
         problems = coverage_problems(built, pythons)
         if problems:
@@ -241,6 +247,8 @@ def _build_set(
                 + "\n  ".join(problems)
                 + "\nnothing was written to dist/"
             )
+    for b in built:  # each wheel written once, finished
+        b.path = b.draft.write(out)
     return built
 
 

@@ -21,7 +21,7 @@ import tarfile
 import tempfile
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -344,14 +344,6 @@ def _slices(path: Path, sizes: list[int]) -> list[bytes]:
         return [fh.read(n) for n in sizes]
 
 
-@dataclass
-class PayloadResult:
-    """The payload manifest and where each rewritten wheel went (input path -> output path)."""
-
-    manifest: dict[str, Any]
-    moved: dict[Path, Path] = field(default_factory=dict)
-
-
 def _encoded(members: Mapping[str, bytes], stored: frozenset[str] = frozenset()) -> bytes:
     """A wheel's bytes, written in memory (to measure a wheel, or to write it once)."""
     buf = io.BytesIO()
@@ -361,29 +353,32 @@ def _encoded(members: Mapping[str, bytes], stored: frozenset[str] = frozenset())
 
 def attach(
     cs: CarrierSet,
-    wheels: Mapping[str, Sequence[Path]],
+    wheels: Mapping[str, Sequence[wheelio.Draft]],
+    kernels: Sequence[Path],
     archived: Mapping[str, bytes],
     versions: Mapping[str, str],
     sources: list[Path],
     cache: Path,
     pol: Any = None,
-    provenance: Mapping[Path, sbom.Provenance] | None = None,
-) -> PayloadResult:
+    provenance: Mapping[wheelio.Draft, sbom.Provenance] | None = None,
+) -> dict[str, Any]:
     """Build (or reuse) the archive of `archived` plus kt-kernel's CUDA libraries, cut it into parts,
-    add each part to every wheel of its carrier (retagged for the archive's platform), and write the
-    manifest and the part requirements into the provider's wheel. `wheels`: carrier -> its built wheels
-    (several where the carrier is per-Python, as sglang-kt is): each wheel of a part carrier carries the
-    same part, and every kt-kernel wheel must hold the same CUDA libraries. Each wheel is written once,
-    its SBOM (`provenance`: what derive recorded of each input wheel) naming the part it carries."""
+    add each part to every wheel of its carrier (retagged for the archive's platform), and put the
+    manifest and the part requirements into the provider's wheel; returns the payload manifest.
+    `wheels`: carrier -> its drafts (several where the carrier is per-Python, as sglang-kt is): each
+    wheel of a part carrier carries the same part, and every kt-kernel wheel must hold the same CUDA
+    libraries. `kernels`: the kernel wheels the native drafts were read from. Every draft is edited in
+    memory, its SBOM (`provenance`: what derive recorded of each input wheel) naming the part it carries;
+    the assembly writes each once."""
     provenance = provenance or {}
     pol = pol or policy()
     pp = pol.payload
     provider = cs.payload_provider
     assert provider is not None  # carriers.toml validation guarantees one when parts exist
     native = next(c for c in cs.carriers if c.kind == "native")
-    members = {c.name: [(w, wheelio.read(w)) for w in wheels[c.name]] for c in cs.part_carriers}
+    members = {c.name: [(d, d.members()) for d in wheels[c.name]] for c in cs.part_carriers}
     entries = dict(archived)
-    first: tuple[Path, dict[str, bytes]] | None = None
+    first: tuple[wheelio.Draft, dict[str, bytes]] | None = None
     for w, m in members[native.name]:  # one copy of kt-kernel's CUDA libraries in the archive
         theirs = take_kernel_cuda(m, pol)
         if first is None:
@@ -392,30 +387,29 @@ def attach(
         elif theirs != first[1]:
             differ = sorted(n for n in set(theirs) | set(first[1]) if theirs.get(n) != first[1].get(n))
             raise InputError(
-                f"{w.name} and {first[0].name} hold different CUDA libraries ({differ}); the release "
+                f"{w.filename} and {first[0].filename} hold different CUDA libraries ({differ}); the release "
                 "archive holds one copy: build every kt-kernel wheel from one source"
             )
     archive = build_archive(entries, pp.zstd_level, pp.zstd_window_log, cache)
-    platform = archive_platform([*sources, *wheels[native.name]])
+    platform = archive_platform([*sources, *kernels])
     # Each carrier's size without its part, measured in memory: the largest of its wheels, since the
     # same part must fit beside each of them.
     bases: list[tuple[str, int]] = []
     for c in cs.part_carriers:
         size = 0
         for w, m in members[c.name]:
-            wheelio.set_tags(m, retag(w.name, platform))
+            wheelio.set_tags(m, retag(w.filename, platform))
             size = max(size, len(_encoded(m)))
         bases.append((c.name, size))
     sizes = plan_parts(archive.size, bases, pol.wheel_budget_bytes, pp.headroom_bytes)
     count = len(sizes)
     parts: list[dict[str, Any]] = []
-    moved: dict[Path, Path] = {}
     for i, (c, blob) in enumerate(zip(cs.part_carriers, _slices(archive.path, sizes), strict=True), 1):
         member = part_member(c, i, count)
         biggest = 0
         for w, m in members[c.name]:
             if not any(n.startswith(f"{c.import_package}/") for n in m):
-                raise ConsistencyError(f"{w.name}: {c.name} has no {c.import_package}/ package to carry part {i}")
+                raise ConsistencyError(f"{w.filename}: {c.name} has no {c.import_package}/ package to carry part {i}")
             m[member] = blob
             prov = dataclasses.replace(
                 provenance.get(w) or sbom.Provenance(),
@@ -426,14 +420,12 @@ def attach(
             data = _encoded(m, frozenset({member}))
             if len(data) > pol.wheel_budget_bytes:
                 raise ConsistencyError(
-                    f"{w.name} would be {len(data) / 2**20:.1f} MiB with its part, over the "
+                    f"{w.filename} would be {len(data) / 2**20:.1f} MiB with its part, over the "
                     f"{pol.wheel_budget_bytes / 2**20:.0f} MiB budget"
                 )
-            dest = w.with_name(wheelio.wheel_name(c.name, versions[c.name], compressed_tag(retag(w.name, platform))))
-            wheelio.write_bytes(dest, data)
-            if dest != w:
-                w.unlink()
-            moved[w] = dest
+            w.filename = wheelio.wheel_name(c.name, versions[c.name], compressed_tag(retag(w.filename, platform)))
+            w.executable, w.stored = executable, frozenset({member})
+            w.encoded(data)  # written as measured against the budget
             biggest = max(biggest, len(data))
         parts.append(
             {
@@ -466,12 +458,12 @@ def attach(
         "parts": parts,
         "files": archive.files,
     }
-    origins = _origins(archive.files, entries, archived, sources, wheels[native.name], versions[native.name])
-    licenses = _origin_licenses(origins, sources, wheels[native.name])
+    origins = _origins(archive.files, entries, archived, sources, kernels, versions[native.name])
+    licenses = _origin_licenses(origins, sources, kernels)
     for w in wheels[provider.name]:
         prov = dataclasses.replace(provenance.get(w) or sbom.Provenance(), archive=origins)
-        moved[w] = _finish_provider(provider, w, manifest, pp.manifest_member, cs, versions, platform, prov, licenses)
-    return PayloadResult(manifest, moved)
+        _finish_provider(provider, w, manifest, pp.manifest_member, cs, versions, platform, prov, licenses)
+    return manifest
 
 
 def _origins(
@@ -511,7 +503,7 @@ def executable(members: Mapping[str, bytes]) -> frozenset[str]:
 
 def _finish_provider(
     c: Carrier,
-    path: Path,
+    draft: wheelio.Draft,
     manifest: dict[str, Any],
     member: str,
     cs: CarrierSet,
@@ -519,14 +511,14 @@ def _finish_provider(
     platform: str,
     prov: sbom.Provenance,
     licenses: Mapping[str, bytes],
-) -> Path:
+) -> None:
     """Manifest into the provider's wheel; it requires every part carrier exactly, and zstandard.
     Tagged for the archive's platform: it is the package that loads the archived binaries. Its SBOM
     lists every archived file with its origin."""
-    members = wheelio.read(path)
-    tags = retag(path.name, platform)
+    members = draft.members()
+    tags = retag(draft.filename, platform)
     wheelio.set_tags(members, tags)
-    dest = path.with_name(wheelio.wheel_name(c.name, versions[c.name], compressed_tag(tags)))
+    draft.filename = wheelio.wheel_name(c.name, versions[c.name], compressed_tag(tags))
     members[member] = (json.dumps(manifest, indent=1, sort_keys=True) + "\n").encode()
     meta_name = f"{wheelio.dist_info(members)}/METADATA"
     lines = [f"Requires-Dist: {p.name}=={versions[p.name]}" for p in cs.part_carriers]
@@ -537,10 +529,7 @@ def _finish_provider(
     if expression is not None:  # the fork states its license (transform.derive); the payload's join its files
         licensing.apply(members, wheelio.dist_info(members), expression, c.name, extra=licenses)
     sbom.add(members, wheelio.dist_info(members), c.name, versions[c.name], cs.kt_version, prov)
-    wheelio.write(dest, members, executable(members))
-    if dest != path:
-        path.unlink()
-    return dest
+    draft.executable = executable
 
 
 def manifest_summary(manifest: Mapping[str, Any]) -> distdir.Payload:

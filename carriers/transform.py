@@ -195,7 +195,24 @@ def derive(
     upstream_of: Mapping[str, str],
     take: Callable[[dict[str, bytes]], None] | None = None,
 ) -> Path:
-    """A fork or repack wheel of carrier `c` from the upstream wheel `src`. `take` removes
+    """derive_draft's wheel written into `out_dir`."""
+    return derive_draft(c, cs, src, versions, upstream_of, take).write(out_dir)
+
+
+def derived_executable(members: Mapping[str, bytes]) -> frozenset[str]:
+    """The members a derived wheel writes 0755: scripts and shared objects."""
+    return frozenset(n for n in members if "/scripts/" in n or n.endswith(".so"))
+
+
+def derive_draft(
+    c: Carrier,
+    cs: CarrierSet,
+    src: Path,
+    versions: Mapping[str, str],
+    upstream_of: Mapping[str, str],
+    take: Callable[[dict[str, bytes]], None] | None = None,
+) -> wheelio.Draft:
+    """A fork or repack wheel of carrier `c` from the upstream wheel `src`, in memory. `take` removes
     members before anything else happens (the lazy CUDA archive's share of the wheel)."""
     up_name, up_version, _, _ = parse_wheel_filename(src.name)
     members = wheelio.read(src)
@@ -236,17 +253,14 @@ def derive(
         cs.kt_version,
         provenance(c, src, members),
     )
-    out = out_dir / derived_name(c, src, versions)
-    executable = frozenset(n for n in members if "/scripts/" in n or n.endswith(".so"))
-    wheelio.write(out, members, executable)
-    return out
+    return wheelio.Draft(derived_name(c, src, versions), members=members, executable=derived_executable)
 
 
 def umbrella(
-    c: Carrier, cs: CarrierSet, versions: Mapping[str, str], out_dir: Path, license: tuple[str, Mapping[str, bytes]]
-) -> Path:
-    """The generated ktransformers wheel: exact pins to its siblings, extras serve/sft; `license`: the
-    project's expression and license files (licensing.project)."""
+    c: Carrier, cs: CarrierSet, versions: Mapping[str, str], license: tuple[str, Mapping[str, bytes]]
+) -> wheelio.Draft:
+    """The generated ktransformers wheel, in memory: exact pins to its siblings, extras serve/sft;
+    `license`: the project's expression and license files (licensing.project)."""
     version = versions[c.name]
     norm = canonicalize_name(c.name).replace("-", "_")
     di = f"{norm}-{version}.dist-info"
@@ -271,6 +285,4 @@ def umbrella(
     }
     licensing.apply(members, di, license[0], c.name, extra=license[1])
     sbom.add(members, di, c.name, version, cs.kt_version, sbom.Provenance())
-    out = out_dir / wheelio.wheel_name(c.name, version, "py3-none-any")
-    wheelio.write(out, members)
-    return out
+    return wheelio.Draft(wheelio.wheel_name(c.name, version, "py3-none-any"), members=members)

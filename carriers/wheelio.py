@@ -24,13 +24,77 @@ from .errors import InputError
 _MIN_EPOCH = 315532800
 
 
-def read(path: Path) -> dict[str, bytes]:
-    """Every member of a wheel, by name."""
+def read(path: Path | bytes, where: str = "") -> dict[str, bytes]:
+    """Every member of a wheel (a file, or its bytes), by name."""
     try:
-        with zipfile.ZipFile(path) as zf:
+        with zipfile.ZipFile(io.BytesIO(path) if isinstance(path, bytes) else path) as zf:
             return {i.filename: zf.read(i) for i in zf.infolist() if not i.filename.endswith("/")}
     except (OSError, zipfile.BadZipFile) as exc:
-        raise InputError(f"{path}: not a readable wheel ({exc})") from exc
+        label = where or ("a wheel in memory" if isinstance(path, bytes) else str(path))
+        raise InputError(f"{label}: not a readable wheel ({exc})") from exc
+
+
+def no_executable(members: Mapping[str, bytes]) -> frozenset[str]:
+    return frozenset()
+
+
+class Draft:
+    """A wheel of the assembly before it is written: its file name and its members in memory, edited by
+    every step that finishes it (the payload's part, the provider's manifest, the SBOM, the tags), then
+    written once (`write`). Until a step edits it, a draft read from a file (the kernel wheel) or from the
+    wheel memo keeps those bytes and writes them as they are."""
+
+    def __init__(
+        self,
+        filename: str,
+        *,
+        members: dict[str, bytes] | None = None,
+        source: Path | None = None,
+        data: bytes | None = None,
+        executable: Callable[[Mapping[str, bytes]], frozenset[str]] = no_executable,
+    ) -> None:
+        assert (members is not None) + (source is not None) + (data is not None) == 1
+        self.filename = filename
+        self.source = source  # the file it was read from, while unedited
+        self._data = data  # its encoded bytes, while unedited
+        self._members = members
+        self.executable = executable  # which members are written 0755
+        self.stored: frozenset[str] = frozenset()  # members stored as they are (already compressed)
+
+    def __repr__(self) -> str:
+        return f"Draft({self.filename!r})"
+
+    def members(self) -> dict[str, bytes]:
+        """Its members, to read or edit: from here on it is written from them."""
+        if self._members is None:
+            self._members = read(self._data if self._data is not None else self.source, self.filename)  # type: ignore[arg-type]
+        self._data = self.source = None
+        return self._members
+
+    def names(self) -> list[str]:
+        """Its member names, without taking its members for editing."""
+        if self._members is not None:
+            return list(self._members)
+        with zipfile.ZipFile(io.BytesIO(self._data) if self._data is not None else self.source) as zf:  # type: ignore[arg-type]
+            return zf.namelist()
+
+    def encoded(self, data: bytes) -> None:
+        """Its final bytes, already encoded from its members (written as they are)."""
+        self._data = data
+
+    def write(self, out: Path) -> Path:
+        """The wheel into `out`, once: its bytes, its unedited source, or its members encoded."""
+        dest = out / self.filename
+        if self._data is not None:
+            write_bytes(dest, self._data)
+        elif self.source is not None:
+            with self.source.open("rb") as src, _atomic(dest) as fh:
+                while chunk := src.read(1 << 20):
+                    fh.write(chunk)
+        else:
+            assert self._members is not None
+            write(dest, self._members, self.executable(self._members), self.stored)
+        return dest
 
 
 def dist_info(members: Mapping[str, bytes]) -> str:
@@ -54,10 +118,9 @@ def read_metadata(path: Path) -> tuple[str, list[str]]:
     return metadata_field(text, "Version")[0], metadata_field(text, "Requires-Dist")
 
 
-def has_sbom(path: Path) -> bool:
-    """Whether a written wheel carries an SBOM under .dist-info/sboms/ (reads the zip's directory only)."""
-    with zipfile.ZipFile(path) as zf:
-        return any(n.split("/")[0].endswith(".dist-info") and "/sboms/" in n for n in zf.namelist())
+def has_sbom(names: Sequence[str]) -> bool:
+    """Whether a wheel's members (by name) include an SBOM under .dist-info/sboms/."""
+    return any(n.split("/")[0].endswith(".dist-info") and "/sboms/" in n for n in names)
 
 
 def record_hash(data: bytes) -> str:

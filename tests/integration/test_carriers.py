@@ -4,17 +4,20 @@ hash refusal, stale patches, source-tree inputs, and the atomic dist/."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import re
 import shutil
 import subprocess
 import zipfile
+from collections.abc import Iterator
 from pathlib import Path
+from typing import IO
 
 import pytest
 
-from carriers import CarrierSet, InputError, PatchError, load
+from carriers import CarrierSet, InputError, PatchError, load, wheelio
 from carriers.assemble import assemble, build_set
 from carriers.inputs import LOCK, fetch
 from carriers.model import DEFINITIONS, Source
@@ -159,11 +162,24 @@ def test_source_tree_input_builds_the_pinned_commit(tmp_path: Path, cs: CarrierS
 
 
 def test_assembly_is_deterministic_and_dist_is_complete(
-    tmp_path: Path, kt_wheel: Path, cs: CarrierSet, built: dict[str, Path]
+    tmp_path: Path, kt_wheel: Path, cs: CarrierSet, built: dict[str, Path], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Every wheel encoded anew (no wheel memo), against the module's build of the same set in another
     # process-time and folder, whose wheels came from the memo or were encoded into it: the same bytes.
+    # Each wheel is finished in memory and written once: no wheel file is written twice or renamed.
+    written: list[str] = []
+    real = wheelio._atomic
+
+    @contextlib.contextmanager
+    def counted(path: Path) -> Iterator[IO[bytes]]:
+        written.append(path.name)
+        with real(path) as fh:
+            yield fh
+
+    monkeypatch.setattr(wheelio, "_atomic", counted)
     a = assemble(cs, kt_wheel, tmp_path / "a", memo=False)
+    monkeypatch.undo()
+    assert sorted(n for n in written if n.endswith(".whl")) == sorted(w.filename for w in a.wheels)
     other = next(iter(built.values())).parent
     assert {w.filename: w.sha256 for w in a.wheels} == {
         p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(other.glob("*.whl"))

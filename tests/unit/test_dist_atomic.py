@@ -18,6 +18,7 @@ from carriers import ConsistencyError, load
 from carriers import assemble as assembly
 from carriers.assemble import Built
 from carriers.consistency import Report
+from carriers.wheelio import Draft
 from tests import distkit
 from tests.conftest import ROOT
 
@@ -33,7 +34,7 @@ def _fake_build(tmp: Path) -> object:
     def build_set(cs: object, kernel: Path, out: Path, **_: object) -> list[Built]:
         wheel = out / "new-1.0-py3-none-any.whl"
         wheel.write_bytes(b"new wheel")
-        return [Built("kt-kernel", "1.0", "native", wheel)]
+        return [Built("kt-kernel", "1.0", "native", wheel, Draft(wheel.name, source=wheel))]
 
     return build_set
 

@@ -11,6 +11,7 @@ from base.version import python_tag
 from carriers import DefinitionError, load
 from carriers.assemble import Built, coverage_problems
 from carriers.model import DEFINITIONS
+from carriers.wheelio import Draft
 from locks import read as locks
 from locks.targets import serves
 from maint import lock
@@ -68,13 +69,16 @@ def test_which_pythons_a_wheel_serves(wheel: str, expected: list[str]) -> None:
 
 
 def test_a_python_of_the_matrix_without_wheels_is_named_with_its_fix(tmp_path: Path) -> None:
-    kt = [Built("kt-kernel", "0.6.1", "native", tmp_path / "kt_kernel-0.6.1-cp313-cp313-manylinux_2_34_x86_64.whl")]
+    def built(name: str, kind: str, path: Path) -> Built:
+        return Built(name, "0.6.1", kind, path, Draft(path.name, data=b""))
+
+    kt = [built("kt-kernel", "native", tmp_path / "kt_kernel-0.6.1-cp313-cp313-manylinux_2_34_x86_64.whl")]
     assert coverage_problems(kt, ["3.13"]) == []
     (problem,) = coverage_problems(kt, ["3.11", "3.13"])
     assert "kt-kernel has no wheel for CPython 3.11" in problem
     assert "nox -s build_cuda" in problem
     sg = [
-        Built("sglang-kt", "0.6.1", "fork", tmp_path / f"sglang_kt-0.6.1-{t}-{t}-manylinux_2_34_x86_64.whl")
+        built("sglang-kt", "fork", tmp_path / f"sglang_kt-0.6.1-{t}-{t}-manylinux_2_34_x86_64.whl")
         for t in ("cp311", "cp312")
     ]
     (problem,) = coverage_problems(sg, ["3.11", "3.12", "3.13"])
