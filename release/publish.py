@@ -33,9 +33,10 @@ from base.cli import dist_option
 from base.errors import StageError, report
 from carriers import wheelio
 from carriers.graph import Graph
+from locks.simple import ProjectState, project_state
 
 from .errors import ReleaseError
-from .plan import RULES_FILE, Plan, ProjectState, load_rules, make_plan, project_state, render
+from .plan import RULES_FILE, Plan, load_rules, make_plan, render
 
 
 class PublishError(ReleaseError):

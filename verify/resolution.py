@@ -36,6 +36,8 @@ from base.cli import dist_option, fresh_option
 from base.errors import StageError, report
 from base.version import python_tag
 from locks.indexes import extra_indexes
+from locks.read import LockError
+from locks.simple import project_state
 from locks.targets import MANYLINUX_2_34, target_args
 
 from . import cached
@@ -384,19 +386,12 @@ def _falls_back(index_url: str, public: str) -> bool:
     the public index with --extra-index-url, which merges both: a project on both offers both's files."""
     if index_url.rstrip("/") == public.rstrip("/"):
         return True
-
-    def files(url: str) -> list[str]:
-        request = urllib.request.Request(  # noqa: S310 - the operator's index
-            f"{url.rstrip('/')}/pip/", headers={"Accept": "text/html"}
-        )
-        with urllib.request.urlopen(request, timeout=30) as resp:  # noqa: S310
-            return re.findall(r">\s*(pip-[^<\s]+)\s*<", resp.read().decode(errors="replace"))
-
     try:
-        newest = files(public)[-1:]
-        return bool(newest) and newest[0] in files(index_url)
-    except OSError:
+        newest = sorted(project_state(public, "pip", sizes=False).versions(), key=Version)[-1:]
+        ours = project_state(index_url, "pip", sizes=False, as_pip_sees_it=True).versions()
+    except LockError:
         return False
+    return bool(newest) and newest[0] in ours
 
 
 def _from_published(args: argparse.Namespace, root: Path) -> int:

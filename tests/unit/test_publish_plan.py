@@ -15,7 +15,8 @@ from typing import Any
 
 import pytest
 
-from release.plan import RULES_FILE, load_rules, make_plan, project_state, render
+from locks.simple import project_state
+from release.plan import RULES_FILE, load_rules, make_plan, render
 
 NOW = datetime(2026, 12, 5, 12, 0, tzinfo=UTC)
 JSON = "application/vnd.pypi.simple.v1+json"

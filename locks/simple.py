@@ -1,0 +1,174 @@
+"""The simple repository API, read: what an index serves of one project (PEP 691 JSON with PEP 700's
+sizes and upload times where served, PEP 503 HTML otherwise), redirects followed on the index's own host
+only. The publish plan reads the target index with it; normal resolution reads pip's page with it to
+tell whether an index serves the public index's projects itself."""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from packaging.utils import (
+    InvalidSdistFilename,
+    InvalidWheelFilename,
+    canonicalize_name,
+    canonicalize_version,
+    parse_sdist_filename,
+    parse_wheel_filename,
+)
+
+from .read import LockError
+
+ACCEPT = "application/vnd.pypi.simple.v1+json, text/html;q=0.01"
+
+
+class IndexPageError(LockError):
+    """An index's project page cannot be read; the message names the URL and what went wrong."""
+
+
+@dataclass(frozen=True)
+class IndexFile:
+    """One file an index serves for a project."""
+
+    filename: str
+    url: str
+    sha256: str | None
+    size: int | None
+    uploaded: datetime | None
+
+
+@dataclass(frozen=True)
+class ProjectState:
+    """What the index holds of one project (exists False: it has never heard of it)."""
+
+    name: str
+    exists: bool
+    files: Mapping[str, IndexFile]
+    how: str  # "PEP 691 JSON" or "PEP 503 HTML"
+
+    def versions(self) -> dict[str, list[IndexFile]]:
+        out: dict[str, list[IndexFile]] = {}
+        for f in self.files.values():
+            v = version_of(f.filename)
+            if v is not None:
+                out.setdefault(v, []).append(f)
+        return out
+
+
+def version_of(filename: str) -> str | None:
+    """The normalized version a wheel or sdist file name carries (None for anything else)."""
+    try:
+        return canonicalize_version(str(parse_wheel_filename(filename)[1]))
+    except InvalidWheelFilename:
+        pass
+    try:
+        return canonicalize_version(str(parse_sdist_filename(filename)[1]))
+    except InvalidSdistFilename:
+        return None
+
+
+class _SameOrigin(urllib.request.HTTPRedirectHandler):
+    """Follow redirects on the index's own host only: pypiserver sends a project it does not hold to its
+    fallback (pypi.org), which would pass PyPI's files off as this index's."""
+
+    def redirect_request(self, req: Any, fp: Any, code: int, msg: str, headers: Any, newurl: str) -> Any:
+        if urllib.parse.urlsplit(newurl).netloc != urllib.parse.urlsplit(req.full_url).netloc:
+            fp.close()
+            raise urllib.error.HTTPError(newurl, 404, "redirected off this index", headers, None)
+        return super().redirect_request(req, fp, code, msg, headers, newurl)
+
+
+_OPENER = urllib.request.build_opener(_SameOrigin)
+_ANYWHERE = urllib.request.build_opener()
+
+
+def _get(url: str, accept: str = ACCEPT, method: str = "GET", *, anywhere: bool = False) -> tuple[bytes, str, Any]:
+    request = urllib.request.Request(url, headers={"Accept": accept}, method=method)  # noqa: S310 - the operator's index
+    with (_ANYWHERE if anywhere else _OPENER).open(request, timeout=60) as resp:
+        return resp.read(), resp.headers.get_content_type(), resp.headers
+
+
+def _time(value: Any) -> datetime | None:
+    if not isinstance(value, str):
+        return None
+    try:
+        t = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return t if t.tzinfo else t.replace(tzinfo=UTC)
+
+
+def _from_json(url: str, page: bytes) -> dict[str, IndexFile]:
+    try:
+        files = json.loads(page)["files"]
+        return {
+            f["filename"]: IndexFile(
+                f["filename"],
+                urllib.parse.urljoin(url, f["url"]),
+                (f.get("hashes") or {}).get("sha256"),
+                f["size"] if isinstance(f.get("size"), int) else None,
+                _time(f.get("upload-time")),
+            )
+            for f in files
+        }
+    except (ValueError, KeyError, TypeError) as exc:
+        raise IndexPageError(f"{url}: not a PEP 691 project page ({type(exc).__name__}: {exc})") from None
+
+
+def _from_html(url: str, page: bytes) -> dict[str, IndexFile]:
+    import html.parser
+
+    links: dict[str, str] = {}
+
+    class Links(html.parser.HTMLParser):
+        def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+            href = dict(attrs).get("href")
+            if tag == "a" and href:
+                links[urllib.parse.unquote(href.split("#")[0].rsplit("/", 1)[-1])] = href
+
+    Links().feed(page.decode(errors="replace"))
+    out = {}
+    for name, href in links.items():
+        target, fragment = urllib.parse.urldefrag(urllib.parse.urljoin(url, href))
+        algo, _, value = fragment.partition("=")
+        out[name] = IndexFile(name, target, value if algo == "sha256" else None, None, None)
+    return out
+
+
+def project_state(index_url: str, project: str, sizes: bool = True, *, as_pip_sees_it: bool = False) -> ProjectState:
+    """The index's files for `project` (PEP 691 JSON, else PEP 503 HTML). Where the index does not state a
+    file's size and `sizes` is set, a HEAD request asks the file itself. A redirect to another host counts
+    as "not here", unless `as_pip_sees_it`: pip follows it (pypiserver's fallback to the public index)."""
+    name = canonicalize_name(project)
+    url = f"{index_url.rstrip('/')}/{name}/"
+    try:
+        page, kind, _ = _get(url, anywhere=as_pip_sees_it)
+    except urllib.error.HTTPError as exc:
+        exc.close()
+        if exc.code == 404:
+            return ProjectState(name, False, {}, "absent")
+        raise IndexPageError(f"{url}: HTTP {exc.code} {exc.reason}") from None
+    except (urllib.error.URLError, OSError) as exc:
+        raise IndexPageError(f"cannot reach the index {url}: {getattr(exc, 'reason', exc)}") from None
+    if kind == "application/vnd.pypi.simple.v1+json":
+        files, how = _from_json(url, page), "PEP 691 JSON"
+    else:
+        files, how = _from_html(url, page), "PEP 503 HTML"
+    if sizes:
+        files = {n: f if f.size is not None else _sized(f) for n, f in files.items()}
+    return ProjectState(name, True, files, how)
+
+
+def _sized(f: IndexFile) -> IndexFile:
+    try:
+        _, _, headers = _get(f.url, "*/*", "HEAD")
+        length = headers.get("Content-Length")
+        return IndexFile(f.filename, f.url, f.sha256, int(length) if length else None, f.uploaded)
+    except (urllib.error.URLError, OSError, ValueError):
+        return f
