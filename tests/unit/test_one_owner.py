@@ -6,6 +6,7 @@ from __future__ import annotations
 import datetime as dt
 import importlib.util
 import json
+import re
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -91,10 +92,22 @@ def test_the_build_tree_is_one_tree(build_wheel: ModuleType) -> None:
     assert paths.DIST not in paths.LEFTOVERS  # and the release
 
 
-def test_the_wheel_budget_is_the_policys() -> None:
-    report = (ROOT / "release" / "report.py").read_text()
-    assert "100 << 20" not in report
-    assert "load_policy().wheel_budget_bytes" in report
+def test_the_wheel_budget_is_the_policys(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """By value: the report's budget bars follow the audit policy's budget, whatever it is."""
+    import dataclasses
+
+    from base import distdir
+    from release import report
+
+    wheel = distdir.Wheel("a", "1", "native", "a-1-py3-none-any.whl", "0" * 64, 50 << 20, ("3.11",), (), ())
+    manifest = distdir.Manifest(1, "1", ("3.11",), "", (), (wheel,))
+    shares = []
+    for mib in (100, 200):
+        policy = dataclasses.replace(load_policy(), wheel_budget_bytes=mib << 20)
+        monkeypatch.setattr(report, "load_policy", lambda policy=policy: policy)
+        page = report.render_html(manifest, {}, {}, None, tmp_path)
+        shares += re.findall(r"class='bar[^']*'[^>]*></span> (\d+)%", page)
+    assert shares == ["50", "25"]
 
 
 @pytest.mark.parametrize(
