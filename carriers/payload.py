@@ -372,69 +372,29 @@ def attach(
     the assembly writes each once."""
     provenance = provenance or {}
     pol = pol or policy()
-    pp = pol.payload
     provider = cs.payload_provider
     assert provider is not None  # carriers.toml validation guarantees one when parts exist
     native = next(c for c in cs.carriers if c.kind == "native")
     members = {c.name: [(d, d.members()) for d in wheels[c.name]] for c in cs.part_carriers}
-    entries = dict(archived)
-    first: tuple[wheelio.Draft, dict[str, bytes]] | None = None
-    for w, m in members[native.name]:  # one copy of kt-kernel's CUDA libraries in the archive
-        theirs = take_kernel_cuda(m, pol)
-        if first is None:
-            first = (w, theirs)
-            entries.update(theirs)
-        elif theirs != first[1]:
-            differ = sorted(n for n in set(theirs) | set(first[1]) if theirs.get(n) != first[1].get(n))
-            raise InputError(
-                f"{w.filename} and {first[0].filename} hold different CUDA libraries ({differ}); the release "
-                "archive holds one copy: build every kt-kernel wheel from one source"
-            )
-    archive = build_archive(entries, pp.zstd_level, pp.zstd_window_log, cache)
+    entries = {**archived, **_kernel_cuda(members[native.name], pol)}
+    archive = build_archive(entries, pol.payload.zstd_level, pol.payload.zstd_window_log, cache)
     platform = archive_platform([*sources, *kernels])
-    # Each carrier's size without its part, measured in memory: the largest of its wheels, since the
-    # same part must fit beside each of them.
-    bases: list[tuple[str, int]] = []
-    for c in cs.part_carriers:
-        size = 0
-        for w, m in members[c.name]:
-            wheelio.set_tags(m, retag(w.filename, platform))
-            size = max(size, len(_encoded(m)))
-        bases.append((c.name, size))
-    sizes = plan_parts(archive.size, bases, pol.wheel_budget_bytes, pp.headroom_bytes)
-    count = len(sizes)
-    parts: list[dict[str, Any]] = []
+    sizes = _plan(cs, members, platform, archive.size, pol)
+    count, parts = len(sizes), []
     for i, (c, blob) in enumerate(zip(cs.part_carriers, _slices(archive.path, sizes), strict=True), 1):
-        member = part_member(c, i, count)
-        biggest = 0
-        for w, m in members[c.name]:
-            if not any(n.startswith(f"{c.import_package}/") for n in m):
-                raise ConsistencyError(f"{w.filename}: {c.name} has no {c.import_package}/ package to carry part {i}")
-            m[member] = blob
-            prov = dataclasses.replace(
-                provenance.get(w) or sbom.Provenance(),
-                grafted=sbom.grafted(m),
-                part=sbom.Part(member, i, count, len(blob), hashlib.sha256(blob).hexdigest()),
-            )
-            sbom.add(m, wheelio.dist_info(m), c.name, versions[c.name], cs.kt_version, prov)
-            data = _encoded(m, frozenset({member}))
-            if len(data) > pol.wheel_budget_bytes:
-                raise ConsistencyError(
-                    f"{w.filename} would be {len(data) / 2**20:.1f} MiB with its part, over the "
-                    f"{pol.wheel_budget_bytes / 2**20:.0f} MiB budget"
-                )
-            w.filename = wheelio.wheel_name(c.name, versions[c.name], compressed_tag(retag(w.filename, platform)))
-            w.executable, w.stored = executable, frozenset({member})
-            w.encoded(data)  # written as measured against the budget
-            biggest = max(biggest, len(data))
+        part = sbom.Part(part_member(c, i, count), i, count, len(blob), hashlib.sha256(blob).hexdigest())
+        biggest = max(
+            _carry(c, w, m, blob, part, versions, platform, provenance.get(w), cs.kt_version, pol)
+            for w, m in members[c.name]
+        )
         parts.append(
             {
                 "index": i,
                 "distribution": c.name,
                 "version": versions[c.name],
-                "member": member,
+                "member": part.member,
                 "size": len(blob),
-                "sha256": hashlib.sha256(blob).hexdigest(),
+                "sha256": part.sha256,
             }
         )
         say(
@@ -451,7 +411,7 @@ def attach(
             "size": archive.size,
             "compression": COMPRESSION,
             "format": "tar",
-            "level": pp.zstd_level,
+            "level": pol.payload.zstd_level,
             "window_log": archive.window_log,
             "platform": platform,
         },
@@ -462,8 +422,75 @@ def attach(
     licenses = _origin_licenses(origins, sources, kernels)
     for w in wheels[provider.name]:
         prov = dataclasses.replace(provenance.get(w) or sbom.Provenance(), archive=origins)
-        _finish_provider(provider, w, manifest, pp.manifest_member, cs, versions, platform, prov, licenses)
+        _finish_provider(provider, w, manifest, pol.payload.manifest_member, cs, versions, platform, prov, licenses)
     return manifest
+
+
+def _kernel_cuda(native: Sequence[tuple[wheelio.Draft, dict[str, bytes]]], pol: Any) -> dict[str, bytes]:
+    """kt-kernel's CUDA libraries, taken out of every kernel wheel: one copy goes into the archive, so
+    every kernel wheel (one per Python) must hold the same ones."""
+    first: tuple[wheelio.Draft, dict[str, bytes]] | None = None
+    for w, m in native:
+        theirs = take_kernel_cuda(m, pol)
+        if first is None:
+            first = (w, theirs)
+        elif theirs != first[1]:
+            differ = sorted(n for n in set(theirs) | set(first[1]) if theirs.get(n) != first[1].get(n))
+            raise InputError(
+                f"{w.filename} and {first[0].filename} hold different CUDA libraries ({differ}); the release "
+                "archive holds one copy: build every kt-kernel wheel from one source"
+            )
+    return first[1] if first is not None else {}
+
+
+def _plan(
+    cs: CarrierSet,
+    members: Mapping[str, Sequence[tuple[wheelio.Draft, dict[str, bytes]]]],
+    platform: str,
+    archive_size: int,
+    pol: Any,
+) -> list[int]:
+    """The part sizes: each carrier's wheels retagged for the archive's platform and measured in memory
+    without their part (the largest of a carrier's wheels, since the same part must fit beside each)."""
+    bases: list[tuple[str, int]] = []
+    for c in cs.part_carriers:
+        size = 0
+        for w, m in members[c.name]:
+            wheelio.set_tags(m, retag(w.filename, platform))
+            size = max(size, len(_encoded(m)))
+        bases.append((c.name, size))
+    return plan_parts(archive_size, bases, pol.wheel_budget_bytes, pol.payload.headroom_bytes)
+
+
+def _carry(
+    c: Carrier,
+    w: wheelio.Draft,
+    m: dict[str, bytes],
+    blob: bytes,
+    part: sbom.Part,
+    versions: Mapping[str, str],
+    platform: str,
+    prov: sbom.Provenance | None,
+    kt_version: str,
+    pol: Any,
+) -> int:
+    """One wheel of a part carrier with its part and an SBOM naming it, encoded and held to the budget;
+    its size."""
+    if not any(n.startswith(f"{c.import_package}/") for n in m):
+        raise ConsistencyError(f"{w.filename}: {c.name} has no {c.import_package}/ package to carry part {part.index}")
+    m[part.member] = blob
+    prov = dataclasses.replace(prov or sbom.Provenance(), grafted=sbom.grafted(m), part=part)
+    sbom.add(m, wheelio.dist_info(m), c.name, versions[c.name], kt_version, prov)
+    data = _encoded(m, frozenset({part.member}))
+    if len(data) > pol.wheel_budget_bytes:
+        raise ConsistencyError(
+            f"{w.filename} would be {len(data) / 2**20:.1f} MiB with its part, over the "
+            f"{pol.wheel_budget_bytes / 2**20:.0f} MiB budget"
+        )
+    w.filename = wheelio.wheel_name(c.name, versions[c.name], compressed_tag(retag(w.filename, platform)))
+    w.executable, w.stored = executable, frozenset({part.member})
+    w.encoded(data)  # written as measured against the budget
+    return len(data)
 
 
 def _origins(
