@@ -48,12 +48,15 @@ VERDICT_MEMBER = "release"  # the release report's output, no stage's input: lef
 SCHEMA_FILE = paths.ROOT / "audits" / "schemas" / "release-manifest.schema.json"
 MAX_MANIFEST = 16 << 20  # bytes; a release's manifest is tens of KiB
 
-SHA256 = r"^[0-9a-f]{64}$"
-PLAIN_NAME = r"^[A-Za-z0-9_][A-Za-z0-9_.+!-]*$"  # a file name in one directory: no separator, no ..
-WHEEL_NAME = r"^[A-Za-z0-9_][A-Za-z0-9_.+!-]*\.whl$"
-INSTALL_NAME = r"^install/[A-Za-z0-9_][A-Za-z0-9_.+-]*\.(txt|toml)$"
-PYTHON = r"^3\.[0-9]+$"
-NAME = r"^[a-z0-9]([a-z0-9-]*[a-z0-9])?$"  # a canonical project name
+# Patterns end in END, not a bare $: Python's re (which jsonschema uses too) lets $ match before a
+# trailing newline, so "...whl\n" would pass; the lookahead refuses it in Python and ECMA 262 alike.
+END = r"(?!\n)$"
+SHA256 = rf"^[0-9a-f]{{64}}{END}"
+PLAIN_NAME = rf"^[A-Za-z0-9_][A-Za-z0-9_.+!-]*{END}"  # a file name in one directory: no separator, no ..
+WHEEL_NAME = rf"^[A-Za-z0-9_][A-Za-z0-9_.+!-]*\.whl{END}"
+INSTALL_NAME = rf"^install/[A-Za-z0-9_][A-Za-z0-9_.+-]*\.(txt|toml){END}"
+PYTHON = rf"^3\.[0-9]+{END}"
+NAME = rf"^[a-z0-9]([a-z0-9-]*[a-z0-9])?{END}"  # a canonical project name
 
 
 class DistError(StageError):

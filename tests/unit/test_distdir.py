@@ -82,6 +82,8 @@ HOSTILE = {
     "an absolute wheel path": _set(["wheels", 0, "filename"], "/tmp/a-1-py3-none-any.whl"),
     "an install file outside install/": _set(["install", 0, "file"], "install/../../x.txt"),
     "a digest that is no sha256": _set(["wheels", 0, "sha256"], "A" * 64),
+    "a digest with a trailing newline": _set(["wheels", 0, "sha256"], "a" * 64 + "\n"),
+    "a wheel name with a trailing newline": _set(["wheels", 0, "filename"], "a-1-py3-none-any.whl\n"),
     "a size that is text": _set(["wheels", 0, "size"], "1"),
     "a size that is true": _set(["wheels", 0, "size"], True),
     "a negative size": _set(["wheels", 0, "size"], -1),
