@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import functools
 import json
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -80,22 +81,32 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run_venv(args: argparse.Namespace, chosen: list[str]) -> int:
-    """The venv profiles, each reused when proven on exactly these inputs; results merged into --json."""
+    """The venv profiles, each reused when proven on exactly these inputs, each run even when one before
+    it failed; results merged into --json after each. The exit status: 0, or the first failure's."""
     args.work.mkdir(parents=True, exist_ok=True)
     results: dict[str, Any] = _previous(args.json)
     try:
         key = cached.dist_key(args.dist)  # dist/ opened and re-hashed once: an incomplete build fails here
-        for prof in chosen:
-            results.pop(prof, None)  # a failure below leaves no earlier success of it behind
+    except StageError as exc:
+        return report(exc)
+    failed: list[tuple[str, int]] = []
+    for prof in chosen:
+        results.pop(prof, None)  # a failure below leaves no earlier success of it behind
+        try:
             work = functools.partial(_timed, prof, args)
             free = prof in registry.DIST_FREE
             result, stamp = cached.run(prof, args.dist, key, work, fresh=args.fresh, dist_free=free)
+        except StageError as exc:  # VerifyError, and the carriers', locks' and base's roots below it
+            print(f"error: {prof}: {exc}", file=sys.stderr, flush=True)
+            failed.append((prof, getattr(exc, "exit_code", 1)))
+        else:
             results[prof] = {**result, **stamp}
             print(f"{prof}: ok ({stamp['outcome']}, {result['elapsed_s']}s when produced) {json.dumps(result)}")
-    except StageError as exc:  # VerifyError, and the carriers', locks' and base's roots below it
         _write(args.json, results)
-        return report(exc)
-    _write(args.json, results)
+    if failed:
+        names = ", ".join(p for p, _ in failed)
+        print(f"error: {len(failed)} of {len(chosen)} venv profiles failed: {names}", file=sys.stderr)
+        return failed[0][1]
     return 0
 
 

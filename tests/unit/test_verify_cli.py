@@ -199,3 +199,29 @@ def test_verify_install_dispatches_each_profile_to_its_entry_point(
         with pytest.raises(SystemExit):
             verify_cli.main([*dist, *wrong])
         assert "goes with --profile resolve" in capsys.readouterr().err
+
+
+def test_a_failing_venv_profile_does_not_stop_the_others(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Each venv profile runs even when one before it failed; the failure is named, its earlier success is
+    dropped from the results, the others are recorded, and the exit status is the failure's."""
+    from verify import __main__ as verify_cli
+    from verify.venv import VerifyError
+
+    def sft(dist: Path, work: Path) -> dict[str, Any]:
+        raise VerifyError("the sft profile's probe failed")
+
+    monkeypatch.setitem(verify_cli.RUN, "sft", sft)
+    monkeypatch.setitem(verify_cli.RUN, "serve", lambda dist, work: {"served": True})
+    distkit.make_release(tmp_path / "dist", {})
+    out = tmp_path / "verify.json"
+    out.write_text(json.dumps({"sft": {"stale": "an earlier success"}}))
+    argv = ["--dist", str(tmp_path / "dist"), "--json", str(out), "--work", str(tmp_path / "w"), "--fresh"]
+    assert verify_cli.main([*argv, "--profile", "sft", "--profile", "serve"]) == 1
+    err = capsys.readouterr().err
+    assert "error: sft: the sft profile's probe failed" in err
+    assert "1 of 2 venv profiles failed: sft" in err
+    recorded = json.loads(out.read_text())
+    assert "sft" not in recorded
+    assert recorded["serve"]["served"] is True
