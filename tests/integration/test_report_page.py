@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from base import distdir
 from release import report as release_report
 from tests.conftest import ROOT
 from tests.unit.test_release_report import KT, TF, _candidate, _hermetic  # noqa: F401 (_hermetic: autouse fixture)
@@ -46,13 +47,14 @@ class _Dom(HTMLParser):
             self.cells.append(data.strip())
 
 
-def _audit() -> dict[str, object]:
+def _audit(dist: Path) -> dict[str, object]:
+    digests = {w.filename: w.sha256 for w in distdir.read_manifest(dist / distdir.MANIFEST).wheels}
     return {
         "passed": False,
         "elapsed_s": 2.0,
         "wheels": [
-            {"filename": KT, "errors": 1, "sha256": "a" * 64},  # the manifest's: this build's audit
-            {"filename": TF, "errors": 0, "sha256": "b" * 64},
+            {"filename": KT, "errors": 1, "sha256": digests[KT]},  # the manifest's: this build's audit
+            {"filename": TF, "errors": 0, "sha256": digests[TF]},
         ],
         "findings": [
             {
@@ -89,7 +91,7 @@ def _audit() -> dict[str, object]:
 def test_the_report_page_renders_with_every_section(tmp_path: Path) -> None:
     chromium = _chromium()
     dist = _candidate(tmp_path, audit_passed=True)
-    (dist / "audit-report.json").write_text(json.dumps(_audit()))
+    (dist / "audit-report.json").write_text(json.dumps(_audit(dist)))
     baseline = tmp_path / "old-manifest.json"
     old = json.loads((dist / "manifest.json").read_text())
     old["wheels"][0]["size"] = old["wheels"][0]["size"] // 2

@@ -11,10 +11,12 @@ from pathlib import Path
 
 import pytest
 
+from base import distdir
 from carriers import load
 from carriers.assemble import assemble
 from carriers.model import ALIAS_DIR
 from carriers.transform import ALIAS_FILES
+from tests import distkit
 from tests.conftest import ROOT
 from tests.wheelkit import pure_wheel_members, write_wheel
 from verify import owners, serve, sft
@@ -36,8 +38,9 @@ def test_install_refuses_a_wheel_whose_hash_differs(tmp_path: Path) -> None:
 
 def test_dist_that_disagrees_with_its_sums_is_refused(tmp_path: Path) -> None:
     wheel = write_wheel(tmp_path / "demo_pkg-1.0-py3-none-any.whl", pure_wheel_members())
-    (tmp_path / "SHA256SUMS").write_text(f"{'1' * 64}  {wheel.name}\n")
-    with pytest.raises(vi.VerifyError, match="differs from SHA256SUMS"):
+    distkit.make_release(tmp_path, {wheel.name: wheel.read_bytes()})
+    wheel.write_bytes(wheel.read_bytes() + b"changed after the build")
+    with pytest.raises(distdir.DistError, match="differs from SHA256SUMS"):
         vi.carrier_lines(tmp_path, ["demo-pkg"])
 
 
