@@ -5,7 +5,6 @@ failure leaves the previous dist/ exactly as it was."""
 from __future__ import annotations
 
 import functools
-import io
 import os
 import shutil
 from collections.abc import Callable, Mapping, Sequence
@@ -18,7 +17,8 @@ from packaging.utils import parse_wheel_filename
 from base import distdir, progress, stagecache, stages, swap
 from locks.targets import serves
 
-from . import consistency, inputs, install, licensing, payload, sbom, transform, wheelio
+from . import consistency, inputs, install, licensing, payload, transform, wheelio
+from .draft import Draft, Finish
 from .errors import ConsistencyError, InputError
 from .model import Carrier, CarrierSet
 
@@ -32,7 +32,7 @@ class Built:
     version: str
     kind: str
     path: Path  # where it is written: the output folder and the draft's file name
-    draft: wheelio.Draft
+    draft: Draft
     inputs: list[dict[str, str]] = field(default_factory=list)
     patches: list[dict[str, str]] = field(default_factory=list)
     payload: distdir.Payload | None = None  # the lazy CUDA archive's summary (on one entry)
@@ -56,7 +56,10 @@ class _Job:
 
 def _native(job: _Job, c: Carrier) -> list[Built]:
     """kt-kernel: the built wheel(s), one per Python, as they are (until the payload or the SBOM edits them)."""
-    drafts = [wheelio.Draft(k.name, source=k, executable=payload.executable) for k in job.kernels]
+    drafts = [
+        Draft(k.name, Finish(c.name, job.versions[c.name], job.cs.kt_version, sbom=False), source=k)
+        for k in job.kernels
+    ]  # as built: the payload step or, where the set has none, the SBOM step finishes them
     return [Built(c.name, job.versions[c.name], c.kind, job.out / d.filename, d) for d in drafts]
 
 
@@ -86,9 +89,7 @@ def _derived(job: _Job, c: Carrier) -> list[Built]:
     return out
 
 
-def _derive_once(
-    job: _Job, c: Carrier, src: inputs.Input, hook: Callable[[dict[str, bytes]], None] | None
-) -> wheelio.Draft:
+def _derive_once(job: _Job, c: Carrier, src: inputs.Input, hook: Callable[[dict[str, bytes]], None] | None) -> Draft:
     """transform.derive_draft, or the wheel it made before from exactly this input, carrier set, patch
     series, versions and code (the wheel memo, when one is open). A carrier that hands members to the
     payload (`hook`) is always derived: the payload needs those members."""
@@ -109,14 +110,14 @@ def _derive_once(
     )
     name = transform.derived_name(c, src.path, job.versions)
     data = memo.get(key)
-    if data is not None:
-        return wheelio.Draft(name, data=data, executable=transform.derived_executable)
+    if data is not None:  # finished before: its license applied; its SBOM is made again if a step edits it
+        prov = transform.provenance(c, src.path, {})
+        finish = Finish(c.name, job.versions[c.name], job.cs.kt_version, prov)
+        return Draft(name, finish, data=data, executable=transform.derived_executable)
     d = transform.derive_draft(c, job.cs, src.path, job.versions, job.upstream_of)
-    members = d.members()
-    buf = io.BytesIO()
-    wheelio.write_to(buf, members, d.executable(members))
-    d.encoded(buf.getvalue())
-    memo.put(key, buf.getvalue())
+    data = d.encode()
+    d.encoded(data)
+    memo.put(key, data)
     return d
 
 
@@ -217,7 +218,7 @@ def _build_set(
     if with_payload:
         provider = cs.payload_provider
         assert provider is not None
-        groups: dict[str, list[wheelio.Draft]] = {}
+        groups: dict[str, list[Draft]] = {}
         for b in built:
             groups.setdefault(b.name, []).append(b.draft)
         summary = payload.attach(
@@ -229,15 +230,13 @@ def _build_set(
             [i.path for i in sources[provider.name]],
             (cache or inputs.default_cache()).parent / "payload",
             pol,
-            {b.draft: _provenance(b) for b in built},
         )
         built[0].payload = payload.manifest_summary(summary)
         for b in built:  # the part carriers and the provider are retagged for the archive's platform
             b.path = out / b.draft.filename
     for b in built:  # a wheel no step gave an SBOM (kt-kernel, where the set has no payload): its own
-        if not wheelio.has_sbom(b.draft.names()):
-            members = b.draft.members()
-            sbom.add(members, wheelio.dist_info(members), b.name, b.version, cs.kt_version, _provenance(b, members))
+        if not b.draft.finish.sbom and not wheelio.has_sbom(b.draft.names()):
+            b.draft.finish.sbom = True
             b.draft.executable = payload.executable
     if only is None:
         problems = coverage_problems(built, pythons)
@@ -250,16 +249,6 @@ def _build_set(
     for b in built:  # each wheel written once, finished
         b.path = b.draft.write(out)
     return built
-
-
-def _provenance(b: Built, members: Mapping[str, bytes] | None = None) -> sbom.Provenance:
-    """What a built wheel's SBOM says of its origin: its input and patches (manifest.json's record of them)."""
-    src = b.inputs[0] if b.inputs else None
-    return sbom.Provenance(
-        upstream=sbom.Upstream(src["name"], src["version"], src["filename"], src["sha256"]) if src else None,
-        patches=[(p["file"], p["sha256"]) for p in b.patches] if b.kind == "fork" else [],
-        grafted=sbom.grafted(members) if members is not None else [],
-    )
 
 
 def coverage_problems(built: Sequence[Built] | Sequence[tuple[str, str]], pythons: Sequence[str]) -> list[str]:

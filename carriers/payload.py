@@ -32,6 +32,7 @@ from audits.readers import find_cuobjdump, list_archs
 from base import distdir
 
 from . import licensing, sbom, wheelio
+from .draft import Draft
 from .errors import ConsistencyError, InputError
 from .model import PART_DIR, Carrier, CarrierSet
 
@@ -353,14 +354,13 @@ def _encoded(members: Mapping[str, bytes], stored: frozenset[str] = frozenset())
 
 def attach(
     cs: CarrierSet,
-    wheels: Mapping[str, Sequence[wheelio.Draft]],
+    wheels: Mapping[str, Sequence[Draft]],
     kernels: Sequence[Path],
     archived: Mapping[str, bytes],
     versions: Mapping[str, str],
     sources: list[Path],
     cache: Path,
     pol: Any = None,
-    provenance: Mapping[wheelio.Draft, sbom.Provenance] | None = None,
 ) -> dict[str, Any]:
     """Build (or reuse) the archive of `archived` plus kt-kernel's CUDA libraries, cut it into parts,
     add each part to every wheel of its carrier (retagged for the archive's platform), and put the
@@ -368,9 +368,8 @@ def attach(
     `wheels`: carrier -> its drafts (several where the carrier is per-Python, as sglang-kt is): each
     wheel of a part carrier carries the same part, and every kt-kernel wheel must hold the same CUDA
     libraries. `kernels`: the kernel wheels the native drafts were read from. Every draft is edited in
-    memory, its SBOM (`provenance`: what derive recorded of each input wheel) naming the part it carries;
+    memory, what finishing applies with it (the tags, the part its SBOM names, the archive's origins);
     the assembly writes each once."""
-    provenance = provenance or {}
     pol = pol or policy()
     provider = cs.payload_provider
     assert provider is not None  # carriers.toml validation guarantees one when parts exist
@@ -383,10 +382,7 @@ def attach(
     count, parts = len(sizes), []
     for i, (c, blob) in enumerate(zip(cs.part_carriers, _slices(archive.path, sizes), strict=True), 1):
         part = sbom.Part(part_member(c, i, count), i, count, len(blob), hashlib.sha256(blob).hexdigest())
-        biggest = max(
-            _carry(c, w, m, blob, part, versions, platform, provenance.get(w), cs.kt_version, pol)
-            for w, m in members[c.name]
-        )
+        biggest = max(_carry(c, w, m, blob, part, versions, platform, pol) for w, m in members[c.name])
         parts.append(
             {
                 "index": i,
@@ -421,15 +417,14 @@ def attach(
     origins = _origins(archive.files, entries, archived, sources, kernels, versions[native.name])
     licenses = _origin_licenses(origins, sources, kernels)
     for w in wheels[provider.name]:
-        prov = dataclasses.replace(provenance.get(w) or sbom.Provenance(), archive=origins)
-        _finish_provider(provider, w, manifest, pol.payload.manifest_member, cs, versions, platform, prov, licenses)
+        _finish_provider(provider, w, manifest, pol.payload.manifest_member, cs, versions, platform, origins, licenses)
     return manifest
 
 
-def _kernel_cuda(native: Sequence[tuple[wheelio.Draft, dict[str, bytes]]], pol: Any) -> dict[str, bytes]:
+def _kernel_cuda(native: Sequence[tuple[Draft, dict[str, bytes]]], pol: Any) -> dict[str, bytes]:
     """kt-kernel's CUDA libraries, taken out of every kernel wheel: one copy goes into the archive, so
     every kernel wheel (one per Python) must hold the same ones."""
-    first: tuple[wheelio.Draft, dict[str, bytes]] | None = None
+    first: tuple[Draft, dict[str, bytes]] | None = None
     for w, m in native:
         theirs = take_kernel_cuda(m, pol)
         if first is None:
@@ -445,33 +440,33 @@ def _kernel_cuda(native: Sequence[tuple[wheelio.Draft, dict[str, bytes]]], pol: 
 
 def _plan(
     cs: CarrierSet,
-    members: Mapping[str, Sequence[tuple[wheelio.Draft, dict[str, bytes]]]],
+    members: Mapping[str, Sequence[tuple[Draft, dict[str, bytes]]]],
     platform: str,
     archive_size: int,
     pol: Any,
 ) -> list[int]:
     """The part sizes: each carrier's wheels retagged for the archive's platform and measured in memory
-    without their part (the largest of a carrier's wheels, since the same part must fit beside each)."""
+    as they stand without their part (the largest of a carrier's wheels, since the same part must fit
+    beside each): a derived wheel finished, a kernel wheel as built (without the SBOM it gets with its part)."""
     bases: list[tuple[str, int]] = []
     for c in cs.part_carriers:
         size = 0
-        for w, m in members[c.name]:
-            wheelio.set_tags(m, retag(w.filename, platform))
-            size = max(size, len(_encoded(m)))
+        for w, _ in members[c.name]:
+            w.finish.tags = retag(w.filename, platform)
+            w.executable = executable
+            size = max(size, len(w.encode()))
         bases.append((c.name, size))
     return plan_parts(archive_size, bases, pol.wheel_budget_bytes, pol.payload.headroom_bytes)
 
 
 def _carry(
     c: Carrier,
-    w: wheelio.Draft,
+    w: Draft,
     m: dict[str, bytes],
     blob: bytes,
     part: sbom.Part,
     versions: Mapping[str, str],
     platform: str,
-    prov: sbom.Provenance | None,
-    kt_version: str,
     pol: Any,
 ) -> int:
     """One wheel of a part carrier with its part and an SBOM naming it, encoded and held to the budget;
@@ -479,16 +474,16 @@ def _carry(
     if not any(n.startswith(f"{c.import_package}/") for n in m):
         raise ConsistencyError(f"{w.filename}: {c.name} has no {c.import_package}/ package to carry part {part.index}")
     m[part.member] = blob
-    prov = dataclasses.replace(prov or sbom.Provenance(), grafted=sbom.grafted(m), part=part)
-    sbom.add(m, wheelio.dist_info(m), c.name, versions[c.name], kt_version, prov)
-    data = _encoded(m, frozenset({part.member}))
+    w.finish.provenance = dataclasses.replace(w.finish.provenance, part=part)
+    w.finish.sbom = True
+    w.stored = frozenset({part.member})
+    data = w.encode()
     if len(data) > pol.wheel_budget_bytes:
         raise ConsistencyError(
             f"{w.filename} would be {len(data) / 2**20:.1f} MiB with its part, over the "
             f"{pol.wheel_budget_bytes / 2**20:.0f} MiB budget"
         )
     w.filename = wheelio.wheel_name(c.name, versions[c.name], compressed_tag(retag(w.filename, platform)))
-    w.executable, w.stored = executable, frozenset({part.member})
     w.encoded(data)  # written as measured against the budget
     return len(data)
 
@@ -530,32 +525,29 @@ def executable(members: Mapping[str, bytes]) -> frozenset[str]:
 
 def _finish_provider(
     c: Carrier,
-    draft: wheelio.Draft,
+    draft: Draft,
     manifest: dict[str, Any],
     member: str,
     cs: CarrierSet,
     versions: Mapping[str, str],
     platform: str,
-    prov: sbom.Provenance,
+    origins: dict[str, dict[str, object]],
     licenses: Mapping[str, bytes],
 ) -> None:
     """Manifest into the provider's wheel; it requires every part carrier exactly, and zstandard.
     Tagged for the archive's platform: it is the package that loads the archived binaries. Its SBOM
-    lists every archived file with its origin."""
+    lists every archived file with its origin; its licenses/ holds the payload origins' license files."""
     members = draft.members()
-    tags = retag(draft.filename, platform)
-    wheelio.set_tags(members, tags)
-    draft.filename = wheelio.wheel_name(c.name, versions[c.name], compressed_tag(tags))
+    draft.finish.tags = retag(draft.filename, platform)
+    draft.filename = wheelio.wheel_name(c.name, versions[c.name], compressed_tag(draft.finish.tags))
     members[member] = (json.dumps(manifest, indent=1, sort_keys=True) + "\n").encode()
     meta_name = f"{wheelio.dist_info(members)}/METADATA"
     lines = [f"Requires-Dist: {p.name}=={versions[p.name]}" for p in cs.part_carriers]
     lines += [f"Requires-Dist: {r}" for r in RUNTIME_REQUIRES]
-    meta = wheelio.edit_metadata(members[meta_name].decode("utf-8"), append=lines)
-    members[meta_name] = meta.encode("utf-8")
-    expression = licensing.declared(meta)
-    if expression is not None:  # the fork states its license (transform.derive); the payload's join its files
-        licensing.apply(members, wheelio.dist_info(members), expression, c.name, extra=licenses)
-    sbom.add(members, wheelio.dist_info(members), c.name, versions[c.name], cs.kt_version, prov)
+    members[meta_name] = wheelio.edit_metadata(members[meta_name].decode("utf-8"), append=lines).encode("utf-8")
+    if draft.finish.license is not None:  # the fork states its license (transform.derive); the payload's join it
+        draft.finish.license_files = {**draft.finish.license_files, **licenses}
+    draft.finish.provenance = dataclasses.replace(draft.finish.provenance, archive=origins)
     draft.executable = executable
 
 

@@ -19,6 +19,7 @@ from base.stagecache import file_sha256
 
 from . import licensing, proc, sbom, wheelio
 from .alias._kt_dist_alias import UPSTREAM_FILE  # <dist-info>/kt_upstream.json of every fork and repack
+from .draft import Draft, Finish
 from .errors import ConsistencyError, InputError, PatchError
 from .model import ALIAS_DIR, Carrier, CarrierSet
 
@@ -211,8 +212,9 @@ def derive_draft(
     versions: Mapping[str, str],
     upstream_of: Mapping[str, str],
     take: Callable[[dict[str, bytes]], None] | None = None,
-) -> wheelio.Draft:
-    """A fork or repack wheel of carrier `c` from the upstream wheel `src`, in memory. `take` removes
+) -> Draft:
+    """A fork or repack wheel of carrier `c` from the upstream wheel `src`, in memory, with what
+    finishing applies (its license, its SBOM naming the input and the patches). `take` removes
     members before anything else happens (the lazy CUDA archive's share of the wheel)."""
     up_name, up_version, _, _ = parse_wheel_filename(src.name)
     members = wheelio.read(src)
@@ -236,8 +238,7 @@ def derive_draft(
     )
     check_edits()
     members[f"{new_di}/METADATA"] = meta.encode("utf-8")
-    what = f"upstream {up_name} {up_version} ({src.name})"
-    licensing.apply(members, new_di, licensing.expression_for(c.name, c.license, str(up_name), meta), what)
+    expression = licensing.expression_for(c.name, c.license, str(up_name), meta)
     upstream = {"carrier": c.name, "name": c.upstream, "version": str(up_version)}
     members[f"{new_di}/{UPSTREAM_FILE}"] = (json.dumps(upstream, sort_keys=True) + "\n").encode()
     if c.dist_alias:
@@ -245,20 +246,20 @@ def derive_draft(
             if name in members:
                 raise ConsistencyError(f"{c.name}: upstream {up_name} already ships {name}")
             members[name] = (ALIAS_DIR / name).read_bytes()
-    sbom.add(
-        members,
-        new_di,
+    finish = Finish(
         c.name,
         new_version,
         cs.kt_version,
         provenance(c, src, members),
+        license=expression,
+        license_what=f"upstream {up_name} {up_version} ({src.name})",
     )
-    return wheelio.Draft(derived_name(c, src, versions), members=members, executable=derived_executable)
+    return Draft(derived_name(c, src, versions), finish, members=members, executable=derived_executable)
 
 
 def umbrella(
     c: Carrier, cs: CarrierSet, versions: Mapping[str, str], license: tuple[str, Mapping[str, bytes]]
-) -> wheelio.Draft:
+) -> Draft:
     """The generated ktransformers wheel, in memory: exact pins to its siblings, extras serve/sft;
     `license`: the project's expression and license files (licensing.project)."""
     version = versions[c.name]
@@ -283,6 +284,6 @@ def umbrella(
         b"Tag: py3-none-any\n",
         f"{di}/top_level.txt": f"{norm}\n".encode(),
     }
-    licensing.apply(members, di, license[0], c.name, extra=license[1])
-    sbom.add(members, di, c.name, version, cs.kt_version, sbom.Provenance())
-    return wheelio.Draft(wheelio.wheel_name(c.name, version, "py3-none-any"), members=members)
+    finish = Finish(c.name, version, cs.kt_version, license=license[0], license_what=c.name)
+    finish.license_files = dict(license[1])
+    return Draft(wheelio.wheel_name(c.name, version, "py3-none-any"), finish, members=members)

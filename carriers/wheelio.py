@@ -34,69 +34,6 @@ def read(path: Path | bytes, where: str = "") -> dict[str, bytes]:
         raise InputError(f"{label}: not a readable wheel ({exc})") from exc
 
 
-def no_executable(members: Mapping[str, bytes]) -> frozenset[str]:
-    return frozenset()
-
-
-class Draft:
-    """A wheel of the assembly before it is written: its file name and its members in memory, edited by
-    every step that finishes it (the payload's part, the provider's manifest, the SBOM, the tags), then
-    written once (`write`). Until a step edits it, a draft read from a file (the kernel wheel) or from the
-    wheel memo keeps those bytes and writes them as they are."""
-
-    def __init__(
-        self,
-        filename: str,
-        *,
-        members: dict[str, bytes] | None = None,
-        source: Path | None = None,
-        data: bytes | None = None,
-        executable: Callable[[Mapping[str, bytes]], frozenset[str]] = no_executable,
-    ) -> None:
-        assert (members is not None) + (source is not None) + (data is not None) == 1
-        self.filename = filename
-        self.source = source  # the file it was read from, while unedited
-        self._data = data  # its encoded bytes, while unedited
-        self._members = members
-        self.executable = executable  # which members are written 0755
-        self.stored: frozenset[str] = frozenset()  # members stored as they are (already compressed)
-
-    def __repr__(self) -> str:
-        return f"Draft({self.filename!r})"
-
-    def members(self) -> dict[str, bytes]:
-        """Its members, to read or edit: from here on it is written from them."""
-        if self._members is None:
-            self._members = read(self._data if self._data is not None else self.source, self.filename)  # type: ignore[arg-type]
-        self._data = self.source = None
-        return self._members
-
-    def names(self) -> list[str]:
-        """Its member names, without taking its members for editing."""
-        if self._members is not None:
-            return list(self._members)
-        with zipfile.ZipFile(io.BytesIO(self._data) if self._data is not None else self.source) as zf:  # type: ignore[arg-type]
-            return zf.namelist()
-
-    def encoded(self, data: bytes) -> None:
-        """Its final bytes, already encoded from its members (written as they are)."""
-        self._data = data
-
-    def write(self, out: Path) -> Path:
-        """The wheel into `out`, once: its bytes, its unedited source, or its members encoded."""
-        dest = out / self.filename
-        if self._data is not None:
-            write_bytes(dest, self._data)
-        elif self.source is not None:
-            with self.source.open("rb") as src, _atomic(dest) as fh:
-                while chunk := src.read(1 << 20):
-                    fh.write(chunk)
-        else:
-            assert self._members is not None
-            write(dest, self._members, self.executable(self._members), self.stored)
-        return dest
-
-
 def dist_info(members: Mapping[str, bytes]) -> str:
     """The .dist-info directory of a wheel's members."""
     found = {n.split("/", 1)[0] for n in members if n.split("/", 1)[0].endswith(".dist-info")}
@@ -135,18 +72,18 @@ def write(
     stored: frozenset[str] = frozenset(),
 ) -> None:
     """Write a wheel whose bytes depend on `members` alone (see write_to), atomically."""
-    with _atomic(path) as fh:
+    with atomic(path) as fh:
         write_to(fh, members, executable, stored)
 
 
 def write_bytes(path: Path, data: bytes) -> None:
     """Write an already encoded wheel atomically."""
-    with _atomic(path) as fh:
+    with atomic(path) as fh:
         fh.write(data)
 
 
 @contextlib.contextmanager
-def _atomic(path: Path) -> Iterator[IO[bytes]]:
+def atomic(path: Path) -> Iterator[IO[bytes]]:
     """A file handle whose bytes replace `path` whole when the block ends: a temporary file of its own
     beside it (two processes writing one path never share one), mode 0644, removed if the block fails."""
     import tempfile

@@ -168,7 +168,7 @@ def test_assembly_is_deterministic_and_dist_is_complete(
     # process-time and folder, whose wheels came from the memo or were encoded into it: the same bytes.
     # Each wheel is finished in memory and written once: no wheel file is written twice or renamed.
     written: list[str] = []
-    real = wheelio._atomic
+    real = wheelio.atomic
 
     @contextlib.contextmanager
     def counted(path: Path) -> Iterator[IO[bytes]]:
@@ -176,7 +176,7 @@ def test_assembly_is_deterministic_and_dist_is_complete(
         with real(path) as fh:
             yield fh
 
-    monkeypatch.setattr(wheelio, "_atomic", counted)
+    monkeypatch.setattr(wheelio, "atomic", counted)
     a = assemble(cs, kt_wheel, tmp_path / "a", memo=False)
     monkeypatch.undo()
     assert sorted(n for n in written if n.endswith(".whl")) == sorted(w.filename for w in a.wheels)

@@ -18,7 +18,7 @@ from carriers import ConsistencyError, load
 from carriers import assemble as assembly
 from carriers.assemble import Built
 from carriers.consistency import Report
-from carriers.wheelio import Draft
+from carriers.draft import Draft, Finish
 from tests import distkit
 from tests.conftest import ROOT
 
@@ -34,7 +34,15 @@ def _fake_build(tmp: Path) -> object:
     def build_set(cs: object, kernel: Path, out: Path, **_: object) -> list[Built]:
         wheel = out / "new-1.0-py3-none-any.whl"
         wheel.write_bytes(b"new wheel")
-        return [Built("kt-kernel", "1.0", "native", wheel, Draft(wheel.name, source=wheel))]
+        return [
+            Built(
+                "kt-kernel",
+                "1.0",
+                "native",
+                wheel,
+                Draft(wheel.name, Finish("kt-kernel", "1.0", "1.0", sbom=False), source=wheel),
+            )
+        ]
 
     return build_set
 
