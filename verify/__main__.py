@@ -94,7 +94,7 @@ def run_venv(args: argparse.Namespace, chosen: list[str]) -> int:
         results.pop(prof, None)  # a failure below leaves no earlier success of it behind
         try:
             work = functools.partial(_timed, prof, args)
-            free = prof in registry.DIST_FREE
+            free = prof in registry.UPSTREAM_ONLY
             result, stamp = cached.run(prof, args.dist, key, work, fresh=args.fresh, dist_free=free)
         except StageError as exc:  # VerifyError, and the carriers', locks' and base's roots below it
             print(f"error: {prof}: {exc}", file=sys.stderr, flush=True)

@@ -20,14 +20,14 @@ class Profile:
     what: str
     python: str = ""  # interpreters: the CPython it runs on
     suite: str = ""  # interpreters: the Debian suite whose python3 that is
-    dist_free: bool = False  # installs nothing of dist/ (upstream only): a new build keeps its result
+    upstream_only: bool = False  # installs nothing of dist/: a new build keeps its result
 
 
 PROFILES: tuple[Profile, ...] = (
     Profile("sft-cpu", "venv", "the CPU torch lock: kt_kernel.sft training, resume"),
     Profile("sft", "venv", "the published sft install file (CUDA torch, run on the CPU)"),
     Profile("serve", "venv", "the published serve install file: SGLang on CPU, kt-doctor --run"),
-    Profile("lf-standard", "venv", "upstream LlamaFactory, no KT wheel", dist_free=True),
+    Profile("lf-standard", "venv", "upstream LlamaFactory, no KT wheel", upstream_only=True),
     Profile("lf-kt", "venv", "the published lf-kt install file: LlamaFactory training with use_kt"),
     Profile("lf-upgrade", "venv", "lf-kt installed over an upstream LlamaFactory environment"),
     Profile("cp313", "interpreters", "the release on Debian trixie's CPython 3.13", python="3.13", suite="trixie"),
@@ -35,6 +35,6 @@ PROFILES: tuple[Profile, ...] = (
 )
 BY_NAME = {p.name: p for p in PROFILES}
 VENV = tuple(p.name for p in PROFILES if p.runs == "venv")
-DIST_FREE = frozenset(p.name for p in PROFILES if p.dist_free)
+UPSTREAM_ONLY = frozenset(p.name for p in PROFILES if p.upstream_only)  # no wheel of dist/ installed
 SUITES = {p.python: p.suite for p in PROFILES if p.runs == "interpreters"}  # CPython -> its Debian suite
 PUBLISHED = ("sft", "serve", "lf-kt")  # the install files an interpreters profile exercises as published

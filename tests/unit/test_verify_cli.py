@@ -164,7 +164,7 @@ def test_one_registry_lists_every_verification_profile() -> None:
     assert list(verify_cli.RUN) == list(registry.VENV)
     assert interpreters.SUITES == registry.SUITES
     assert [p.name for p in registry.PROFILES if p.runs == "interpreters"] == ["cp313"]
-    assert sorted(registry.DIST_FREE) == ["lf-standard"]
+    assert sorted(registry.UPSTREAM_ONLY) == ["lf-standard"]
 
 
 def test_verify_install_dispatches_each_profile_to_its_entry_point(
