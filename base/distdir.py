@@ -432,12 +432,6 @@ class Release:
     manifest: Manifest
     sums_text: str  # for the key
 
-    def file(self, name: str) -> Path:
-        return self.path / name
-
-    def digest(self, name: str) -> str | None:
-        return next((d for d, n in self.sums if n == name), None)
-
     def wheels_for(self, python: str) -> list[Wheel]:
         return [w for w in self.manifest.wheels if python in w.pythons]
 

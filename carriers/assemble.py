@@ -31,11 +31,16 @@ class Built:
     name: str
     version: str
     kind: str
-    path: Path  # where it is written: the output folder and the draft's file name
     draft: Draft
+    out: Path  # the folder it is written to
     inputs: list[dict[str, str]] = field(default_factory=list)
     patches: list[dict[str, str]] = field(default_factory=list)
     payload: distdir.Payload | None = None  # the lazy CUDA archive's summary (on one entry)
+
+    @property
+    def path(self) -> Path:
+        """Where it is (or will be) written: its draft's current file name (the payload may retag it)."""
+        return self.out / self.draft.filename
 
 
 read_metadata = wheelio.read_metadata  # (Version, Requires-Dist) of a built wheel
@@ -56,16 +61,16 @@ class _Job:
 
 def _native(job: _Job, c: Carrier) -> list[Built]:
     """kt-kernel: the built wheel(s), one per Python, as they are (until the payload or the SBOM edits them)."""
-    drafts = [
-        Draft(k.name, Finish(c.name, job.versions[c.name], job.cs.kt_version, sbom=False), source=k)
-        for k in job.kernels
-    ]  # as built: the payload step or, where the set has none, the SBOM step finishes them
-    return [Built(c.name, job.versions[c.name], c.kind, job.out / d.filename, d) for d in drafts]
+    finish = functools.partial(Finish, c.name, job.versions[c.name], job.cs.kt_version, sbom=False)
+    drafts = [  # as built: the payload step or, where the set has none, the SBOM step finishes them
+        Draft(k.name, finish(), source=k, executable=payload.executable) for k in job.kernels
+    ]
+    return [Built(c.name, job.versions[c.name], c.kind, d, job.out) for d in drafts]
 
 
 def _umbrella(job: _Job, c: Carrier) -> list[Built]:
     d = transform.umbrella(c, job.cs, job.versions, licensing.project(job.kernels))
-    return [Built(c.name, job.versions[c.name], c.kind, job.out / d.filename, d)]
+    return [Built(c.name, job.versions[c.name], c.kind, d, job.out)]
 
 
 def _derived(job: _Job, c: Carrier) -> list[Built]:
@@ -80,8 +85,8 @@ def _derived(job: _Job, c: Carrier) -> list[Built]:
                 c.name,
                 job.versions[c.name],
                 c.kind,
-                job.out / d.filename,
                 d,
+                job.out,
                 inputs=[{"name": src.name, "version": src.version, "filename": src.path.name, "sha256": src.sha256}],
                 patches=[{"file": p.name, "sha256": inputs.sha256(p)} for p in c.patches],
             )
@@ -95,7 +100,7 @@ def _derive_once(job: _Job, c: Carrier, src: inputs.Input, hook: Callable[[dict[
     payload (`hook`) is always derived: the payload needs those members."""
     memo = wheelio.current_memo()
     if memo is None or hook is not None:
-        return transform.derive_draft(c, job.cs, src.path, job.versions, job.upstream_of, take=hook)
+        return transform.derive_draft(c, job.cs, src.path, job.versions, job.upstream_of, hook, src.sha256)
     key = stagecache.value_sha256(
         [
             "derive",
@@ -111,10 +116,10 @@ def _derive_once(job: _Job, c: Carrier, src: inputs.Input, hook: Callable[[dict[
     name = transform.derived_name(c, src.path, job.versions)
     data = memo.get(key)
     if data is not None:  # finished before: its license applied; its SBOM is made again if a step edits it
-        prov = transform.provenance(c, src.path, {})
+        prov = transform.provenance(c, src.path, src.sha256)
         finish = Finish(c.name, job.versions[c.name], job.cs.kt_version, prov)
         return Draft(name, finish, data=data, executable=transform.derived_executable)
-    d = transform.derive_draft(c, job.cs, src.path, job.versions, job.upstream_of)
+    d = transform.derive_draft(c, job.cs, src.path, job.versions, job.upstream_of, src_sha256=src.sha256)
     data = d.encode()
     d.encoded(data)
     memo.put(key, data)
@@ -232,12 +237,9 @@ def _build_set(
             pol,
         )
         built[0].payload = payload.manifest_summary(summary)
-        for b in built:  # the part carriers and the provider are retagged for the archive's platform
-            b.path = out / b.draft.filename
     for b in built:  # a wheel no step gave an SBOM (kt-kernel, where the set has no payload): its own
         if not b.draft.finish.sbom and not wheelio.has_sbom(b.draft.names()):
             b.draft.finish.sbom = True
-            b.draft.executable = payload.executable
     if only is None:
         problems = coverage_problems(built, pythons)
         if problems:
@@ -247,7 +249,7 @@ def _build_set(
                 + "\nnothing was written to dist/"
             )
     for b in built:  # each wheel written once, finished
-        b.path = b.draft.write(out)
+        b.draft.write(b.out)
     return built
 
 

@@ -26,8 +26,9 @@ def no_executable(members: Mapping[str, bytes]) -> frozenset[str]:
 
 @dataclass(eq=False)
 class Finish:
-    """What finishing applies to a wheel. `license` None: its METADATA is left as it is (the kernel's own,
-    or a memo wheel's, applied before); `sbom` False: no SBOM of ours (a kernel wheel as built)."""
+    """What finishing applies to a wheel. `license` None: the license its METADATA states stays (the
+    kernel's own, or a memo wheel's, applied before), `license_files` joining it where there are any;
+    `sbom` False: no SBOM of ours (a kernel wheel as built)."""
 
     name: str
     version: str
@@ -40,7 +41,7 @@ class Finish:
     tags: list[str] | None = None
 
     def changes(self) -> bool:
-        return self.license is not None or self.sbom or self.tags is not None
+        return self.license is not None or bool(self.license_files) or self.sbom or self.tags is not None
 
 
 class Draft:
@@ -90,8 +91,11 @@ class Draft:
         f = self.finish
         m = dict(self.members())
         di = wheelio.dist_info(m)
-        if f.license is not None:
-            licensing.apply(m, di, f.license, f.license_what, extra=f.license_files)
+        expression = f.license
+        if expression is None and f.license_files:  # files to add beside a license applied before (a memo wheel)
+            expression = licensing.declared(m[f"{di}/METADATA"].decode("utf-8"))
+        if expression is not None:
+            licensing.apply(m, di, expression, f.license_what or f.name, extra=f.license_files)
         if f.tags is not None:
             wheelio.set_tags(m, f.tags)
         if f.sbom if with_sbom is None else with_sbom:

@@ -345,13 +345,6 @@ def _slices(path: Path, sizes: list[int]) -> list[bytes]:
         return [fh.read(n) for n in sizes]
 
 
-def _encoded(members: Mapping[str, bytes], stored: frozenset[str] = frozenset()) -> bytes:
-    """A wheel's bytes, written in memory (to measure a wheel, or to write it once)."""
-    buf = io.BytesIO()
-    wheelio.write_to(buf, members, executable(members), stored)
-    return buf.getvalue()
-
-
 def attach(
     cs: CarrierSet,
     wheels: Mapping[str, Sequence[Draft]],
@@ -374,15 +367,14 @@ def attach(
     provider = cs.payload_provider
     assert provider is not None  # carriers.toml validation guarantees one when parts exist
     native = next(c for c in cs.carriers if c.kind == "native")
-    members = {c.name: [(d, d.members()) for d in wheels[c.name]] for c in cs.part_carriers}
-    entries = {**archived, **_kernel_cuda(members[native.name], pol)}
+    entries = {**archived, **_kernel_cuda(wheels[native.name], pol)}
     archive = build_archive(entries, pol.payload.zstd_level, pol.payload.zstd_window_log, cache)
     platform = archive_platform([*sources, *kernels])
-    sizes = _plan(cs, members, platform, archive.size, pol)
+    sizes = _plan(cs, wheels, platform, archive.size, pol)
     count, parts = len(sizes), []
     for i, (c, blob) in enumerate(zip(cs.part_carriers, _slices(archive.path, sizes), strict=True), 1):
         part = sbom.Part(part_member(c, i, count), i, count, len(blob), hashlib.sha256(blob).hexdigest())
-        biggest = max(_carry(c, w, m, blob, part, versions, platform, pol) for w, m in members[c.name])
+        biggest = max(_carry(c, w, blob, part, versions, platform, pol) for w in wheels[c.name])
         parts.append(
             {
                 "index": i,
@@ -396,7 +388,7 @@ def attach(
         say(
             f"part {i}/{count}: {c.name} {versions[c.name]} carries {len(blob) / 2**20:.1f} MiB "
             f"-> {biggest / 2**20:.1f} MiB wheel"
-            + (f" (each of {len(members[c.name])})" if len(members[c.name]) > 1 else "")
+            + (f" (each of {len(wheels[c.name])})" if len(wheels[c.name]) > 1 else "")
         )
     manifest = {
         "schema_version": SCHEMA_VERSION,
@@ -421,12 +413,12 @@ def attach(
     return manifest
 
 
-def _kernel_cuda(native: Sequence[tuple[Draft, dict[str, bytes]]], pol: Any) -> dict[str, bytes]:
+def _kernel_cuda(native: Sequence[Draft], pol: Any) -> dict[str, bytes]:
     """kt-kernel's CUDA libraries, taken out of every kernel wheel: one copy goes into the archive, so
     every kernel wheel (one per Python) must hold the same ones."""
     first: tuple[Draft, dict[str, bytes]] | None = None
-    for w, m in native:
-        theirs = take_kernel_cuda(m, pol)
+    for w in native:
+        theirs = take_kernel_cuda(w.members(), pol)
         if first is None:
             first = (w, theirs)
         elif theirs != first[1]:
@@ -440,7 +432,7 @@ def _kernel_cuda(native: Sequence[tuple[Draft, dict[str, bytes]]], pol: Any) -> 
 
 def _plan(
     cs: CarrierSet,
-    members: Mapping[str, Sequence[tuple[Draft, dict[str, bytes]]]],
+    wheels: Mapping[str, Sequence[Draft]],
     platform: str,
     archive_size: int,
     pol: Any,
@@ -451,7 +443,7 @@ def _plan(
     bases: list[tuple[str, int]] = []
     for c in cs.part_carriers:
         size = 0
-        for w, _ in members[c.name]:
+        for w in wheels[c.name]:
             w.finish.tags = retag(w.filename, platform)
             w.executable = executable
             size = max(size, len(w.encode()))
@@ -462,7 +454,6 @@ def _plan(
 def _carry(
     c: Carrier,
     w: Draft,
-    m: dict[str, bytes],
     blob: bytes,
     part: sbom.Part,
     versions: Mapping[str, str],
@@ -471,6 +462,7 @@ def _carry(
 ) -> int:
     """One wheel of a part carrier with its part and an SBOM naming it, encoded and held to the budget;
     its size."""
+    m = w.members()
     if not any(n.startswith(f"{c.import_package}/") for n in m):
         raise ConsistencyError(f"{w.filename}: {c.name} has no {c.import_package}/ package to carry part {part.index}")
     m[part.member] = blob
@@ -545,8 +537,7 @@ def _finish_provider(
     lines = [f"Requires-Dist: {p.name}=={versions[p.name]}" for p in cs.part_carriers]
     lines += [f"Requires-Dist: {r}" for r in RUNTIME_REQUIRES]
     members[meta_name] = wheelio.edit_metadata(members[meta_name].decode("utf-8"), append=lines).encode("utf-8")
-    if draft.finish.license is not None:  # the fork states its license (transform.derive); the payload's join it
-        draft.finish.license_files = {**draft.finish.license_files, **licenses}
+    draft.finish.license_files = {**draft.finish.license_files, **licenses}  # beside the fork's own license
     draft.finish.provenance = dataclasses.replace(draft.finish.provenance, archive=origins)
     draft.executable = executable
 

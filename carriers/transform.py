@@ -177,13 +177,14 @@ def derived_name(c: Carrier, src: Path, versions: Mapping[str, str]) -> str:
     return wheelio.wheel_name(c.name, versions[c.name], tag)
 
 
-def provenance(c: Carrier, src: Path, members: Mapping[str, bytes]) -> sbom.Provenance:
-    """What a derived wheel's SBOM says: its input wheel (by sha256), its patch series, its grafted libraries."""
+def provenance(c: Carrier, src: Path, sha256: str | None = None) -> sbom.Provenance:
+    """What a derived wheel's SBOM says of its origin: its input wheel (by sha256: `sha256` where the
+    caller verified it already) and its patch series. The libraries grafted into it are read from the
+    finished members (Draft.finished)."""
     up_name, up_version, _, _ = parse_wheel_filename(src.name)
     return sbom.Provenance(
-        upstream=sbom.Upstream(str(up_name), str(up_version), src.name, file_sha256(src)),
+        upstream=sbom.Upstream(str(up_name), str(up_version), src.name, sha256 or file_sha256(src)),
         patches=[(p.name, file_sha256(p)) for p in c.patches] if c.kind == "fork" else [],
-        grafted=sbom.grafted(members),
     )
 
 
@@ -212,10 +213,11 @@ def derive_draft(
     versions: Mapping[str, str],
     upstream_of: Mapping[str, str],
     take: Callable[[dict[str, bytes]], None] | None = None,
+    src_sha256: str | None = None,
 ) -> Draft:
-    """A fork or repack wheel of carrier `c` from the upstream wheel `src`, in memory, with what
-    finishing applies (its license, its SBOM naming the input and the patches). `take` removes
-    members before anything else happens (the lazy CUDA archive's share of the wheel)."""
+    """A fork or repack wheel of carrier `c` from the upstream wheel `src` (`src_sha256`: its verified
+    sha256, if known), in memory, with what finishing applies (its license, its SBOM naming the input and
+    the patches). `take` removes members before anything else happens (the lazy CUDA archive's share)."""
     up_name, up_version, _, _ = parse_wheel_filename(src.name)
     members = wheelio.read(src)
     if take is not None:
@@ -250,7 +252,7 @@ def derive_draft(
         c.name,
         new_version,
         cs.kt_version,
-        provenance(c, src, members),
+        provenance(c, src, src_sha256),
         license=expression,
         license_what=f"upstream {up_name} {up_version} ({src.name})",
     )
@@ -284,6 +286,7 @@ def umbrella(
         b"Tag: py3-none-any\n",
         f"{di}/top_level.txt": f"{norm}\n".encode(),
     }
-    finish = Finish(c.name, version, cs.kt_version, license=license[0], license_what=c.name)
-    finish.license_files = dict(license[1])
+    finish = Finish(
+        c.name, version, cs.kt_version, license=license[0], license_what=c.name, license_files=dict(license[1])
+    )
     return Draft(wheelio.wheel_name(c.name, version, "py3-none-any"), finish, members=members)

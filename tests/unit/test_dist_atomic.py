@@ -39,8 +39,8 @@ def _fake_build(tmp: Path) -> object:
                 "kt-kernel",
                 "1.0",
                 "native",
-                wheel,
                 Draft(wheel.name, Finish("kt-kernel", "1.0", "1.0", sbom=False), source=wheel),
+                out,
             )
         ]
 

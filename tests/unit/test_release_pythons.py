@@ -70,7 +70,7 @@ def test_which_pythons_a_wheel_serves(wheel: str, expected: list[str]) -> None:
 
 def test_a_python_of_the_matrix_without_wheels_is_named_with_its_fix(tmp_path: Path) -> None:
     def built(name: str, kind: str, path: Path) -> Built:
-        return Built(name, "0.6.1", kind, path, Draft(path.name, Finish(name, "0.6.1", "0.6.1"), data=b""))
+        return Built(name, "0.6.1", kind, Draft(path.name, Finish(name, "0.6.1", "0.6.1"), data=b""), path.parent)
 
     kt = [built("kt-kernel", "native", tmp_path / "kt_kernel-0.6.1-cp313-cp313-manylinux_2_34_x86_64.whl")]
     assert coverage_problems(kt, ["3.13"]) == []

@@ -105,7 +105,8 @@ def test_a_passing_candidate(tmp_path: Path, capsys: pytest.CaptureFixture[str])
     assert "verify_install sft-cpu: ok (install_s=41.0, elapsed_s=90.2)" in out
     assert "CUDA payload: 7 files, 1148 MiB -> 170.0 MiB zstd in 2 parts (MiB: kt-kernel 44.0, x 6.0)" in out
     md = (dist / "release-report.md").read_text()
-    kt, tf = (distdir.open_release(dist).digest(n)[:16] for n in (KT, TF))  # type: ignore[index]
+    digests = {w.filename: w.sha256[:16] for w in distdir.open_release(dist).manifest.wheels}
+    kt, tf = digests[KT], digests[TF]
     assert f"| kt-kernel | 0.6.1 | native | {(dist / KT).stat().st_size / 2**20:.2f} | `{kt}` | pass |" in md
     assert f"| transformers-kt | 5.19.0.post1 | fork | 0.00 | `{tf}` | pass |" in md
     assert (dist / "release-report.html").read_text().startswith("<!doctype html>")
