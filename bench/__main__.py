@@ -133,18 +133,7 @@ def main(argv: list[str] | None = None) -> int:
                 wheels = sorted(paths.BENCH_KERNEL.glob("kt_kernel-*.whl"))
                 if not wheels:
                     raise BenchError(f"no kt_kernel wheel in {paths.BENCH_KERNEL} after its build")
-                _run(
-                    [
-                        sys.executable,
-                        "-m",
-                        "pip",
-                        "install",
-                        "--quiet",
-                        "--no-deps",
-                        "--force-reinstall",
-                        str(wheels[-1]),
-                    ]
-                )
+                _install("--no-deps", "--force-reinstall", str(wheels[-1]))
                 kernel_ready = True
             if part == "data_prep":
                 _install_lock("sft-test")  # transformers and tokenizers, the pins the tests use
