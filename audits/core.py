@@ -268,11 +268,15 @@ def _assumed_libc(ctx: WheelContext, verdict: str | None) -> Finding:
     )
 
 
+def _kt_release(results: list[WheelResult]) -> bool:
+    """Whether the wheels are a KT release: some wheel records its upstream or ships the dist-name alias."""
+    return any(r.names is not None and (r.names.upstream is not None or r.names.ships_alias) for r in results)
+
+
 def _sbom_for_releases(results: list[WheelResult], policy: Policy) -> None:
-    """A KT release (some wheel records its upstream or ships the dist-name alias) is held to an SBOM in
-    every wheel (sbom.missing); anyone else's wheels, or a kernel wheel before the assembly gives it one,
-    are not (an SBOM they do ship is still checked, wheel by wheel)."""
-    if not any(r.names is not None and (r.names.upstream is not None or r.names.ships_alias) for r in results):
+    """A KT release is held to an SBOM in every wheel (sbom.missing); anyone else's wheels, or a kernel
+    wheel before the assembly gives it one, are not (an SBOM they do ship is still checked, wheel by wheel)."""
+    if not _kt_release(results):
         return
     for r in results:
         if not r.has_sbom and r.names is not None:
@@ -354,8 +358,9 @@ def run(paths: list[Path], policy: Policy, baseline_file: Path | None = None) ->
         by_file[f.wheel].findings.append(_waive(f, names.dist, policy))
     _sbom_for_releases(results, policy)
     unattached: list[Finding] = []  # release-level findings about no one wheel
+    release = _kt_release(results)  # a manifest.json beside anyone else's wheels is not ours to judge
     for p in paths:
-        if p.is_dir() and (p / RELEASE_MANIFEST).exists():
+        if release and p.is_dir() and (p / RELEASE_MANIFEST).exists():
             manifest, problem = _release_manifest(p / RELEASE_MANIFEST)
             for f in sbom_rules.inputs(manifest, problem, {r.wheel: r.sbom_hashes for r in results if r.has_sbom}):
                 target = by_file.get(f.wheel)

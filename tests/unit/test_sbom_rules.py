@@ -152,3 +152,23 @@ def test_an_unreadable_release_manifest_is_reported_not_trusted(tmp_path: Path) 
     write_wheel(tmp_path / "peft_kt-0.21.2-py3-none-any.whl", _with_sbom(members, _sbom(members)))
     found = [(f["rule"], f["wheel"]) for f in run([tmp_path], DEFAULT)["findings"] if f["rule"].startswith("sbom.")]
     assert found == [("sbom.mismatch", "manifest.json")]
+
+
+def test_a_release_manifest_of_the_wrong_shape_is_named_with_the_schema_problem(tmp_path: Path) -> None:
+    """The audit reads dist/manifest.json against release-manifest.schema.json (base.distdir's types)."""
+    members = _fork()
+    _manifest(tmp_path, UPSTREAM.sha256)
+    path = tmp_path / distdir.MANIFEST
+    path.write_text(path.read_text().replace(UPSTREAM.sha256, UPSTREAM.sha256.upper()))
+    write_wheel(tmp_path / "peft_kt-0.21.2-py3-none-any.whl", _with_sbom(members, _sbom(members)))
+    (finding,) = [f for f in run([tmp_path], DEFAULT)["findings"] if f["rule"].startswith("sbom.")]
+    assert (finding["rule"], finding["wheel"]) == ("sbom.mismatch", "manifest.json")
+    assert "not a release-manifest document at $.wheels[0].inputs[0].sha256" in finding["message"]
+
+
+def test_a_manifest_json_beside_anyone_elses_wheels_is_not_judged(tmp_path: Path) -> None:
+    """Only a KT release's manifest.json is the release manifest; another tool's file of that name in a
+    folder of third-party wheels gets no finding."""
+    (tmp_path / "manifest.json").write_text('{"files": ["other0-1.0-py3-none-any.whl"]}')
+    write_wheel(tmp_path / "other0-1.0-py3-none-any.whl", pure_wheel_members("other0", "1.0"))
+    assert [f["rule"] for f in run([tmp_path], DEFAULT)["findings"] if f["rule"].startswith("sbom.")] == []
