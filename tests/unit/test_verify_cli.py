@@ -225,3 +225,11 @@ def test_a_failing_venv_profile_does_not_stop_the_others(
     recorded = json.loads(out.read_text())
     assert "sft" not in recorded
     assert recorded["serve"]["served"] is True
+
+
+def test_the_audit_stage_over_no_release_names_the_fix(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from release import audit
+
+    assert audit.main(["--dist", str(tmp_path / "none")]) == 2
+    assert "does not exist: run `nox -s build_all` first, or name wheels" in capsys.readouterr().out
+    assert not (tmp_path / "none").exists()
