@@ -26,7 +26,6 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import os
 import re
 import sys
 import types
@@ -36,7 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from . import keys, paths
+from . import keys, paths, swap
 from .errors import StageError
 from .version import python_tag
 
@@ -536,7 +535,7 @@ def record_verdict(dist: Path, verdict: Mapping[str, Any]) -> None:
     except _Bad as exc:
         raise DistError(f"{path}: the verdict is not a release verdict ({exc}); nothing was written") from None
     assert isinstance(judged, Verdict)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.part")
+    tmp = swap.part(path)
     tmp.write_text(manifest_text(dataclasses.replace(manifest, release=judged)))
     tmp.replace(path)
 

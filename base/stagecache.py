@@ -31,13 +31,15 @@ import os
 import platform
 import secrets
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-from . import distdir, keys, paths
+from . import distdir, keys, paths, swap
+from .errors import StageError
 
 CACHE = paths.STAGE_CACHE
 SKIP_PARTS = keys.SKIP_PARTS
@@ -123,7 +125,7 @@ def _read_or_make_secret(cache: Path) -> bytes:
     except OSError:
         pass
     cache.mkdir(parents=True, exist_ok=True)
-    tmp = cache / f"{KEY_FILE}.{os.getpid()}"
+    tmp = swap.part(cache / KEY_FILE, str(threading.get_ident()))  # threads of one run make it at once
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "wb") as f:
         f.write(secrets.token_bytes(32))
@@ -206,8 +208,9 @@ class _Reads:
                 return False
             return not any(p == c or p.is_relative_to(c) for c in skip)
 
-        files = sorted(p for p in map(Path, self.files) if keep(p) and p.is_file() and not p.name.endswith(".pyc"))
-        dirs = sorted(p for p in map(Path, self.dirs) if keep(p) and p.is_dir())
+        # a copy first (one C-level step under the GIL): another thread of the run may be reading meanwhile
+        files = sorted(p for p in map(Path, set(self.files)) if keep(p) and p.is_file() and not p.name.endswith(".pyc"))
+        dirs = sorted(p for p in map(Path, set(self.dirs)) if keep(p) and p.is_dir())
         return files, dirs
 
 
@@ -220,37 +223,64 @@ def _listing(folder: Path) -> str:
 
 # --- one run of a stage at a time --------------------------------------------------------------------
 
-_HELD: dict[Path, IO[str]] = {}  # this process's stage locks: a stage looked up twice takes its lock once
+_HELD: dict[Path, tuple[IO[str], int]] = {}  # this process's stage locks and the thread holding each
+LOCK_TIMEOUT_ENV = "KT_LOCK_TIMEOUT_S"
+LOCK_TIMEOUT_S = 3600.0  # a run waits this long for another run of the same stage, then stops naming it
+
+
+class LockTimeout(StageError):
+    """Another run held a stage's lock past the timeout; the message names it and the fix."""
+
+
+def _timeout() -> float:
+    raw = os.environ.get(LOCK_TIMEOUT_ENV, "")
+    try:
+        return float(raw) if raw else LOCK_TIMEOUT_S
+    except ValueError:
+        return LOCK_TIMEOUT_S
 
 
 def _lock(path: Path, stage: str) -> None:
-    """Take the stage's lock in this build tree, waiting (and saying for whom) while another run holds it."""
-    if path in _HELD:
+    """Take the stage's lock in this build tree, waiting (and saying for whom) while another run holds it,
+    at most KT_LOCK_TIMEOUT_S. A caller that holds several at once takes them in one global order (their
+    names', as verify.resolution does), so two runs can never each hold one the other waits for."""
+    me = threading.get_ident()
+    if path in _HELD and _HELD[path][1] == me:
         return
     path.parent.mkdir(parents=True, exist_ok=True)
     f = path.open("a+")
-    waited = 0.0
+    t0 = time.monotonic()
+    limit = _timeout()
+    noted = -WAIT_NOTE_S
     while True:
         try:
             fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
             break
         except BlockingIOError:
-            if waited % WAIT_NOTE_S == 0:
-                f.seek(0)
-                holder = f.read().strip() or "another process"
+            waited = time.monotonic() - t0
+            f.seek(0)
+            holder = f.read().strip() or "another process"
+            if waited >= limit:
+                f.close()
+                raise LockTimeout(
+                    f"{stage}: {path} is still held by {holder} after {waited:.0f} s; if that run is alive, wait for "
+                    f"it or stop it (kill its pid), then run again; {LOCK_TIMEOUT_ENV} (now {limit:g}) sets the wait"
+                ) from None
+            if waited - noted >= WAIT_NOTE_S:
+                noted = waited
                 _say(f"{stage}: another run of this stage holds {path} ({holder}); waiting for it to finish")
-            time.sleep(1.0)
-            waited += 1.0
+            time.sleep(min(1.0, max(0.05, limit - waited)))
     f.seek(0)
     f.truncate()
     f.write(f"pid {os.getpid()}: {' '.join(sys.argv)[:200]}\n")
     f.flush()
-    _HELD[path] = f
+    _HELD[path] = (f, me)
 
 
 def _unlock(path: Path) -> None:
-    f = _HELD.pop(path, None)
-    if f is not None:
+    held = _HELD.pop(path, None)
+    if held is not None:
+        f = held[0]
         f.seek(0)
         f.truncate()
         fcntl.flock(f.fileno(), fcntl.LOCK_UN)
@@ -417,7 +447,7 @@ class Stage:
     def _write(self, record: dict[str, Any]) -> None:
         record["record_hmac"] = _seal(record, self.cache)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_suffix(f".tmp-{os.getpid()}")
+        tmp = swap.part(self.path, str(threading.get_ident()))
         tmp.write_text(json.dumps(record, indent=2, sort_keys=True, default=str) + "\n")
         tmp.replace(self.path)
 

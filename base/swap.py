@@ -1,14 +1,19 @@
-"""Kill-safe replacement of a directory, and the sweep of what killed runs leave behind.
+"""Kill-safe replacement of a directory, the names stages write before renaming into place, and the sweep
+of what killed runs leave behind.
 
-``replace_dir(new, dest)`` puts a complete tree in place of another so that, after a kill at any instant,
-``dest`` is either the previous tree or the new one, never absent: on Linux one ``renameat2`` with
-``RENAME_EXCHANGE`` swaps the two names atomically; elsewhere (or on a file system without it) two
-renames, and a run killed between them is repaired by the next ``sweep()``, which puts the previous
-tree back.
+``replace_dir(new, dest)`` puts a complete tree in place of another. On Linux one ``renameat2`` with
+``RENAME_EXCHANGE`` swaps the two names atomically: after a kill at any instant ``dest`` is the previous
+tree or the new one, never absent. On a file system without the exchange (and other systems) two renames:
+``dest`` is absent for the instant between them, and a run killed in that instant leaves it absent until the
+next ``sweep()`` (every assembly and ``nox -s clean`` run one first), which puts the previous tree back.
 
-Every temporary name a stage writes under the repository ends in its writer's pid
-(``.dist-staging-PID``, ``.dist-old-PID``, ``.NAME.PID.part``): ``sweep()`` removes those whose process
-is gone, from the places stages write them. The next assembly runs it, and so does ``nox -s clean``.
+Every temporary name a stage writes carries a reserved marker, its writer's pid and its kind:
+``.NAME.kt-PID.part`` (a file or tree being written, then renamed to NAME: ``part(dest)``),
+``.NAME.kt-PID.staging`` and ``.NAME.kt-PID.old`` (a tree swapped in, the tree swapped out). ``sweep()``
+removes only such names, only in the folders the table ``TEMPORARY`` gives for each stage, and only when
+the pid is in the system's range and no live process has it. A user's ``.dist-backup-20261205/`` or
+``.snapshot-20261205120000`` is never a match; a bundle's ``--out`` folder is swept of its own leftovers
+by the next bundle into it (``sweep_beside``).
 """
 
 from __future__ import annotations
@@ -16,17 +21,18 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import errno
+import fnmatch
 import os
 import re
 import shutil
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 from . import paths
 
 RENAME_EXCHANGE = 2  # linux/fs.h
 AT_FDCWD = -100
-_LEFTOVER = re.compile(r"^\..+[.-](?P<pid>\d+)(\.part)?$")
 
 
 def _renameat2() -> object | None:
@@ -52,9 +58,28 @@ def exchange(a: Path, b: Path) -> bool:
     raise OSError(err, os.strerror(err), str(a))
 
 
+MARK = "kt-"
+_TEMPORARY = re.compile(r"^\.(?P<name>.+)\.kt-(?P<pid>[1-9][0-9]{0,9})\.(?P<kind>part|staging|old)$")
+
+
+def _temporary(dest: Path, kind: str, tag: str = "") -> Path:
+    return dest.with_name(f".{dest.name}{'.' + tag if tag else ''}.{MARK}{os.getpid()}.{kind}")
+
+
+def part(dest: Path, tag: str = "") -> Path:
+    """Where this process writes `dest` before renaming it into place: `.NAME[.TAG].kt-PID.part` beside it
+    (`tag` keeps two writers of one name in one process apart)."""
+    return _temporary(dest, "part", tag)
+
+
+def staging_name(dest: Path) -> Path:
+    """Where the assembly stages the tree that replaces `dest` (this process's pid in the name)."""
+    return _temporary(dest, "staging")
+
+
 def old_name(dest: Path) -> Path:
     """Where the two-rename fallback parks the previous tree (this process's pid in the name)."""
-    return dest.parent / f".{dest.name}-old-{os.getpid()}"
+    return _temporary(dest, "old")
 
 
 def replace_dir(new: Path, dest: Path) -> None:
@@ -76,41 +101,108 @@ def replace_dir(new: Path, dest: Path) -> None:
     shutil.rmtree(old, ignore_errors=True)
 
 
+def _pid_max() -> int:
+    try:
+        return int(Path("/proc/sys/kernel/pid_max").read_text())
+    except (OSError, ValueError):
+        return 4194304  # Linux's largest
+
+
 def _alive(pid: int) -> bool:
+    """Whether a process with this pid exists (one out of the system's range is no process at all)."""
     if pid == os.getpid():
         return True
+    if not 0 < pid <= _pid_max():
+        return False
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    except PermissionError:
-        return True
+    except (PermissionError, OverflowError, ValueError):
+        return True  # someone else's process (or one we cannot ask about): never swept
     return True
 
 
-def _places() -> Iterator[Path]:
-    """The folders stages write temporary names in (not the venvs: `clean` removes those whole)."""
-    yield paths.DIST.parent
-    yield paths.STAGE_CACHE
-    yield paths.KERNEL_OUT
+@dataclass(frozen=True)
+class Temporary:
+    """Where one stage writes temporary names, and which kinds (part, staging, old) of which names."""
+
+    writer: str
+    folders: Callable[[], Iterable[Path]]
+    kinds: tuple[str, ...] = ("part",)
+    names: Callable[[], Iterable[str]] | None = None  # the destinations it writes there (None: any name)
+
+
+def _cache_folders() -> Iterator[Path]:
     yield paths.CACHE
     if paths.CACHE.is_dir():
-        yield from (p for p in paths.CACHE.iterdir() if p.is_dir() and not p.name.startswith("debian-"))
+        yield from (p for p in paths.CACHE.iterdir() if p.is_dir() and not p.name.startswith((".", "debian-")))
+
+
+TEMPORARY: tuple[Temporary, ...] = (
+    Temporary(
+        "assemble: dist/ staged and swapped", lambda: [paths.DIST.parent], ("staging", "old"), lambda: [paths.DIST.name]
+    ),
+    Temporary("release_report: manifest.json with its verdict", lambda: [paths.DIST], names=lambda: ["manifest.json"]),
+    Temporary("assemble, verify: downloads, wheels, archive frames, Debian roots", _cache_folders),
+    Temporary("every stage: its record", lambda: [paths.STAGE_CACHE]),
+    Temporary("build_cpu, build_cuda: the kernel wheel", lambda: [paths.KERNEL_OUT]),
+    Temporary("verify_install: each Python's evidence", lambda: [paths.BUILD], names=lambda: ["verify-cp3*.json"]),
+    Temporary("verify_install: the pip its resolutions run", lambda: [paths.VERIFY_WORK]),
+)
+
+
+def _matches(entry: Temporary, name: str) -> bool:
+    m = _TEMPORARY.match(name)
+    if m is None or m["kind"] not in entry.kinds:
+        return False
+    if entry.names is None:
+        return True
+    base = m["name"]
+    return any(fnmatch.fnmatchcase(base, n) for n in entry.names())
+
+
+def _dead(name: str) -> bool:
+    m = _TEMPORARY.match(name)
+    return m is not None and not _alive(int(m["pid"]))
 
 
 def leftovers() -> list[Path]:
-    """Temporary trees and files of runs that are gone (their pid is no live process)."""
-    found = []
-    for place in _places():
-        try:
-            names = sorted(place.iterdir())
-        except OSError:
-            continue
-        for p in names:
-            m = _LEFTOVER.match(p.name)
-            if m and not _alive(int(m["pid"])):
-                found.append(p)
-    return found
+    """Temporary trees and files of runs that are gone, in the folders each stage writes them."""
+    found: dict[Path, None] = {}
+    for entry in TEMPORARY:
+        for place in entry.folders():
+            try:
+                names = sorted(place.iterdir())
+            except OSError:
+                continue
+            for p in names:
+                if _matches(entry, p.name) and _dead(p.name):
+                    found[p] = None
+    return list(found)
+
+
+def _remove(p: Path, say: bool) -> None:
+    if say:
+        print(f"removing {p} (left by a killed run)")
+    if p.is_dir() and not p.is_symlink():
+        shutil.rmtree(p, ignore_errors=True)
+    else:
+        p.unlink(missing_ok=True)
+
+
+def sweep_beside(dest: Path, say: bool = True) -> list[Path]:
+    """A folder outside the build tree a stage writes (a bundle's --out): its own leftovers beside it,
+    `.NAME.kt-PID.part` with NAME its name, from runs that are gone."""
+    try:
+        names = sorted(dest.parent.iterdir())
+    except OSError:
+        return []
+    gone = [p for p in names if (m := _TEMPORARY.match(p.name)) and m["name"] == dest.name and m["kind"] == "part"]
+    gone = [p for p in gone if _dead(p.name)]
+    for p in gone:
+        _remove(p, say)
+    return gone
 
 
 def sweep(say: bool = True) -> list[Path]:
@@ -118,17 +210,15 @@ def sweep(say: bool = True) -> list[Path]:
     renames is put back first when dist/ is absent. Returns what was removed."""
     gone = leftovers()
     dist = paths.DIST
-    parked = sorted((p for p in gone if p.name.startswith(f".{dist.name}-old-")), key=lambda p: p.stat().st_mtime)
+    parked = sorted(
+        (p for p in gone if p.name.startswith(f".{dist.name}.{MARK}") and p.name.endswith(".old")),
+        key=lambda p: p.stat().st_mtime,
+    )
     if parked and not dist.exists():
         parked[-1].rename(dist)
         gone.remove(parked[-1])
         if say:
             print(f"{dist}: put back the previous release from {parked[-1].name} (a run was killed mid-swap)")
     for p in gone:
-        if say:
-            print(f"removing {p} (left by a killed run)")
-        if p.is_dir() and not p.is_symlink():
-            shutil.rmtree(p, ignore_errors=True)
-        else:
-            p.unlink(missing_ok=True)
+        _remove(p, say)
     return gone

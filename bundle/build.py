@@ -10,7 +10,6 @@ error. The bundle is written beside its target and renamed into place: complete,
 
 from __future__ import annotations
 
-import os
 import re
 import shutil
 from dataclasses import dataclass
@@ -18,7 +17,7 @@ from pathlib import Path
 
 from packaging.utils import canonicalize_name, parse_wheel_filename
 
-from base import distdir
+from base import distdir, swap
 from base.errors import StageError
 from base.keys import file_sha256
 from base.version import python_tag
@@ -86,7 +85,8 @@ def build(dist: Path, profile: str, python: str, out: Path, *, index_url: str = 
             f"{install.name} pins {', '.join(missing)} by a sha256 no wheel in {dist} has: the install file and the "
             "wheels are from different builds; rebuild the release (nox -s build_all)"
         )
-    staging = out.with_name(f".{out.name}.part-{os.getpid()}")
+    swap.sweep_beside(out)  # a killed bundle into the same --out left its staging tree beside it
+    staging = swap.part(out)
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)
     try:

@@ -5,7 +5,6 @@ failure leaves the previous dist/ exactly as it was."""
 from __future__ import annotations
 
 import functools
-import os
 import shutil
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -319,7 +318,7 @@ def assemble(
     carrier set that is not the release's), then swap `dist` in whole. Returns the manifest."""
     dist = dist.resolve()
     dist.parent.mkdir(parents=True, exist_ok=True)
-    staging = dist.parent / f".{dist.name}-staging-{os.getpid()}"
+    staging = swap.staging_name(dist)
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir()
     try:

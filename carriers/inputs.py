@@ -14,7 +14,7 @@ from pathlib import Path
 from packaging.utils import canonicalize_name, parse_wheel_filename
 from packaging.version import Version
 
-from base import paths, progress, stagecache
+from base import paths, progress, stagecache, swap
 from base.version import python_tag
 from locks.read import parse_lock
 from locks.targets import download, serves
@@ -102,7 +102,7 @@ def fetch(name: str, lock: Path = LOCK, cache: Path | None = None, *, python: st
         dest = cache / key / wheels[0].name
         # Into the cache under a name of its own, then renamed: another process (a second test worker)
         # never reads a half-copied entry, even where the temporary folder is another file system.
-        staged = dest.with_name(f".{dest.name}.{os.getpid()}.part")
+        staged = swap.part(dest)
         shutil.move(str(wheels[0]), staged)
         staged.replace(dest)
     return Input(key, version, dest, digest)
@@ -150,7 +150,7 @@ def build_source(name: str, source: Source, cache: Path | None = None) -> Input:
             )
         cache.mkdir(parents=True, exist_ok=True)
         dest = cache / wheels[0].name
-        staged = dest.with_name(f".{dest.name}.{os.getpid()}.part")  # renamed whole into place, as fetched wheels
+        staged = swap.part(dest)  # renamed whole into place, as fetched wheels
         shutil.move(str(wheels[0]), staged)
         staged.replace(dest)
     version = parse_wheel_filename(dest.name)[1].public

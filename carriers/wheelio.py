@@ -86,10 +86,12 @@ def write_bytes(path: Path, data: bytes) -> None:
 def atomic(path: Path) -> Iterator[IO[bytes]]:
     """A file handle whose bytes replace `path` whole when the block ends: a temporary file of its own
     beside it (two processes writing one path never share one), mode 0644, removed if the block fails."""
-    import tempfile
+    import secrets
 
-    fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=f".{os.getpid()}.part")
-    tmp = Path(name)
+    from base import swap
+
+    tmp = swap.part(path, secrets.token_hex(4))
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     try:
         with os.fdopen(fd, "wb") as fh:
             yield fh

@@ -104,7 +104,7 @@ def test_wrong_input_hash_is_refused_and_dist_untouched(tmp_path: Path, kt_wheel
     assert digest in str(exc.value)
     assert "0" * 64 in str(exc.value)
     assert [p.name for p in dist.iterdir()] == ["previous.txt"]
-    assert not list(tmp_path.glob(".dist-staging-*"))
+    assert not list(tmp_path.glob(".dist.kt-*.staging"))
 
 
 def test_stale_patch_names_patch_and_file(tmp_path: Path, kt_wheel: Path) -> None:

@@ -58,7 +58,7 @@ def _stub_building(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def _leftovers(parent: Path) -> list[str]:
-    return sorted(p.name for p in parent.iterdir() if p.name.startswith(".dist-"))
+    return sorted(p.name for p in parent.iterdir() if p.name.startswith(".dist."))
 
 
 def test_a_failed_consistency_check_after_staging_leaves_dist(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -83,7 +83,7 @@ def test_a_failed_swap_puts_the_previous_release_back(
     real = Path.rename
 
     def rename(self: Path, target: Path) -> Path:
-        if self.name.startswith(".dist-staging-"):
+        if self.name.startswith(".dist.kt-") and self.name.endswith(".staging"):
             raise OSError(28, "No space left on device")
         return real(self, target)
 

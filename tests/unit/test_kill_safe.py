@@ -39,7 +39,7 @@ CHILD = textwrap.dedent(
                 die()
         Path.rename = rename
     def tree(tag):
-        new = dest.parent / f".{dest.name}-staging-{os.getpid()}"
+        new = swap.staging_name(dest)
         new.mkdir()
         for i in range(20):
             (new / f"w{i}.whl").write_text(tag)
@@ -129,7 +129,47 @@ def test_kills_at_random_instants_leave_a_complete_release(dist: Path, mode: str
 
 
 def test_a_live_run_s_staging_is_not_swept(dist: Path) -> None:
-    live = dist.parent / f".dist-staging-{os.getpid()}"
+    live = dist.parent / f".dist.kt-{os.getpid()}.staging"
     live.mkdir()
     assert swap.sweep(say=False) == []
     assert live.is_dir()
+
+
+def test_the_sweep_takes_only_names_its_own_stages_write(dist: Path) -> None:
+    """A user's hidden names beside dist/ and in the caches, however they end, are never taken and never
+    stop the sweep; a leftover of ours with a pid out of the system's range is one of a dead run."""
+    cache = paths.CACHE
+    cache.mkdir(parents=True)
+    theirs = [
+        dist.parent / ".dist-backup-20261205",
+        dist.parent / ".snapshot-20261205120000",
+        dist.parent / ".dist-old-99999999999999999999999",
+        cache / ".mirror-20261205",
+        cache / ".x.kt-99999999999.keep",
+        dist.parent / ".notes.1234.part",
+    ]
+    for p in theirs:
+        p.mkdir()
+    ours = [
+        dist.parent / ".dist.kt-999999999.staging",  # out of pid_max: no live process has it
+        cache / ".torch-2.14.1-cp311-cp311-manylinux_2_28_x86_64.whl.kt-999999999.part",
+    ]
+    for p in ours:
+        p.mkdir()
+    (dist / ".manifest.json.kt-999999998.part").write_text("{")
+    removed = swap.sweep(say=False)
+    assert sorted(removed) == sorted([*ours, dist / ".manifest.json.kt-999999998.part"])
+    assert all(p.is_dir() for p in theirs)
+
+
+def test_a_killed_bundle_s_staging_beside_its_out_is_swept_by_the_next(tmp_path: Path) -> None:
+    out = tmp_path / "elsewhere" / "bundle"
+    out.parent.mkdir()
+    dead = out.parent / ".bundle.kt-999999999.part"
+    live = out.parent / f".bundle.kt-{os.getpid()}.part"
+    other = out.parent / ".other.kt-999999999.part"
+    for p in (dead, live, other):
+        p.mkdir()
+    assert swap.sweep_beside(out, say=False) == [dead]
+    assert live.is_dir()
+    assert other.is_dir()

@@ -205,3 +205,69 @@ def test_the_environment_allowlist_is_recorded(tmp_path: Path, monkeypatch: pyte
     assert stagecache.Stage("s", {"a": "1"}, cache=tmp_path, environment=keys.environment("kernel")).why_not() == (
         "changed: env:CXXFLAGS"
     )
+
+
+def test_a_lock_held_past_the_timeout_names_its_holder_and_the_fix(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import subprocess
+    import sys
+
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import fcntl,sys,time;f=open(sys.argv[1],'a+');fcntl.flock(f,fcntl.LOCK_EX);"
+            "f.write('pid 4242: nox -s verify_install');f.flush();print('held',flush=True);time.sleep(60)",
+            str(tmp_path / "s.lock"),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    with holder:
+        try:
+            assert holder.stdout is not None
+            assert holder.stdout.readline().strip() == "held"
+            monkeypatch.setenv(stagecache.LOCK_TIMEOUT_ENV, "0.5")
+            with pytest.raises(stagecache.LockTimeout) as exc:
+                stagecache.Stage("s", {"a": "1"}, cache=tmp_path).reuse()
+        finally:
+            holder.kill()
+    message = str(exc.value)
+    assert f"{tmp_path / 's.lock'} is still held by pid 4242: nox -s verify_install after" in message
+    assert "kill its pid" in message
+    assert "KT_LOCK_TIMEOUT_S (now 0.5)" in message
+
+
+def test_resolution_takes_its_records_in_one_order_whatever_the_pythons_order(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`--python 3.12 --python 3.11` beside `--python 3.11 --python 3.12`: both take resolve-*-cp311 first."""
+    from tests import distkit
+    from verify import cached, resolution
+
+    taken: list[str] = []
+
+    class Looked:
+        hit: tuple[dict[str, object], dict[str, object]]
+
+        def __init__(self, name: str, *args: object, **kwargs: object) -> None:
+            taken.append(name)
+            self.hit = (
+                {
+                    "profile": name,
+                    "python": "",
+                    "problems": [],
+                    "drift": [],
+                    "not_verified": "",
+                    "packages": 0,
+                    "seconds": 0.0,
+                },
+                {"outcome": "reused"},
+            )
+
+    dist = tmp_path / "dist"
+    distkit.make_release(dist, {}, pythons=("3.11", "3.12"))
+    monkeypatch.setattr(cached, "Lookup", Looked)
+    resolution.run(dist, [("sft", "3.12"), ("sft", "3.11"), ("serve", "3.12")], {})
+    assert taken == sorted(taken) == ["resolve-serve-cp312", "resolve-sft-cp311", "resolve-sft-cp312"]
