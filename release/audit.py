@@ -18,6 +18,7 @@ Markdown summary goes to $GITHUB_STEP_SUMMARY unless --summary names another fil
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import os
 from pathlib import Path
@@ -25,7 +26,7 @@ from typing import Any
 
 from audits import report
 from audits.__main__ import main as audit_main
-from audits.policy import load_policy
+from audits.policy import VulnerabilityWaiver, load_policy
 from base import distdir, paths, stagecache, stages
 from base.cli import dist_option, fresh_option
 from base.errors import StageError
@@ -79,6 +80,8 @@ def main(argv: list[str] | None = None) -> int:
         data = "" if args.no_vulnerabilities else f"the index's data of {stagecache.today()}"
         if args.advisories is not None and args.advisories.exists():
             data = f"advisories {stagecache.tree_sha256(args.advisories)}"
+        if data:  # a waiver expires at midnight: the set in force today is what the answer rests on
+            data += f"; waivers in force: {in_force(load_policy().vulnerability_waivers)}"
         stage = stages.audit(args.dist, reports, args.baseline, vulnerabilities=data, fresh=fresh)
     except distdir.DistError as exc:
         print(f"error: {exc}")
@@ -110,6 +113,12 @@ def main(argv: list[str] | None = None) -> int:
     else:
         stage.release()
     return status
+
+
+def in_force(waivers: tuple[VulnerabilityWaiver, ...], today: datetime.date | None = None) -> list[str]:
+    """The vulnerability waivers in force on `today` (UTC): what the audit's key holds of the policy's dates."""
+    today = today or datetime.datetime.now(datetime.UTC).date()
+    return sorted(f"{w.package}:{w.id} until {w.expires.isoformat()}" for w in waivers if w.expires >= today)
 
 
 def _known(path: Path) -> dict[str, Any]:

@@ -1,12 +1,22 @@
 """Known vulnerabilities from OSV data on disk: what an air-gapped site mirrors (`--advisories FILE`).
 
 The file is OSV's own export (``PyPI/all.zip``: one JSON advisory per member), a folder of OSV JSON files,
-or one JSON file holding an advisory or a list of them. A pin is affected when an advisory's ``affected``
-entry for the PyPI ecosystem names the package and lists its version in ``versions`` or places it inside
-an ``ECOSYSTEM`` range (``introduced`` .. ``fixed`` / ``last_affected`` / ``limit``, compared as PEP 440
-versions). The answer has pip-audit's shape (name, version, vulns: id, aliases, fix_versions), so the
-waivers apply the same way. A pin whose version is no PEP 440 version is NOT CHECKED, never a pass.
-The file's sha256 and the newest ``modified`` date among its advisories say what the answer rests on.
+or one JSON file holding an advisory or a list of them. Read as OSV means it (ossf.github.io/osv-schema):
+
+- ``versions`` lists affected versions, compared as PEP 440 versions (``2013b`` is ``2013b0``, ``1.0`` is
+  ``1.0.0``);
+- an ``ECOSYSTEM`` range's events (``introduced``, ``fixed``, ``last_affected``, ``limit``) are PyPI's
+  PEP 440 versions, evaluated in version order;
+- a pin's local label is left out for matching, as pip matches ``torch==2.1.2`` to ``2.1.2+cu121``;
+- a ``GIT`` range is described by the advisory's ``versions`` (OSV's exporters enumerate them); without
+  them, a ``SEMVER`` range (no PyPI ordering), a range of another type, or a bound or listed version that
+  is no PEP 440 version cannot be evaluated here: the pin is NOT CHECKED, never clean;
+- a ``withdrawn`` advisory is ignored, and said so (the data's summary counts and names them).
+
+Data that is not OSV (wrong shapes, JSON nested deeper than any advisory, a damaged zip member) is refused
+naming the file, the advisory and the fix. The answer has pip-audit's shape (name, version, vulns: id,
+aliases, fix_versions), so the waivers apply the same way; a pin some advisory could not be evaluated for
+carries `not_evaluated`. The file's sha256 and the newest ``modified`` date say what the answer rests on.
 """
 
 from __future__ import annotations
@@ -14,6 +24,7 @@ from __future__ import annotations
 import hashlib
 import json
 import zipfile
+import zlib
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,6 +36,8 @@ from packaging.version import InvalidVersion, Version
 from .errors import ReleaseError
 
 _MEMBER_LIMIT = 64 << 20  # one advisory's JSON: far below this; a larger member is refused, not read
+_FIX = "give OSV's PyPI export (https://osv-vulnerabilities.storage.googleapis.com/PyPI/all.zip) or OSV JSON files"
+_BOUNDS = ("introduced", "fixed", "last_affected", "limit")
 
 
 def _records(path: Path) -> Iterator[tuple[str, bytes]]:
@@ -33,27 +46,75 @@ def _records(path: Path) -> Iterator[tuple[str, bytes]]:
         for f in sorted(path.rglob("*.json")):
             yield str(f), f.read_bytes()
     elif zipfile.is_zipfile(path):
-        with zipfile.ZipFile(path) as zf:
-            for info in zf.infolist():
-                if info.is_dir() or not info.filename.endswith(".json"):
-                    continue
-                if info.file_size > _MEMBER_LIMIT:
-                    raise ReleaseError(f"{path}: {info.filename} declares {info.file_size} bytes; not an advisory")
-                yield f"{path}:{info.filename}", zf.read(info)
+        try:
+            with zipfile.ZipFile(path) as zf:
+                for info in zf.infolist():
+                    if info.is_dir() or not info.filename.endswith(".json"):
+                        continue
+                    if info.file_size > _MEMBER_LIMIT:
+                        raise ReleaseError(f"{path}: {info.filename} declares {info.file_size} bytes; not an advisory")
+                    try:
+                        data = zf.read(info)
+                    except (zipfile.BadZipFile, zlib.error, EOFError, OSError) as exc:
+                        raise ReleaseError(
+                            f"{path}: {info.filename} is damaged ({exc}); download the advisory data again"
+                        ) from None
+                    yield f"{path}:{info.filename}", data
+        except zipfile.BadZipFile as exc:
+            raise ReleaseError(f"{path}: a damaged zip ({exc}); download the advisory data again") from None
     else:
         yield str(path), path.read_bytes()
+
+
+def _shape_error(where: str, ident: object, at: str, what: str) -> ReleaseError:
+    name = f"advisory {ident}" if isinstance(ident, str) else "an advisory"
+    return ReleaseError(f"{where}: {name}: `{at}` {what}; not OSV data: {_FIX}")
+
+
+def _check_shape(where: str, doc: object) -> dict[str, Any]:
+    """One advisory, its shape as OSV defines it (the parts this reader uses), or ReleaseError naming it."""
+    if not isinstance(doc, dict) or not isinstance(doc.get("id"), str):
+        raise ReleaseError(f"{where}: not an OSV advisory (no string `id`); {_FIX}")
+    ident = doc["id"]
+    affected = doc.get("affected", [])
+    if not isinstance(affected, list):
+        raise _shape_error(where, ident, "affected", "is not a list")
+    if not isinstance(doc.get("aliases", []), list) or not all(isinstance(a, str) for a in doc.get("aliases", [])):
+        raise _shape_error(where, ident, "aliases", "is not a list of strings")
+    for i, aff in enumerate(affected):
+        at = f"affected[{i}]"
+        if not isinstance(aff, dict):
+            raise _shape_error(where, ident, at, "is not an object")
+        pkg = aff.get("package", {})
+        if not isinstance(pkg, dict) or not all(isinstance(pkg.get(k, ""), str) for k in ("ecosystem", "name")):
+            raise _shape_error(where, ident, f"{at}.package", "is not an object with string ecosystem and name")
+        versions = aff.get("versions", [])
+        if not isinstance(versions, list) or not all(isinstance(v, str) for v in versions):
+            raise _shape_error(where, ident, f"{at}.versions", "is not a list of strings")
+        ranges = aff.get("ranges", [])
+        if not isinstance(ranges, list):
+            raise _shape_error(where, ident, f"{at}.ranges", "is not a list")
+        for j, r in enumerate(ranges):
+            rat = f"{at}.ranges[{j}]"
+            if not isinstance(r, dict) or not isinstance(r.get("type"), str):
+                raise _shape_error(where, ident, rat, "is not an object with a string `type`")
+            events = r.get("events")
+            if not isinstance(events, list) or not all(
+                isinstance(ev, dict) and all(isinstance(ev[k], str) for k in _BOUNDS if k in ev) for ev in events
+            ):
+                raise _shape_error(where, ident, f"{rat}.events", "is not a list of events with string versions")
+    return doc
 
 
 def _documents(where: str, raw: bytes) -> list[dict[str, Any]]:
     try:
         data = json.loads(raw)
+    except RecursionError:
+        raise ReleaseError(f"{where}: JSON nested deeper than any advisory; not OSV data: {_FIX}") from None
     except ValueError as exc:
         raise ReleaseError(f"{where}: not JSON ({exc}); --advisories takes OSV data") from None
     docs = data if isinstance(data, list) else [data]
-    for d in docs:
-        if not isinstance(d, dict) or not isinstance(d.get("id"), str) or not isinstance(d.get("affected", []), list):
-            raise ReleaseError(f"{where}: not an OSV advisory (no string `id`, or `affected` is not a list)")
-    return docs
+    return [_check_shape(where, d) for d in docs]
 
 
 def _sha256(path: Path) -> str:
@@ -73,22 +134,68 @@ def _version(text: object) -> Version | None:
         return None
 
 
+def _public(v: Version) -> Version:
+    """The version without its local label: what `pkg==2.1.2` matches (2.1.2+cu121 included)."""
+    return Version(v.public) if v.local else v
+
+
+class _Unevaluable(Exception):
+    """This advisory entry cannot be evaluated for a pin here (the message says why)."""
+
+
 def _in_range(v: Version, events: Sequence[dict[str, Any]]) -> bool:
-    """OSV ECOSYSTEM range semantics over events ordered by version."""
-    keyed = []
+    """OSV's range evaluation over events ordered by version: after an `introduced` at or below `v`, until a
+    `fixed`/`limit` at or below it (exclusive) or a `last_affected` below it (inclusive of itself)."""
+    keyed: list[tuple[Version, int, str]] = []
     for ev in events:
-        for kind in ("introduced", "fixed", "last_affected", "limit"):
-            if kind in ev:
-                at = Version("0") if ev[kind] == "0" else _version(ev[kind])
-                if at is not None:
-                    keyed.append((at, kind))
+        for kind in _BOUNDS:
+            if kind not in ev:
+                continue
+            raw = ev[kind]
+            if kind == "introduced" and raw == "0":
+                at: Version | None = Version("0")
+            else:
+                at = _version(raw)
+            if at is None:
+                raise _Unevaluable(f"its {kind} bound {raw!r} is no PEP 440 version")
+            keyed.append((_public(at), _BOUNDS.index(kind), kind))
     affected = False
-    for at, kind in sorted(keyed, key=lambda k: k[0]):
+    for at, _, kind in sorted(keyed):
         if kind == "introduced" and v >= at:
             affected = True
         elif (kind in ("fixed", "limit") and v >= at) or (kind == "last_affected" and v > at):
             affected = False
     return affected
+
+
+def _affects(aff: dict[str, Any], v: Version) -> bool:
+    """Whether one `affected` entry names the (public) version `v`; _Unevaluable when it cannot be told."""
+    versions = aff.get("versions", [])
+    problems = []
+    for listed in versions:
+        lv = _version(listed)
+        if lv is None:
+            problems.append(f"it lists {listed!r}, no PEP 440 version")
+        elif _public(lv) == v:
+            return True
+    for r in aff.get("ranges", []):
+        kind = r["type"]
+        if kind == "ECOSYSTEM":
+            try:
+                if _in_range(v, r["events"]):
+                    return True
+            except _Unevaluable as exc:
+                problems.append(str(exc))
+        elif kind == "GIT":
+            if not versions:
+                problems.append("a GIT range without `versions` (commits, no versions to compare)")
+        elif kind == "SEMVER":
+            problems.append("a SEMVER range (semver ordering is not PyPI's PEP 440)")
+        else:
+            problems.append(f"a range of type {kind!r}")
+    if problems:
+        raise _Unevaluable("; ".join(problems))
+    return False
 
 
 def _fixes(affected: dict[str, Any]) -> list[str]:
@@ -105,49 +212,62 @@ class Advisories:
     by_package: dict[str, list[tuple[dict[str, Any], dict[str, Any]]]] = field(default_factory=dict)
     source: dict[str, Any] = field(default_factory=dict)
 
-    def affecting(self, name: str, version: str) -> list[dict[str, Any]] | None:
-        """pip-audit's `vulns` for this pin, or None when its version cannot be compared (NOT CHECKED)."""
-        v = _version(version)
-        if v is None:
+    def affecting(self, name: str, version: str) -> tuple[list[dict[str, Any]], list[str]] | None:
+        """(pip-audit's `vulns` for this pin, why some advisory could not be evaluated for it), or None
+        when the pin's own version is no PEP 440 version (NOT CHECKED)."""
+        parsed = _version(version)
+        if parsed is None:
             return None
+        v = _public(parsed)
         out: dict[str, dict[str, Any]] = {}
+        unevaluable: list[str] = []
         for doc, aff in self.by_package.get(canonicalize_name(name), []):
-            listed = version in [str(x) for x in aff.get("versions", [])]
-            ranged = any(
-                r.get("type") == "ECOSYSTEM" and _in_range(v, r.get("events", [])) for r in aff.get("ranges", [])
-            )
-            if listed or ranged:
+            try:
+                hit = _affects(aff, v)
+            except _Unevaluable as exc:
+                unevaluable.append(f"{doc['id']}: {exc}")
+                continue
+            if hit:
                 entry = out.setdefault(
                     doc["id"], {"id": doc["id"], "aliases": list(doc.get("aliases", [])), "fix_versions": []}
                 )
                 entry["fix_versions"] = sorted({*entry["fix_versions"], *_fixes(aff)})
-        return list(out.values())
+        return list(out.values()), unevaluable
 
     def dependencies(self, pins: Sequence[tuple[str, str]]) -> list[dict[str, Any]]:
-        """pip-audit's `dependencies` for these pins."""
+        """pip-audit's `dependencies` for these pins (with `not_evaluated` where an advisory could not be)."""
         out: list[dict[str, Any]] = []
         for name, version in pins:
-            vulns = self.affecting(name, version)
-            if vulns is None:
+            got = self.affecting(name, version)
+            if got is None:
                 out.append({"name": name, "version": version, "skip_reason": f"not a PEP 440 version ({version})"})
-            else:
-                out.append({"name": name, "version": version, "vulns": vulns})
+                continue
+            vulns, unevaluable = got
+            dep: dict[str, Any] = {"name": name, "version": version, "vulns": vulns}
+            if unevaluable:
+                dep["not_evaluated"] = "advisories that cannot be evaluated here: " + "; ".join(unevaluable)
+            out.append(dep)
         return out
 
 
 def load(path: Path) -> Advisories:
-    """Every PyPI advisory in `path`; ReleaseError names a file that is missing or not OSV data."""
+    """Every PyPI advisory in `path` (withdrawn ones left out, and counted); ReleaseError names a file that is
+    missing, damaged or not OSV data."""
     if not path.exists():
         raise ReleaseError(f"--advisories {path}: no such file or folder; give OSV data (PyPI's all.zip)")
     out = Advisories()
     newest = ""
     count = 0
+    withdrawn: list[str] = []
     for where, raw in _records(path):
         for doc in _documents(where, raw):
             count += 1
             newest = max(newest, str(doc.get("modified", "")))
+            if doc.get("withdrawn"):
+                withdrawn.append(doc["id"])
+                continue
             for aff in doc.get("affected", []):
-                pkg = aff.get("package", {}) if isinstance(aff, dict) else {}
+                pkg = aff.get("package", {})
                 if str(pkg.get("ecosystem", "")).lower() != "pypi" or not pkg.get("name"):
                     continue
                 out.by_package.setdefault(canonicalize_name(str(pkg["name"])), []).append((doc, aff))
@@ -159,5 +279,6 @@ def load(path: Path) -> Advisories:
         "sha256": _sha256(path),
         "date": newest or "unknown (no `modified` field)",
         "advisories": count,
+        "withdrawn": sorted(withdrawn),  # retracted by their publisher: ignored
     }
     return out

@@ -143,6 +143,8 @@ def check(
             version = version or (named.group(1) if named else "")
             out.not_checked[f"{package}=={version}" if version else package] = reason
             continue
+        if dep.get("not_evaluated"):  # some advisory could not be evaluated for this pin: not clean
+            out.not_checked[f"{package}=={version}"] = str(dep["not_evaluated"])
         for v in dep.get("vulns", []):
             ids = {v["id"], *v.get("aliases", [])}
             entry = {
@@ -168,6 +170,9 @@ def lines(v: Vulnerabilities) -> list[str]:
     """The verdict for people: each vulnerability found (an error) and waived, with its fix."""
     src = v.source
     data = f"; data: {src['file']} sha256 {src['sha256'][:16]}, as of {src['date']}" if "file" in src else ""
+    if src.get("withdrawn"):
+        shown = ", ".join(src["withdrawn"][:5]) + (", ..." if len(src["withdrawn"]) > 5 else "")
+        data += f"; {len(src['withdrawn'])} withdrawn advisories ignored ({shown})"
     out = [
         f"vulnerabilities: {len(v.found)} found, {len(v.waived)} waived, in {v.asked - len(v.not_checked)} of "
         f"{v.asked} pinned distributions ({v.seconds:.0f}s; not asked: {', '.join(v.not_asked) or 'none'}{data})"

@@ -207,6 +207,152 @@ def test_an_osv_waiver_by_alias_waives_and_a_version_that_is_no_version_is_not_c
     assert data.dependencies([("jinja2", "not a version")])[0]["skip_reason"].startswith("not a PEP 440 version")
 
 
+def _one(tmp_path: Path, affected: dict[str, Any], **doc: Any) -> osv.Advisories:
+    path = tmp_path / "one.json"
+    entry = {"package": {"ecosystem": "PyPI", "name": "pkg"}, **affected}
+    path.write_text(json.dumps({"id": "OSV-1", "modified": "2026-01-01T00:00:00Z", "affected": [entry], **doc}))
+    return osv.load(path)
+
+
+def _state(data: osv.Advisories, version: str) -> str:
+    (dep,) = data.dependencies([("pkg", version)])
+    if "skip_reason" in dep or dep.get("not_evaluated"):
+        return "not checked"
+    return "affected" if dep["vulns"] else "clean"
+
+
+@pytest.mark.parametrize(
+    ("affected", "version", "state"),
+    [
+        ({"versions": ["2013b"]}, "2013b0", "affected"),  # PEP 440: the same version
+        ({"versions": ["1.0"]}, "1.0.0", "affected"),
+        ({"versions": ["2.1.2"]}, "2.1.2+cu121", "affected"),  # a local label is pip's match of 2.1.2
+        ({"versions": ["2.1.2+cu121"]}, "2.1.2", "affected"),
+        ({"versions": ["2.1.3"]}, "2.1.2+cu121", "clean"),
+        (
+            {"ranges": [{"type": "ECOSYSTEM", "events": [{"introduced": "0"}, {"last_affected": "2.1.2"}]}]},
+            "2.1.2+cu121",
+            "affected",
+        ),
+        (
+            {"ranges": [{"type": "ECOSYSTEM", "events": [{"introduced": "0"}, {"fixed": "2.1.2"}]}]},
+            "2.1.2+cu121",
+            "clean",
+        ),
+        ({"ranges": [{"type": "ECOSYSTEM", "events": [{"introduced": "1.0"}, {"limit": "1.5"}]}]}, "1.4.9", "affected"),
+        (
+            {
+                "ranges": [
+                    {"type": "ECOSYSTEM", "events": [{"introduced": "1.0"}, {"fixed": "1.2"}, {"introduced": "1.5"}]}
+                ]
+            },
+            "1.3",
+            "clean",
+        ),
+        (
+            {
+                "ranges": [
+                    {"type": "ECOSYSTEM", "events": [{"introduced": "1.0"}, {"fixed": "1.2"}, {"introduced": "1.5"}]}
+                ]
+            },
+            "1.6",
+            "affected",
+        ),
+        # what cannot be evaluated here is NOT CHECKED, never clean
+        (
+            {"ranges": [{"type": "ECOSYSTEM", "events": [{"introduced": "0"}, {"fixed": "v2-final"}]}]},
+            "1.0",
+            "not checked",
+        ),
+        ({"ranges": [{"type": "SEMVER", "events": [{"introduced": "0"}, {"fixed": "2.0.0"}]}]}, "1.0.0", "not checked"),
+        ({"ranges": [{"type": "GIT", "repo": "https://x", "events": [{"introduced": "abc"}]}]}, "1.0", "not checked"),
+        (
+            {"ranges": [{"type": "GIT", "repo": "https://x", "events": [{"introduced": "abc"}]}], "versions": ["0.9"]},
+            "1.0",
+            "clean",
+        ),  # a GIT range with its versions: the versions say
+        ({"versions": ["1.0", "latest"]}, "2.0", "not checked"),
+        ({"versions": ["1.0", "latest"]}, "1.0", "affected"),  # a definite match stands
+    ],
+)
+def test_osv_versions_and_ranges_are_read_as_pep_440_and_osv_mean_them(
+    tmp_path: Path, affected: dict[str, Any], version: str, state: str
+) -> None:
+    assert _state(_one(tmp_path, affected), version) == state
+
+
+def test_what_an_advisory_cannot_say_leaves_the_pin_not_checked_in_the_release(tmp_path: Path) -> None:
+    dist = tmp_path / "dist"
+    install = {"install/serve-cp311.txt": "pkg==1.0 \\\n    --hash=sha256:" + "0" * 64 + "\n"}
+    distkit.make_release(dist, {}, install)
+    path = tmp_path / "semver.json"
+    entry = {
+        "package": {"ecosystem": "PyPI", "name": "pkg"},
+        "ranges": [{"type": "SEMVER", "events": [{"introduced": "0"}]}],
+    }
+    path.write_text(json.dumps({"id": "GHSA-semver", "affected": [entry]}))
+    found = vulns.check(dist, (), tmp_path / "cache", TODAY, advisories=path)
+    assert found.found == []
+    assert list(found.not_checked) == ["pkg==1.0"]
+    assert "GHSA-semver: a SEMVER range" in found.not_checked["pkg==1.0"]
+
+
+def test_a_withdrawn_advisory_is_ignored_and_said_so(tmp_path: Path) -> None:
+    data = _one(tmp_path, {"versions": ["1.0"]}, withdrawn="2026-02-01T00:00:00Z")
+    assert _state(data, "1.0") == "clean"
+    assert data.source["withdrawn"] == ["OSV-1"]
+    v = vulns.Vulnerabilities(asked=1, source=data.source)
+    assert "1 withdrawn advisories ignored (OSV-1)" in vulns.lines(v)[0]
+
+
+@pytest.mark.parametrize(
+    ("doc", "match"),
+    [
+        ({"id": "X", "affected": [{"package": "pkg"}]}, r"advisory X: `affected\[0\]\.package` is not an object"),
+        (
+            {"id": "X", "affected": [{"package": {"name": "p"}, "ranges": {"type": "x"}}]},
+            r"`affected\[0\]\.ranges` is not a list",
+        ),
+        (
+            {
+                "id": "X",
+                "affected": [{"package": {"name": "p"}, "ranges": [{"type": "ECOSYSTEM", "events": [{"fixed": 1}]}]}],
+            },
+            r"events` is not a list of events with string versions",
+        ),
+        (
+            {"id": "X", "affected": [{"package": {"name": "p"}, "versions": "1.0"}]},
+            r"versions` is not a list of strings",
+        ),
+        ({"id": "X", "affected": ["p"]}, r"`affected\[0\]` is not an object"),
+    ],
+)
+def test_advisory_data_of_the_wrong_shape_is_refused_by_name(tmp_path: Path, doc: dict[str, Any], match: str) -> None:
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(doc))
+    with pytest.raises(ReleaseError, match=match):
+        osv.load(path)
+
+
+def test_deeply_nested_json_and_a_damaged_zip_are_refused_by_name(tmp_path: Path) -> None:
+    import zipfile
+
+    deep = tmp_path / "deep.json"
+    deep.write_text("[" * 100_000 + "]" * 100_000)
+    with pytest.raises(ReleaseError, match="nested deeper than any advisory"):
+        osv.load(deep)
+    good = _as("zip", tmp_path)
+    raw = bytearray(good.read_bytes())
+    with zipfile.ZipFile(good) as zf:
+        info = zf.infolist()[0]
+    start = info.header_offset + 30 + len(info.filename.encode()) + len(info.extra)
+    raw[start + 2] ^= 0xFF  # one byte of the first member's data: its CRC no longer holds
+    bad = tmp_path / "bad.zip"
+    bad.write_bytes(bytes(raw))
+    with pytest.raises(ReleaseError, match=rf"{info.filename} is damaged .*download the advisory data again"):
+        osv.load(bad)
+
+
 @pytest.mark.parametrize(
     ("content", "match"),
     [("{not json", "not JSON"), ('{"affected": []}', "not an OSV advisory"), ("[]", "holds no OSV advisory")],
@@ -218,3 +364,37 @@ def test_advisory_data_that_is_not_osv_is_refused_naming_the_file(tmp_path: Path
         osv.load(path)
     with pytest.raises(ReleaseError, match="no such file"):
         osv.load(tmp_path / "missing.zip")
+
+
+def test_the_audit_s_key_holds_the_waivers_in_force_so_an_expired_one_runs_it_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With an advisory file the key held only its sha256: an audit recorded while a waiver was in force was
+    reused after it expired. The set of waivers in force today is in the key now."""
+    from release import audit
+
+    waiver = VulnerabilityWaiver("GHSA-x", "urllib3", "r", datetime.date(2026, 12, 5))
+    assert audit.in_force((waiver,), datetime.date(2026, 12, 5)) == ["urllib3:GHSA-x until 2026-12-05"]
+    assert audit.in_force((waiver,), datetime.date(2026, 12, 6)) == []
+    keyed: list[str] = []
+
+    class Stop(Exception):
+        pass
+
+    def stage(*args: Any, vulnerabilities: str = "", **kwargs: Any) -> Any:
+        keyed.append(vulnerabilities)
+        raise Stop
+
+    monkeypatch.setattr("base.stages.audit", stage)
+    dist = _pinned(tmp_path)
+    for day in (datetime.date(2026, 12, 5), datetime.date(2026, 12, 6)):
+        monkeypatch.setattr(
+            audit,
+            "in_force",
+            lambda ws, today=None, day=day: [f"{w.package}:{w.id}" for w in (waiver,) if w.expires >= day],
+        )
+        with pytest.raises(Stop):
+            audit.main(["--dist", str(dist), "--advisories", str(_as("json", tmp_path))])
+    assert keyed[0] != keyed[1]
+    assert keyed[0].endswith("waivers in force: ['urllib3:GHSA-x']")
+    assert keyed[1].endswith("waivers in force: []")
