@@ -1,11 +1,16 @@
 """The simple repository API, read: what an index serves of one project (PEP 691 JSON with PEP 700's
 sizes and upload times where served, PEP 503 HTML otherwise), redirects followed on the index's own host
 only. The publish plan reads the target index with it; normal resolution reads pip's page with it to
-tell whether an index serves the public index's projects itself."""
+tell whether an index serves the public index's projects itself.
+
+Over http(s) only (no file:, ftp: or data: handler, for the page, its redirects and the files it names),
+each body bounded in size (MAX_PAGE) and time (DEADLINE_S); a page that is not what the API says (malformed
+JSON, a file entry of the wrong shape, a file served by another scheme) is refused naming the URL."""
 
 from __future__ import annotations
 
 import json
+import time
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -26,6 +31,10 @@ from packaging.utils import (
 from .read import LockError
 
 ACCEPT = "application/vnd.pypi.simple.v1+json, text/html;q=0.01"
+MAX_PAGE = 64 << 20  # the largest project pages (PyPI's torch, JSON) are a few MiB
+MAX_FILE = 8 << 30  # a file read to hash it: the index's own 1 GiB limit, well inside this
+DEADLINE_S = 300.0  # one page or file, whole
+SCHEMES = ("http", "https")
 
 
 class IndexPageError(LockError):
@@ -84,14 +93,70 @@ class _SameOrigin(urllib.request.HTTPRedirectHandler):
         return super().redirect_request(req, fp, code, msg, headers, newurl)
 
 
-_OPENER = urllib.request.build_opener(_SameOrigin)
-_ANYWHERE = urllib.request.build_opener()
+def _opener(redirects: urllib.request.HTTPRedirectHandler) -> urllib.request.OpenerDirector:
+    """An opener with the http(s) handlers alone: a file:, ftp: or data: URL (or a redirect to one) fails."""
+    opener = urllib.request.OpenerDirector()
+    for handler in (
+        urllib.request.ProxyHandler(),
+        urllib.request.HTTPHandler(),
+        urllib.request.HTTPSHandler(),
+        urllib.request.HTTPDefaultErrorHandler(),
+        redirects,
+        urllib.request.HTTPErrorProcessor(),
+    ):
+        opener.add_handler(handler)
+    return opener
+
+
+_OPENER = _opener(_SameOrigin())
+_ANYWHERE = _opener(urllib.request.HTTPRedirectHandler())
+
+
+def http_only(url: str) -> str:
+    """`url`, or IndexPageError when it is not an http(s) URL."""
+    scheme = urllib.parse.urlsplit(url).scheme.lower()
+    if scheme not in SCHEMES:
+        raise IndexPageError(f"{url}: an index is read over http(s) only, not {scheme or 'a bare path'}:")
+    return url
+
+
+def read_bounded(resp: Any, limit: int, url: str, sink: Any = None) -> bytes:
+    """A response body, at most `limit` bytes and DEADLINE_S seconds (into `sink` when given: nothing kept)."""
+    deadline = time.monotonic() + DEADLINE_S
+    chunks: list[bytes] = []
+    total = 0
+    while chunk := resp.read(1 << 20):
+        total += len(chunk)
+        if total > limit:
+            raise IndexPageError(f"{url}: more than {limit / 2**20:.0f} MiB; not what an index serves here")
+        if time.monotonic() > deadline:
+            raise IndexPageError(f"{url}: not read whole within {DEADLINE_S:.0f} s")
+        if sink is not None:
+            sink(chunk)
+        else:
+            chunks.append(chunk)
+    return b"".join(chunks)
 
 
 def _get(url: str, accept: str = ACCEPT, method: str = "GET", *, anywhere: bool = False) -> tuple[bytes, str, Any]:
-    request = urllib.request.Request(url, headers={"Accept": accept}, method=method)  # noqa: S310 - the operator's index
+    request = urllib.request.Request(http_only(url), headers={"Accept": accept}, method=method)  # noqa: S310
     with (_ANYWHERE if anywhere else _OPENER).open(request, timeout=60) as resp:
-        return resp.read(), resp.headers.get_content_type(), resp.headers
+        body = read_bounded(resp, MAX_PAGE, url) if method == "GET" else b""
+        return body, resp.headers.get_content_type(), resp.headers
+
+
+def file_sha256(url: str) -> str:
+    """The sha256 of the bytes an index serves at `url` (http(s) only, bounded), downloaded."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    request = urllib.request.Request(http_only(url))  # noqa: S310 - the operator's index
+    try:
+        with _ANYWHERE.open(request, timeout=120) as resp:
+            read_bounded(resp, MAX_FILE, url, digest.update)
+    except (urllib.error.URLError, OSError) as exc:
+        raise IndexPageError(f"cannot download {url}: {getattr(exc, 'reason', exc)}") from None
+    return digest.hexdigest()
 
 
 def _time(value: Any) -> datetime | None:
@@ -104,21 +169,39 @@ def _time(value: Any) -> datetime | None:
     return t if t.tzinfo else t.replace(tzinfo=UTC)
 
 
+def _file_url(page: str, href: str) -> str:
+    """A file's absolute URL on a project page; IndexPageError when the page names another scheme than
+    http(s) (a page listing file:///... is not an index's)."""
+    target = urllib.parse.urljoin(page, href)
+    if urllib.parse.urlsplit(target).scheme.lower() not in SCHEMES:
+        raise IndexPageError(f"{page}: names a file at {target}, not over http(s); not an index's project page")
+    return target
+
+
 def _from_json(url: str, page: bytes) -> dict[str, IndexFile]:
     try:
-        files = json.loads(page)["files"]
-        return {
-            f["filename"]: IndexFile(
-                f["filename"],
-                urllib.parse.urljoin(url, f["url"]),
-                (f.get("hashes") or {}).get("sha256"),
-                f["size"] if isinstance(f.get("size"), int) else None,
-                _time(f.get("upload-time")),
-            )
-            for f in files
-        }
-    except (ValueError, KeyError, TypeError) as exc:
-        raise IndexPageError(f"{url}: not a PEP 691 project page ({type(exc).__name__}: {exc})") from None
+        data = json.loads(page)
+    except RecursionError:
+        raise IndexPageError(f"{url}: not a PEP 691 project page (JSON nested too deep)") from None
+    except ValueError as exc:
+        raise IndexPageError(f"{url}: not a PEP 691 project page (not JSON: {exc})") from None
+    files = data.get("files") if isinstance(data, dict) else None
+    if not isinstance(files, list):
+        raise IndexPageError(f"{url}: not a PEP 691 project page (no `files` list)")
+    out = {}
+    for i, f in enumerate(files):
+        if not (isinstance(f, dict) and isinstance(f.get("filename"), str) and isinstance(f.get("url"), str)):
+            raise IndexPageError(f"{url}: not a PEP 691 project page (files[{i}] has no string filename and url)")
+        raw = f.get("hashes")
+        sha = raw.get("sha256") if isinstance(raw, dict) else None
+        out[f["filename"]] = IndexFile(
+            f["filename"],
+            _file_url(url, f["url"]),
+            sha if isinstance(sha, str) else None,
+            f["size"] if isinstance(f.get("size"), int) and not isinstance(f.get("size"), bool) else None,
+            _time(f.get("upload-time")),
+        )
+    return out
 
 
 def _from_html(url: str, page: bytes) -> dict[str, IndexFile]:
@@ -135,7 +218,7 @@ def _from_html(url: str, page: bytes) -> dict[str, IndexFile]:
     Links().feed(page.decode(errors="replace"))
     out = {}
     for name, href in links.items():
-        target, fragment = urllib.parse.urldefrag(urllib.parse.urljoin(url, href))
+        target, fragment = urllib.parse.urldefrag(_file_url(url, href))
         algo, _, value = fragment.partition("=")
         out[name] = IndexFile(name, target, value if algo == "sha256" else None, None, None)
     return out
@@ -154,7 +237,7 @@ def project_state(index_url: str, project: str, sizes: bool = True, *, as_pip_se
         if exc.code == 404:
             return ProjectState(name, False, {}, "absent")
         raise IndexPageError(f"{url}: HTTP {exc.code} {exc.reason}") from None
-    except (urllib.error.URLError, OSError) as exc:
+    except (urllib.error.URLError, OSError, ValueError) as exc:
         raise IndexPageError(f"cannot reach the index {url}: {getattr(exc, 'reason', exc)}") from None
     if kind == "application/vnd.pypi.simple.v1+json":
         files, how = _from_json(url, page), "PEP 691 JSON"
@@ -170,5 +253,5 @@ def _sized(f: IndexFile) -> IndexFile:
         _, _, headers = _get(f.url, "*/*", "HEAD")
         length = headers.get("Content-Length")
         return IndexFile(f.filename, f.url, f.sha256, int(length) if length else None, f.uploaded)
-    except (urllib.error.URLError, OSError, ValueError):
+    except (urllib.error.URLError, OSError, ValueError, IndexPageError):
         return f

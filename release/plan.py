@@ -186,8 +186,13 @@ def make_plan(
             )
         if not state.exists and rules.new_project_note:
             plan.notes.append(f"{project} is new on {index_url}: {rules.new_project_note}")
-        mine = {canonicalize_version(str(parse_wheel_filename(f)[1])): str(parse_wheel_filename(f)[1]) for f in fnames}
-        for version, held in sorted(state.versions().items()):
+        # Every file of our version on the index is that version, local label or not: pip takes someone's
+        # 0.6.1+cu132 for our pin ==0.6.1 (PEP 440 matching ignores the local label).
+        mine = {_public(str(parse_wheel_filename(f)[1])): str(parse_wheel_filename(f)[1]) for f in fnames}
+        held_by: dict[str, list[IndexFile]] = {}
+        for version, held in state.versions().items():
+            held_by.setdefault(_public(version), []).extend(held)
+        for version, held in sorted(held_by.items()):
             foreign = sorted(f.filename for f in held if f.filename not in ours)
             if not foreign or version not in mine:
                 continue
@@ -201,6 +206,16 @@ def make_plan(
             f"{len(plan.uploads)}"
         )
     return plan
+
+
+def _public(version: str) -> str:
+    """A version without its local label, normalized: what an installer's `==` pin matches."""
+    from packaging.version import InvalidVersion, Version
+
+    try:
+        return canonicalize_version(Version(version).public)
+    except InvalidVersion:
+        return canonicalize_version(version)
 
 
 def _foreign(

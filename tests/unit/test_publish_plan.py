@@ -6,6 +6,7 @@ index (pypiserver's fallback) read as "not on this index"."""
 from __future__ import annotations
 
 import json
+import re
 import threading
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
@@ -28,6 +29,7 @@ class Index:
     def __init__(self) -> None:
         self.projects: dict[str, list[dict[str, Any]]] = {}
         self.redirect: dict[str, str] = {}
+        self.raw: dict[str, bytes] = {}  # project -> a body served as it is (PEP 691's content type)
         index = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -37,6 +39,12 @@ class Index:
                     self.send_response(302)
                     self.send_header("Location", index.redirect[name])
                     self.end_headers()
+                    return
+                if name in index.raw:
+                    self.send_response(200)
+                    self.send_header("Content-Type", JSON)
+                    self.end_headers()
+                    self.wfile.write(index.raw[name])
                     return
                 if name not in index.projects:
                     self.send_error(404)
@@ -159,3 +167,53 @@ def test_a_redirect_off_the_index_is_not_its_project(index: Index) -> None:
     index.redirect["kt-kernel"] = "https://pypi.org/simple/kt-kernel/"
     state = project_state(index.url, "kt-kernel")
     assert (state.exists, dict(state.files)) == (False, {})
+
+
+def test_another_build_of_our_version_with_a_local_label_is_ours_too(index: Index) -> None:
+    """Someone's kt_kernel-0.6.1+cu132: pip takes it for our pin kt-kernel==0.6.1, so it is refused as their
+    plain 0.6.1 is."""
+    index.add("kt-kernel", "kt_kernel-0.6.1+cu132-cp311-cp311-manylinux_2_28_x86_64.whl")
+    (problem,) = plan(index).problems
+    assert problem.startswith("kt-kernel 0.6.1 already exists on")
+    assert "kt_kernel-0.6.1+cu132-cp311-cp311-manylinux_2_28_x86_64.whl" in problem
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        (b"{not json", "not a PEP 691 project page (not JSON"),
+        (b"[" * 100_000 + b"]" * 100_000, "JSON nested too deep"),
+        (b'{"files": {"a": 1}}', "no `files` list"),
+        (b'{"files": [{"filename": 3, "url": "x"}]}', "files[0] has no string filename and url"),
+        (
+            b'{"files": [{"filename": "kt_kernel-0.6.1-cp311-abi3-manylinux_2_34_x86_64.whl", '
+            b'"url": "file:///work/dist/kt_kernel-0.6.1-cp311-abi3-manylinux_2_34_x86_64.whl",'
+            b'"hashes": {"sha256": "' + b"a" * 64 + b'"}}]}',
+            "not over http(s); not an index's project page",
+        ),
+    ],
+)
+def test_a_page_that_is_not_what_the_api_says_is_refused_by_name(index: Index, body: bytes, message: str) -> None:
+    """A malformed page, and one naming our wheels as file:/// URLs (which would make publish say
+    "already there, identical" and upload nothing), are refused naming the page; never a traceback."""
+    from locks.simple import IndexPageError
+
+    index.raw["kt-kernel"] = body
+    with pytest.raises(IndexPageError, match=re.escape(message)) as exc:
+        project_state(index.url, "kt-kernel")
+    assert "/simple/kt-kernel/" in str(exc.value)
+
+
+def test_pages_are_read_over_http_only_and_bounded(index: Index, monkeypatch: pytest.MonkeyPatch) -> None:
+    from locks import simple
+    from locks.simple import IndexPageError, file_sha256
+
+    for url in ("file:///dev/zero", "ftp://example.org/simple/", "data:,x"):
+        with pytest.raises(IndexPageError, match="read over http"):
+            project_state(url, "kt-kernel")
+        with pytest.raises(IndexPageError, match="read over http"):
+            file_sha256(url)
+    monkeypatch.setattr(simple, "MAX_PAGE", 1000)
+    index.raw["kt-kernel"] = b'{"files": []}' + b" " * 5000
+    with pytest.raises(IndexPageError, match="more than 0 MiB"):
+        project_state(index.url, "kt-kernel")
