@@ -32,7 +32,7 @@ from .model import Finding
 from .policy import ExternalProvider, Policy
 from .readers import ElfFacts, FeatureUse, WheelFacts, read_wheel
 from .readers import _sbom as sbom_reader
-from .readers._cuda import KernelPayload, find_cuobjdump, read_kernel_payload
+from .readers._cuda import KernelPayload, cuobjdump_tool, find_cuobjdump, read_kernel_payload
 from .readers._install import read_install_files
 from .readers._json import RELEASE_MANIFEST as RELEASE_MANIFEST_SCHEMA
 from .readers._json import SIZE_BASELINE, load
@@ -396,6 +396,7 @@ def run(paths: list[Path], policy: Policy, baseline_file: Path | None = None) ->
         "cuda_architectures": {r.wheel: r.cuda for r in results if r.cuda},
         "sizes": {r.wheel: r.sizes for r in results},
         "payload": payload_section,
+        "tools": {"cuobjdump": tool.as_dict() if (tool := cuobjdump_tool()) else None},
     }
 
 

@@ -53,6 +53,9 @@ ENVIRONMENT: Mapping[str, tuple[str, ...]] = {
     "CUDA_HOME": ("kernel",),
     "CUDA_PATH": ("kernel",),
     "KT_CUDA_ARCHS": ("kernel",),
+    # the cuobjdump that describes the CUDA payload (assembly) and judges it (audit): the locked one unless
+    # this names another
+    "KT_CUOBJDUMP": ("assemble", "audit"),
     # the release's timestamp: wheel dates in the kernel and in every carrier
     "SOURCE_DATE_EPOCH": ("kernel", "assemble"),
     # what the kernel picks at run time (the variant the verification exercises)
@@ -181,15 +184,38 @@ def _version_of(argv: Sequence[str]) -> str:
     return (got.stdout or got.stderr).strip()
 
 
+# Launchers that run the compiler named after them (CC="ccache gcc"): the key asks the compiler itself.
+LAUNCHERS = frozenset({"ccache", "sccache", "distcc", "icecc", "buildcache", "env"})
+
+
+def compiler(value: str) -> str:
+    """The real compiler a CC/CXX value runs, past any launcher and VAR=value words (`ccache gcc-12` -> gcc-12)."""
+    import shlex
+
+    try:
+        words = shlex.split(value)
+    except ValueError:
+        words = value.split()
+    for word in words:
+        if Path(word).name in LAUNCHERS or ("=" in word and not word.startswith(("/", "."))):
+            continue
+        return word
+    return words[0] if words else value
+
+
 @functools.cache
-def toolchain() -> dict[str, str]:
-    """The C and C++ compilers' and CMake's own `--version` output (the ones CC and CXX name, else cc
-    and c++): a compiler upgraded in place changes the kernel's key."""
-    return {
-        "cc": _version_of([*(os.environ.get("CC") or "cc").split()[:1], "--version"]),
-        "cxx": _version_of([*(os.environ.get("CXX") or "c++").split()[:1], "--version"]),
+def toolchain(nvcc: str = "") -> dict[str, str]:
+    """The C and C++ compilers' and CMake's own `--version` output (the ones CC and CXX name behind any
+    launcher, else cc and c++), and nvcc's where a CUDA build names it: a compiler upgraded in place, or
+    another toolkit behind the same CUDA_HOME, changes the kernel's key."""
+    found = {
+        "cc": _version_of([compiler(os.environ.get("CC") or "cc"), "--version"]),
+        "cxx": _version_of([compiler(os.environ.get("CXX") or "c++"), "--version"]),
         "cmake": _version_of(["cmake", "--version"]),
     }
+    if nvcc:
+        found["nvcc"] = _version_of([nvcc, "--version"])
+    return found
 
 
 class Digests:

@@ -10,7 +10,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from ._cuda import find_cuobjdump, list_archs
+    from ._cuda import cuobjdump_tool, find_cuobjdump, list_archs
     from ._elf import ElfFacts, read_elf
     from ._isa import FeatureUse, feature_uses
     from ._json import hint, unknown_keys
@@ -26,6 +26,7 @@ _WHERE = {
     "WheelFacts": "_wheel",
     "read_wheel": "_wheel",
     "find_cuobjdump": "_cuda",
+    "cuobjdump_tool": "_cuda",
     "list_archs": "_cuda",
     "Lookup": "_python",
     "find_lookups": "_python",
@@ -38,6 +39,7 @@ __all__ = [
     "Lookup",
     "Member",
     "WheelFacts",
+    "cuobjdump_tool",
     "feature_uses",
     "find_cuobjdump",
     "find_lookups",

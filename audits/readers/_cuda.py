@@ -51,23 +51,64 @@ def read_payload(data: bytes, max_bytes: int = 256 << 20) -> list[PayloadEntry]:
     return out
 
 
-def find_cuobjdump() -> str | None:
-    """cuobjdump from KT_CUOBJDUMP, PATH or the PyPI CUDA wheels; None if absent."""
-    if os.environ.get(CUOBJDUMP_ENV):
-        path = os.environ[CUOBJDUMP_ENV]
-        return path if Path(path).is_file() else None
-    found = shutil.which("cuobjdump")
-    if found:
-        return found
+@dataclass(frozen=True)
+class Tool:
+    """The cuobjdump that describes or judges CUDA code: its path, where it came from, its own version."""
+
+    path: str
+    source: str  # "locked" (nvidia-cuda-cuobjdump, installed from a lock), "KT_CUOBJDUMP", "PATH"
+    version: str
+
+    def as_dict(self) -> dict[str, str]:
+        return {"path": self.path, "source": self.source, "version": self.version}
+
+
+def _locked() -> str | None:
+    """The cuobjdump of the PyPI CUDA wheels installed in this environment (lockfiles/audit.txt, cuda.txt)."""
     try:
         import nvidia  # the PyPI CUDA wheels' namespace package
-
-        for p in nvidia.__path__:
-            for cand in sorted(Path(p).glob("cu*/bin/cuobjdump")):
-                return str(cand)
     except ImportError:
-        pass
+        return None
+    for p in nvidia.__path__:
+        for cand in sorted(Path(p).glob("cu*/bin/cuobjdump")):
+            return str(cand)
     return None
+
+
+def _tool_version(path: str) -> str:
+    try:
+        got = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=60, check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"unknown ({type(exc).__name__})"
+    lines = [ln for ln in (got.stdout or got.stderr).splitlines() if ln.strip()]
+    return lines[-1].strip() if lines else "unknown"
+
+
+_TOOLS: dict[tuple[str, str, bool], Tool | None] = {}
+
+
+def cuobjdump_tool(*, allow_path: bool = True) -> Tool | None:
+    """The cuobjdump to use: KT_CUOBJDUMP where it names one (an override, keyed by the stages that read it),
+    else the locked one of this environment, else (`allow_path`: the audit of anyone's wheels) the one on
+    PATH; None if there is none. What shapes an artifact is never taken from PATH."""
+    override = os.environ.get(CUOBJDUMP_ENV, "")
+    key = (override, os.environ.get("PATH", ""), allow_path)
+    if key not in _TOOLS:
+        tool = None
+        if override:
+            tool = Tool(override, CUOBJDUMP_ENV, _tool_version(override)) if Path(override).is_file() else None
+        elif locked := _locked():
+            tool = Tool(locked, "locked", _tool_version(locked))
+        elif allow_path and (found := shutil.which("cuobjdump")):
+            tool = Tool(found, "PATH", _tool_version(found))
+        _TOOLS[key] = tool
+    return _TOOLS[key]
+
+
+def find_cuobjdump(*, allow_path: bool = True) -> str | None:
+    """cuobjdump_tool()'s path; None if there is none."""
+    tool = cuobjdump_tool(allow_path=allow_path)
+    return tool.path if tool else None
 
 
 @dataclass(frozen=True)

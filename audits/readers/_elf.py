@@ -209,6 +209,24 @@ def _python_facts(member: str, by_name: dict[str, Any], strings: bytes | None) -
     return ext, fpe, ucs2
 
 
+def _code_once(stream: BinaryIO, ranges: list[tuple[int, int, str, int]]) -> tuple[tuple[str, int, bytes], ...]:
+    """The executable sections' bytes, each byte of the file read (and later disassembled) at most once:
+    section headers that share or overlap bytes (65535 headers over one 1 MiB of code cost 64 GiB read one by
+    one) are merged into one range, at the address of the first header that reaches it. Bounded by the file."""
+    stream.seek(0, io.SEEK_END)
+    end_of_file = stream.tell()
+    out: list[tuple[str, int, bytes]] = []
+    covered = 0  # the file offset up to which bytes were taken
+    for offset, size, name, address in sorted(ranges):
+        start, stop = max(offset, covered), min(offset + size, end_of_file)
+        if start >= stop:
+            continue
+        stream.seek(start)
+        out.append((name, address + (start - offset), stream.read(stop - start)))
+        covered = stop
+    return tuple(out)
+
+
 def read_elf_stream(
     member: str, stream: BinaryIO, *, code: bool = True, exports: bool = True, forbidden: frozenset[str] = frozenset()
 ) -> ElfFacts:
@@ -238,13 +256,13 @@ def read_elf_stream(
         # One pass over the sections (pyelftools builds each section object it yields; libtorch's
         # hash tables alone cost milliseconds each).
         needs: list[tuple[str, tuple[str, ...]]] = []
-        exec_list: list[tuple[str, int, bytes]] = []
+        exec_ranges: list[tuple[int, int, str, int]] = []  # (file offset, size, name, address) of code
         by_name: dict[str, object] = {}
         for sec in elf.iter_sections():
             if sec.name in (".dynsym", ".symtab", ".dynstr", ".gnu.hash", ".hash", ".nv_fatbin"):
                 by_name.setdefault(sec.name, sec)
-            if code and sec["sh_flags"] & SHF_EXECINSTR and sec["sh_type"] == "SHT_PROGBITS":
-                exec_list.append((sec.name, sec["sh_addr"], sec.data()))
+            if code and sec["sh_flags"] & SHF_EXECINSTR and sec["sh_type"] == "SHT_PROGBITS" and sec["sh_size"]:
+                exec_ranges.append((sec["sh_offset"], sec["sh_size"], sec.name, sec["sh_addr"]))
             if isinstance(sec, GNUVerNeedSection):
                 for verneed, auxs in sec.iter_versions():
                     needs.append((str(verneed.name), tuple(str(a.name) for a in auxs)))
@@ -288,7 +306,7 @@ def read_elf_stream(
                     and s.name
                 ):
                     exported.append(s.name)
-        exec_secs = tuple(exec_list)
+        exec_secs = _code_once(stream, exec_ranges)
         dynstr: Any = by_name.get(".dynstr")
         strings = b"\0" + dynstr.data() if dynstr is not None else None  # read once, searched by both
         py_ext, pyfpe, ucs2 = _python_facts(member, by_name, strings)

@@ -4,6 +4,7 @@ other wheels of the directory are still reported."""
 
 from __future__ import annotations
 
+import io
 import json
 import struct
 import zipfile
@@ -257,3 +258,66 @@ def test_printable_helpers() -> None:
     assert printable("a\nb\u200fc") == "a\\x0ab\\u200fc"
     assert md_text("a|b*c") == "a\\|b\\*c"
     assert md_code("x`|<y>") == "<code>x`&#124;&lt;y&gt;</code>"
+
+
+def _many_headers_elf(code: bytes, headers: int) -> bytes:
+    """An x86-64 ELF whose `headers` executable section headers all describe the same bytes of code
+    (section 1 is .shstrtab; past 0xff00 headers the count lives in section 0's sh_size, as ELF says)."""
+    ehsize, phsize, shsize = 64, 56, 64
+    shstr = b"\0.text\0.shstrtab\0"
+    code_off = ehsize + phsize
+    str_off = code_off + len(code)
+    sh_off = (str_off + len(shstr) + 7) // 8 * 8
+    count = headers + 2
+    ident = b"\x7fELF" + bytes([2, 1, 1, 0]) + bytes(8)
+    head = ident + struct.pack(
+        "<HHIQQQIHHHHHH",
+        3,
+        62,
+        1,
+        0,
+        ehsize,
+        sh_off,
+        0,
+        ehsize,
+        phsize,
+        1,
+        shsize,
+        count if count < 0xFF00 else 0,
+        1,
+    )
+    phdr = struct.pack("<IIQQQQQQ", 1, 5, 0, 0, 0, str_off, str_off, 0x1000)
+    sections = [struct.pack("<IIQQQQIIQQ", 0, 0, 0, 0, 0, count if count >= 0xFF00 else 0, 0, 0, 0, 0)]
+    sections.append(struct.pack("<IIQQQQIIQQ", 7, 3, 0, 0, str_off, len(shstr), 0, 0, 1, 0))
+    text = struct.pack("<IIQQQQIIQQ", 1, 1, 0x6, code_off, code_off, len(code), 0, 0, 16, 0)
+    sections += [text] * headers
+    body = head + phdr + code + shstr
+    return body + bytes(sh_off - len(body)) + b"".join(sections)
+
+
+def test_65535_section_headers_over_one_code_range_are_read_and_disassembled_once() -> None:
+    """Each byte of code is read (and later disassembled) at most once per file, however many headers name
+    it: before, 65535 headers over 1 MiB cost about 64 GiB and hours."""
+    from audits.readers._elf import read_elf
+    from audits.readers._isa import feature_uses
+
+    code = bytes.fromhex("c5fd58c1") * 4096  # vaddpd ymm0, ymm0, ymm1: AVX, 16 KiB of it
+    elf = read_elf("kt_kernel/_core.abi3.so", _many_headers_elf(code, 65535))
+    assert elf is not None
+    assert sum(len(c) for _, _, c in elf.exec_sections) == len(code)
+    uses = feature_uses(elf)
+    assert uses["AVX"].count == 4096
+
+
+def test_overlapping_code_sections_are_merged_not_repeated() -> None:
+    from audits.readers._elf import _code_once
+
+    stream = io.BytesIO(bytes(range(256)) * 16)  # 4 KiB
+    ranges = [(0, 1024, ".a", 0x1000), (512, 1024, ".b", 0x2000), (512, 100, ".c", 0x3000), (4000, 10**9, ".d", 0)]
+    got = _code_once(stream, ranges)
+    assert [(n, addr, len(data)) for n, addr, data in got] == [
+        (".a", 0x1000, 1024),
+        (".b", 0x2000 + 512, 512),
+        (".d", 0, 96),
+    ]
+    assert sum(len(d) for _, _, d in got) == 1024 + 512 + 96  # every byte once, nothing past the file's end

@@ -189,8 +189,43 @@ def test_a_variable_outside_the_allowlist_changes_no_key(repo: Path, monkeypatch
 def test_the_compiler_version_is_in_the_kernel_key(repo: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     bw = _build_wheel(repo)
     before = bw.inputs_digest([], [])
-    monkeypatch.setattr(keys, "toolchain", lambda: {"cxx": "g++ (Debian 13.1.0) 13.1.0"})
+    monkeypatch.setattr(keys, "toolchain", lambda nvcc="": {"cxx": "g++ (Debian 13.1.0) 13.1.0"})
     assert bw.inputs_digest([], []) != before
+
+
+@pytest.mark.parametrize(
+    ("value", "real"),
+    [
+        ("gcc", "gcc"),
+        ("ccache gcc-12", "gcc-12"),
+        ("/usr/bin/ccache /usr/bin/g++", "/usr/bin/g++"),
+        ("sccache clang++ -std=c++17", "clang++"),
+        ("env CCACHE_DIR=/x ccache gcc", "gcc"),
+    ],
+)
+def test_the_kernel_key_asks_the_compiler_behind_any_launcher(value: str, real: str) -> None:
+    """CC="ccache gcc" keys gcc's version, not ccache's."""
+    assert keys.compiler(value) == real
+
+
+def test_the_kernel_key_holds_nvcc_s_own_version_not_only_cuda_home(
+    repo: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Another toolkit behind the same CUDA_HOME (upgraded in place) is another key."""
+    bw = _build_wheel(repo)
+    home = tmp_path / "cuda"
+    (home / "bin").mkdir(parents=True)
+    nvcc = home / "bin" / "nvcc"
+    nvcc.write_text("#!/bin/sh\necho 'Cuda compilation tools, release 13.0, V13.0.48'\n")
+    nvcc.chmod(0o755)
+    monkeypatch.setenv("CUDA_HOME", str(home))
+    keys.toolchain.cache_clear()
+    before = bw.inputs_digest([], [])
+    nvcc.write_text("#!/bin/sh\necho 'Cuda compilation tools, release 13.5, V13.5.37'\n")
+    keys.toolchain.cache_clear()
+    assert bw.inputs_digest([], []) != before
+    assert "release 13.5" in keys.toolchain(str(nvcc))["nvcc"]
+    keys.toolchain.cache_clear()
 
 
 @pytest.mark.parametrize("entry", sorted(ENTRIES))
@@ -202,3 +237,34 @@ def test_the_derived_closure_is_the_import_graph_lint_builds(entry: str) -> None
     derived = set(keys.import_closure([module], ROOT))
     assert upstream <= derived, f"grimp sees imports the derivation misses: {sorted(upstream - derived)}"
     assert {m.split(".")[0] for m in upstream} == set(keys.packages_read([module], ROOT))
+
+
+def test_the_cuobjdump_that_shapes_the_payload_is_the_locked_one_unless_named(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """KT_CUOBJDUMP (an override: in the assembly's and the audit's keys) before the locked one of this
+    environment; one on PATH only for the audit of anyone's wheels, never for what the assembly writes."""
+    from audits.readers import _cuda
+
+    def tool(name: str, version: str) -> Path:
+        path = tmp_path / name / "cuobjdump"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(f"#!/bin/sh\necho 'cuobjdump: NVIDIA (R) CUDA Object Utility'\necho '{version}'\n")
+        path.chmod(0o755)
+        return path
+
+    locked, on_path, named = tool("locked", "V13.5.37"), tool("path", "V12.0"), tool("named", "V13.0")
+    monkeypatch.setenv("PATH", str(on_path.parent))
+    monkeypatch.delenv(_cuda.CUOBJDUMP_ENV, raising=False)
+    monkeypatch.setattr(_cuda, "_TOOLS", {})
+    monkeypatch.setattr(_cuda, "_locked", lambda: str(locked))
+    assert _cuda.cuobjdump_tool(allow_path=False) == _cuda.Tool(str(locked), "locked", "V13.5.37")
+    assert _cuda.cuobjdump_tool() == _cuda.Tool(str(locked), "locked", "V13.5.37")  # PATH's never wins
+    monkeypatch.setenv(_cuda.CUOBJDUMP_ENV, str(named))
+    assert _cuda.cuobjdump_tool(allow_path=False) == _cuda.Tool(str(named), "KT_CUOBJDUMP", "V13.0")
+    monkeypatch.delenv(_cuda.CUOBJDUMP_ENV)
+    monkeypatch.setattr(_cuda, "_locked", lambda: None)
+    monkeypatch.setattr(_cuda, "_TOOLS", {})  # an environment's locked tool is looked up once per process
+    assert _cuda.cuobjdump_tool(allow_path=False) is None
+    assert _cuda.cuobjdump_tool() == _cuda.Tool(str(on_path), "PATH", "V12.0")
+    assert keys.ENVIRONMENT["KT_CUOBJDUMP"] == ("assemble", "audit")
