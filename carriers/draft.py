@@ -99,7 +99,7 @@ class Draft:
         if f.tags is not None:
             wheelio.set_tags(m, f.tags)
         if f.sbom if with_sbom is None else with_sbom:
-            prov = dataclasses.replace(f.provenance, grafted=sbom.grafted(m))
+            prov = dataclasses.replace(f.provenance, grafted=sbom.grafted(m), static=sbom.static(m))
             sbom.add(m, di, f.name, f.version, f.kt_version, prov)
         return m
 

@@ -28,8 +28,8 @@ from typing import Any
 from packaging.utils import parse_wheel_filename
 
 from audits.platforms import glibc_of
-from audits.readers import find_cuobjdump, list_archs
-from base import distdir
+from audits.readers import cuobjdump_tool, list_archs
+from base import distdir, swap
 
 from . import licensing, sbom, wheelio
 from .draft import Draft
@@ -129,20 +129,23 @@ def take_kernel_cuda(members: dict[str, bytes], pol: Any) -> dict[str, bytes]:
         "compression": COMPRESSION,
         "layout": cuda["layout"],  # the kernel build writes it (the schema requires it)
         "files": cuda["files"],
+        **({"runtime": cuda["runtime"]} if "runtime" in cuda else {}),  # the statically linked CUDA runtime
     }
     members[BUILD_MANIFEST] = (json.dumps(build, indent=2, sort_keys=True) + "\n").encode()
     return out
 
 
 def _cuobjdump() -> str:
-
-    tool = find_cuobjdump()
+    """The locked cuobjdump (or KT_CUOBJDUMP's, which the assembly's key names), never one found on PATH:
+    what it says of each binary ships in the payload's manifest."""
+    tool = cuobjdump_tool(allow_path=False)
     if tool is None:
         raise InputError(
             "cuobjdump is needed to describe the CUDA archive's binaries; install lockfiles/audit.txt "
-            "(nvidia-cuda-cuobjdump) or set KT_CUOBJDUMP"
+            "(nvidia-cuda-cuobjdump) or name one with KT_CUOBJDUMP"
         )
-    return tool
+    say(f"cuobjdump: {tool.path} ({tool.source}; {tool.version})")
+    return tool.path
 
 
 @dataclass(frozen=True)
@@ -211,7 +214,7 @@ def _frame(
     say(f"{group}/: describing {len(entries)} files ({total / 2**20:.0f} MiB) with cuobjdump")
     described = _describe(entries)
     cache.mkdir(parents=True, exist_ok=True)
-    tmp = target.with_name(f".{target.name}.{os.getpid()}")
+    tmp = swap.part(target)
     t0 = time.perf_counter()
     say(
         f"{group}/: compressing {total / 2**20:.0f} MiB with zstd-{level} (window 2**{window}, long-distance "
@@ -248,7 +251,7 @@ def build_archive(entries: Mapping[str, bytes], level: int, window: int, cache: 
         digest.update(path.name.encode())
     target = cache / f"archive-{digest.hexdigest()}.tar.zst"
     if not target.is_file():
-        tmp = target.with_name(f".{target.name}.{os.getpid()}")
+        tmp = swap.part(target)
         with tmp.open("wb") as out:
             for path, _ in frames:
                 with path.open("rb") as src:

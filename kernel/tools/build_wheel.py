@@ -21,7 +21,6 @@ import re
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from types import ModuleType
@@ -109,9 +108,27 @@ def cudart_license(home: Path) -> bytes:
     )
 
 
-def add_license(wheel: Path, name: str, data: bytes, expression: str) -> None:
+def cudart_runtime(home: Path) -> dict[str, str]:
+    """The CUDA runtime the build links statically (CMakeLists.txt: CUDA_RUNTIME_LIBRARY Static), as
+    _build.json's cuda.runtime records it for the SBOM: the nvidia-cuda-runtime wheel's version (the PyPI
+    toolchain), else the toolkit's own version.json."""
+    import importlib.metadata
+
+    if (home / "version.json").is_file():
+        data = json.loads((home / "version.json").read_text())
+        version = str((data.get("cuda_cudart") or data.get("cuda") or {}).get("version", "unknown"))
+        return {"library": "cudart_static", "version": version, "source": f"the CUDA toolkit at {home.name}"}
+    try:
+        version = importlib.metadata.version("nvidia-cuda-runtime")
+    except importlib.metadata.PackageNotFoundError:
+        version = "unknown"
+    return {"library": "cudart_static", "version": version, "source": "pypi:nvidia-cuda-runtime"}
+
+
+def add_license(wheel: Path, name: str, data: bytes, expression: str, runtime: dict[str, str] | None = None) -> None:
     """Add `data` to a built wheel as .dist-info/licenses/`name`, listed by a License-File header, and
-    `expression` to its License-Expression (`A` becomes `A AND expression`); RECORD rewritten, every other
+    `expression` to its License-Expression (`A` becomes `A AND expression`); with `runtime`, the statically
+    linked runtime it licenses into kt_kernel/_build.json's cuda.runtime. RECORD rewritten, every other
     member's bytes, order and zip metadata kept (the wheel stays reproducible)."""
     import base64
     import hashlib
@@ -141,6 +158,12 @@ def add_license(wheel: Path, name: str, data: bytes, expression: str) -> None:
         new.compress_type, new.external_attr = zipfile.ZIP_DEFLATED, 0o644 << 16
         infos.insert(next(i for i, x in enumerate(infos) if x.filename == record), new)
     blobs[member] = data
+    manifest = "kt_kernel/_build.json"
+    if runtime is not None and manifest in blobs:
+        build = json.loads(blobs[manifest])
+        if isinstance(build.get("cuda"), dict):
+            build["cuda"]["runtime"] = runtime
+            blobs[manifest] = (json.dumps(build, indent=2, sort_keys=True) + "\n").encode()
 
     def row(n: str) -> str:
         digest = base64.urlsafe_b64encode(hashlib.sha256(blobs[n]).digest()).rstrip(b"=").decode()
@@ -208,7 +231,7 @@ def build(dist: Path, work: Path, variants: list[str], cuda_archs: list[str] | N
     )
     (fixed,) = repaired.glob("kt_kernel-*.whl")
     if cuda_archs is not None:
-        add_license(fixed, CUDART_LICENSE, cudart_license(home), CUDART_EXPRESSION)
+        add_license(fixed, CUDART_LICENSE, cudart_license(home), CUDART_EXPRESSION, cudart_runtime(home))
     t2 = time.perf_counter()
     placed = place(fixed, dist)
     print(f"kt-kernel: build {t1 - t0:.1f}s, repair {t2 - t1:.1f}s -> {placed}")
@@ -220,7 +243,7 @@ def place(wheel: Path, dist: Path) -> Path:
     renamed over it (never a half-written wheel), mode 0644 like any built file, and only then
     are other kt_kernel wheels removed. A failure leaves `dist` as it was."""
     dist.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkstemp(dir=dist, prefix=".kt_kernel-", suffix=".tmp")[1])
+    tmp = dist / f".{wheel.name}.kt-{os.getpid()}.part"  # base/swap.py's form: a killed one is swept
     try:
         with wheel.open("rb") as src, tmp.open("wb") as dst:
             shutil.copyfileobj(src, dst)
@@ -286,7 +309,11 @@ def inputs_digest(variants: list[str], cuda_archs: list[str] | None) -> str:
     for f in files:
         h.update(str(f.relative_to(ROOT)).encode() + b"\0" + f.read_bytes() + b"\0")
     h.update(f"{config_tag(variants, cuda_archs)}|{source_date_epoch()}".encode())
-    h.update(json.dumps([keys.environment("kernel"), keys.toolchain()], sort_keys=True).encode())
+    try:  # the toolkit's own version, not only CUDA_HOME's value
+        nvcc = str(cuda_home() / "bin" / "nvcc") if cuda_archs is not None else ""
+    except BuildError:
+        nvcc = "absent"  # the build itself stops on it
+    h.update(json.dumps([keys.environment("kernel"), keys.toolchain(nvcc)], sort_keys=True).encode())
     return h.hexdigest()
 
 
