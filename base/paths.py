@@ -25,10 +25,8 @@ TIMINGS = BUILD / "timings"  # each release stage's wall time, for the report's 
 STAGE_CACHE = BUILD / "stage-cache"  # each stage's content key and last result (base.stagecache)
 AUDIT_REPORTS = BUILD / "audit"  # `nox -s audit -- PATH...` (dist/ keeps the release's own)
 VERIFY_WORK = BUILD / "verify"  # verify_install's venvs
-VERIFY_JSON = BUILD / "verify.json"
-VERIFY_RESOLUTION_JSON = BUILD / "verify-resolution.json"
+# each Python's verification evidence: BUILD / "verify-cp3NN.json" (base.evidence, its one owner)
 VERIFY_PUBLISHED_JSON = BUILD / "verify-published.json"  # resolved from where the release was published
-VERIFY_INTERPRETERS_JSON = BUILD / "verify-interpreters.json"
 EMULATED = BUILD / "emulated"  # the tests' emulated-CPU builds
 CI_LOCAL = BUILD / "ci-local"  # nox -s ci_local's clones, artifacts and index
 WHEELHOUSE = BUILD / "wheelhouse"  # cibuildwheel's output (nox -s build_wheels)

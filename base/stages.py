@@ -12,9 +12,9 @@ allowlisted variable, one at a time, and checks which stages get a new key.
   Pythons asked for, the dist path, the interpreter, SOURCE_DATE_EPOCH.
 - ``audit``: dist/ (every file SHA256SUMS lists, re-hashed, and manifest.json), the code of
   ``release.audit``, every lock, the day's vulnerability data, the baseline, the interpreter.
-- ``verify-PROFILE``: dist/ (or DIST_FREE), the code of the profile's entry (``verify``,
-  ``verify.resolution``, ``verify.interpreters``), every lock, the version file and kt-doctor's source,
-  the profile's own arguments, the interpreter, this host's CPU.
+- ``verify-PROFILE-cp3NN``: dist/ (or DIST_FREE), the code of the run's entry (``verify``,
+  ``verify.resolution``), every lock, the version file and kt-doctor's source, the run's own arguments
+  (the interpreter it ran on: path, version, source, its bytes), the interpreter running it, this host's CPU.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from . import distdir, keys, paths, stagecache
 
 ASSEMBLE_ENTRY = "carriers.__main__"
 AUDIT_ENTRY = "release.audit"
-VERIFY_ENTRIES = {"resolve": "verify.resolution", "cp": "verify.interpreters", "": "verify.__main__"}
+VERIFY_ENTRIES = {"resolve": "verify.resolution", "": "verify.__main__"}
 
 
 def outside(kind: str) -> tuple[Path, ...]:
@@ -43,7 +43,8 @@ def outside(kind: str) -> tuple[Path, ...]:
 
 
 def verify_entry(profile: str) -> str:
-    """The module a verification profile runs: resolve-* normal resolution, cpNNN another interpreter."""
+    """The module a verification run's code is derived from: resolve-* normal resolution, every other one
+    verify.__main__ (a venv profile on one Python: sft-cp312)."""
     for prefix, entry in VERIFY_ENTRIES.items():
         if profile.startswith(prefix):
             return entry

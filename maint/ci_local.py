@@ -367,6 +367,33 @@ def relabel(src_dir: Path, python: str, out: Path) -> Path:
     return dest
 
 
+def setup_python(versions: str, where: Path) -> tuple[Path, str]:
+    """actions/setup-python here: each listed CPython found by base.interpreters (given, PATH, pyenv, uv,
+    a Debian root is not one a job can use) and put on PATH as python3.N; the last listed is the default
+    `python`, a fresh venv of this host's Python as before (nox runs in it). (The folder to put first on
+    PATH, what was done.) A version with no interpreter fails the job, as setup-python fails in CI."""
+    from base import interpreters
+
+    wanted = [v.strip().strip('"') for v in versions.splitlines() if v.strip()]
+    have = f"{sys.version_info.major}.{sys.version_info.minor}"
+    if not wanted or wanted[-1] != have:
+        raise JobFailed(
+            f"setup-python {wanted}: the default (last) Python must be this host's {have}, which nox runs on"
+        )
+    shutil.rmtree(where, ignore_errors=True)
+    subprocess.run([sys.executable, "-m", "venv", str(where)], check=True)
+    done = [f"Python {have} in a fresh venv ({where})"]
+    for version in dict.fromkeys(wanted[:-1]):
+        if version == have:
+            continue
+        found = interpreters.find(version, sources=("given", "PATH", "pyenv", "uv"))
+        if found.interpreter is None:
+            raise JobFailed(f"setup-python {version}: {found.why_none()}")
+        (where / "bin" / f"python{version}").symlink_to(found.interpreter.path)
+        done.append(f"python{version}: CPython {found.interpreter.version} from {found.interpreter.source}")
+    return where / "bin", "; ".join(done)
+
+
 def run_job(run: JobRun, context: Mapping[str, Any], work: Path, repo: Path, local: Local, commit: str) -> None:
     """Run one job's steps in a fresh clone; raises on the first failing step."""
     job_dir = work / "jobs" / re.sub(r"[^\w.-]+", "_", run.key)
@@ -399,15 +426,8 @@ def run_job(run: JobRun, context: Mapping[str, Any], work: Path, repo: Path, loc
             cwd = job_dir
             what = f"fresh clone of {repo} at {commit[:12]}"
         elif uses == "actions/setup-python":
-            want = with_.get("python-version", "")
-            have = f"{sys.version_info.major}.{sys.version_info.minor}"
-            if want != have:
-                raise JobFailed(f"setup-python {want}: this host runs Python {have} only")
-            venv = work / "python" / job_dir.name
-            shutil.rmtree(venv, ignore_errors=True)
-            subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
-            env["PATH"] = f"{venv / 'bin'}{os.pathsep}{env.get('PATH', '')}"
-            what = f"Python {have} in a fresh venv ({venv})"
+            bin_dir, what = setup_python(with_.get("python-version", ""), work / "python" / job_dir.name)
+            env["PATH"] = f"{bin_dir}{os.pathsep}{env.get('PATH', '')}"
         elif uses == "actions/upload-artifact":
             what = upload(cwd, with_, work / "artifacts")
         elif uses == "actions/download-artifact":

@@ -1,7 +1,7 @@
 """The release candidate on one screen, and as Markdown/HTML with a size chart.
 
 Reads dist/manifest.json (carriers), dist/audit-report.json (verdicts) and
-build/verify.json (install verification); writes dist/release-report.md and
+build/verify-cp3NN.json (each Python's install verification, base.evidence); writes dist/release-report.md and
 dist/release-report.html (an inline SVG bar chart: wheel sizes, and the
 kt-kernel wheel broken down into CPU variants, CUDA payload and the rest).
 """
@@ -12,7 +12,6 @@ import argparse
 import html
 import json
 import subprocess
-import sys
 import time
 import zipfile
 from pathlib import Path
@@ -23,23 +22,15 @@ from packaging.utils import parse_wheel_filename
 from audits.errors import AuditError
 from audits.policy import load_policy
 from audits.report import printable
-from base import distdir, progress, stagecache
+from base import distdir, evidence, progress, stagecache
 from base.cli import dist_option
 from base.errors import StageError, report
-from base.paths import (
-    BENCH_JSON,
-    KERNEL_OUT,
-    ROOT,
-    STAGE_CACHE,
-    TIMINGS,
-    VERIFY_INTERPRETERS_JSON,
-    VERIFY_JSON,
-    VERIFY_RESOLUTION_JSON,
-)
+from base.paths import BENCH_JSON, BUILD, KERNEL_OUT, ROOT, STAGE_CACHE, TIMINGS
 from base.version import VersionFileError, release_date
 from carriers.consistency import torch_summary
 from carriers.model import PART_DIR
 
+from . import judge as judging
 from . import verdict as verdicts
 
 
@@ -154,17 +145,20 @@ def doctor_line(result: dict[str, Any]) -> str | None:
 
 
 def serving_line(verify: dict[str, Any]) -> str | None:
-    """What the serve profile ran on CPU through SGLang: the Kimi-style tokenizer and JSON-schema grammars."""
-    serve = verify.get("serve") or {}
-    tok, grammar = serve.get("tokenizer"), serve.get("json_schema")
-    if not tok or not grammar:
+    """What the serve profile ran on CPU through SGLang on each Python: the Kimi-style tokenizer and
+    JSON-schema grammars."""
+    runs = {n.rpartition("-")[2]: r for n, r in sorted(verify.items()) if n.startswith("serve-cp")}
+    shown = {tag: (r.get("tokenizer"), r.get("json_schema")) for tag, r in runs.items()}
+    shown = {tag: pair for tag, pair in shown.items() if pair[0] and pair[1]}
+    if not shown:
         return None
-    same = "equals tiktoken" if tok["native_equal"] else "DIFFERS from tiktoken"
+    tok, grammar = next(iter(shown.values()))
+    same = "equals tiktoken" if all(t["native_equal"] for t, _ in shown.values()) else "DIFFERS from tiktoken"
     return (
-        f"serving on CPU: a Kimi-style tokenizer through SGLang's get_tokenizer {same} ({tok['ids_compared']} ids, "
-        f"{tok['corpus_texts']} texts, {tok['special_tokens']} special tokens); JSON-schema grammar: "
-        f"{grammar['accepted']} valid accepted, {grammar['rejected']} invalid rejected, strict thinking "
-        f"{grammar['strict_thinking']}"
+        f"serving on CPU ({', '.join(shown)}): a Kimi-style tokenizer through SGLang's get_tokenizer {same} "
+        f"({tok['ids_compared']} ids, {tok['corpus_texts']} texts, {tok['special_tokens']} special tokens); "
+        f"JSON-schema grammar: {grammar['accepted']} valid accepted, {grammar['rejected']} invalid rejected, "
+        f"strict thinking {grammar['strict_thinking']}"
     )
 
 
@@ -387,7 +381,7 @@ def _cuda_matrix(audit: dict[str, Any]) -> str:
     return "".join(out) + "</table>"
 
 
-NOT_THIS_BUILD = "not verified for this build"
+NOT_THIS_BUILD = verdicts.NOT_THIS_BUILD
 KERNEL_STAMP = ".kt-kernel-inputs.sha256"  # kernel/tools/build_wheel.py's key beside its wheel
 
 
@@ -399,46 +393,24 @@ def build_key(dist: Path) -> str | None:
         return None
 
 
-def for_this_build(results: dict[str, Any], key: str | None) -> tuple[dict[str, Any], dict[str, str]]:
-    """(the results obtained on exactly these wheels, {name: why not} for the others): a result
-    carries the dist/ key it was obtained on; one without a key, or with another, is not this build's."""
-    current: dict[str, Any] = {}
-    other: dict[str, str] = {}
-    for name, result in results.items():
-        if not isinstance(result, dict):
-            continue
-        if key is not None and (result.get("dist_sha256") == key or result.get("installs_from_dist") is False):
-            current[name] = result  # obtained on these wheels, or on none of dist/ (upstream only)
-        else:
-            when = f", produced {result['produced']}" if result.get("produced") else ""
-            other[name] = f"{NOT_THIS_BUILD} (obtained on other wheels{when})"
-    return current, other
-
-
-def audit_for_build(audit: dict[str, Any], manifest: distdir.Manifest) -> bool:
-    """The audit report judged exactly the wheels manifest.json lists (every filename with its sha256)."""
-    judged = {w.get("filename"): w.get("sha256") for w in audit.get("wheels", [])}
-    return bool(judged) and all(judged.get(w.filename) == w.sha256 for w in manifest.wheels)
-
-
-def other_checks(key: str | None, resolution: Any, interpreters: Any) -> list[str]:
-    """One line each for normal resolution and the other interpreters, judged against this build's key."""
+def other_checks(ev: judging.Evidence) -> list[str]:
+    """One line per Python: the interpreter it ran on, and its normal resolutions for this build."""
     lines = []
-    if isinstance(resolution, dict):
-        results = resolution.get("results", [])
-        if resolution.get("dist_sha256") != key:
-            lines.append(f"resolve: {NOT_THIS_BUILD}")
-        else:
-            ok = sum(bool(r.get("ok")) for r in results)
-            lines.append(
-                f"resolve: {ok} of {len(results)} profile x Python resolutions as the release ({resolution['outcome']})"
-            )
-    if isinstance(interpreters, dict):
-        current, other = for_this_build(interpreters, key)
-        for python, result in current.items():
-            state = f"NOT VERIFIED: {result['not_verified']}" if "not_verified" in result else "ok"
-            lines.append(f"CPython {python}: {state} ({result.get('outcome', 'ran')})")
-        lines += [f"CPython {python}: {why}" for python, why in other.items()]
+    for python in ev.manifest.pythons:
+        data = ev.pythons.get(python)
+        if data is None:
+            lines.append(f"CPython {python}: not verified here (nox -s verify_install -- --python {python})")
+            continue
+        found = data.get("interpreter") or {}
+        i = found.get("interpreter")
+        where = f"CPython {i['version']} from {i['source']} ({i['path']})" if i else "NOT VERIFIED: no interpreter"
+        results = list(evidence.for_build(data, "resolution", ev.key).values())
+        ok = sum(bool(r.get("ok")) for r in results)
+        simulated = sum(bool(r.get("simulated")) for r in results)
+        lines.append(
+            f"CPython {python}: {where}; resolve: {ok} of {len(results)} install profiles as the release"
+            + (f" ({simulated} simulated)" if simulated else "")
+        )
     return lines
 
 
@@ -499,11 +471,9 @@ def _main(argv: list[str] | None) -> int:
     """Write dist/release-report.{html,md} and print the one-screen summary; 1 unless the audit passed."""
     p = argparse.ArgumentParser(prog="nox -s release_report --")
     dist_option(p)
-    p.add_argument("--verify", type=Path, default=VERIFY_JSON)
+    p.add_argument("--evidence", type=Path, default=BUILD, help="where build/verify-cp3NN.json lie")
     p.add_argument("--baseline", type=Path, help="a previous release's manifest.json, for the size change per wheel")
     p.add_argument("--timings", type=Path, default=TIMINGS, help=argparse.SUPPRESS)
-    p.add_argument("--resolution", type=Path, default=VERIFY_RESOLUTION_JSON, help=argparse.SUPPRESS)
-    p.add_argument("--interpreters", type=Path, default=VERIFY_INTERPRETERS_JSON, help=argparse.SUPPRESS)
     p.add_argument("--stages", type=Path, default=STAGE_CACHE, help=argparse.SUPPRESS)
     p.add_argument("--kernel-out", type=Path, default=KERNEL_OUT, help=argparse.SUPPRESS)
     p.add_argument("--anchor", type=Path, default=BENCH_JSON["anchor"], help=argparse.SUPPRESS)
@@ -518,17 +488,16 @@ def _main(argv: list[str] | None) -> int:
     manifest = distdir.read_manifest(args.dist / distdir.MANIFEST)  # read whole even when a file differs
     baseline = distdir.read_manifest(args.baseline) if args.baseline else None
     key = build_key(args.dist)  # every result shown must have been obtained on exactly these wheels
-    audit = _load(args.dist / "audit-report.json") or {}
+    ev = judging.collect(args.dist, key, args.evidence, manifest)
+    audit, vulnerabilities = ev.audit, ev.vulnerabilities
     notes = [] if key else [f"dist/ does not match its SHA256SUMS: nothing is {NOT_THIS_BUILD}; rebuild it"]
-    if audit and not audit_for_build(audit, manifest):
+    if ev.audit_stale:
         notes.append("audit: the report in dist/ judged other wheels than these; run nox -s audit")
-        audit = {}
-    verify, stale = for_this_build(_load(args.verify) or {}, key)
+    verify, stale = ev.this_build()
     notes += [f"verify_install {prof}: {why}" for prof, why in stale.items()]
-    notes += other_checks(key, _load(args.resolution), _load(args.interpreters))
-    vulnerabilities = _load(args.dist / "vulnerabilities.json") if audit else None  # the audit stage writes both
+    notes += other_checks(ev)
     notes += [line for line in [vulnerabilities_line(vulnerabilities)] if line]
-    judged = judge(manifest, audit, vulnerabilities, (verify, stale), args, key)
+    judged = judging.judge(ev, args.accept)
     errors: dict[str, int] = {w["filename"]: w["errors"] for w in audit.get("wheels", [])}
     torch = torch_summary(manifest.torch)
     lines = [f"KT release {manifest.kt_version}  (torch {torch})", pythons_line(manifest), ""]
@@ -617,41 +586,6 @@ def _main(argv: list[str] | None) -> int:
     if judged.publishable:
         return 0
     return 1 if judged.verdict == verdicts.FAILED else 2
-
-
-def judge(
-    manifest: distdir.Manifest,
-    audit: dict[str, Any],
-    vulnerabilities: Any,
-    verified: tuple[dict[str, Any], dict[str, str]],
-    args: argparse.Namespace,
-    key: str | None,
-) -> verdicts.Verdict:
-    """Every check's item for this build, and the acceptances of the command line and the policy."""
-    from locks.read import install_profiles
-    from verify.registry import PUBLISHED, SUITES, VENV
-
-    current, other = verified
-    pythons = list(manifest.pythons)
-    interpreters = for_this_build(_load(args.interpreters) or {}, key)
-    elsewhere = [r for i in interpreters[0].values() for r in (i.get("published") or {}).values()]
-    items = [
-        *verdicts.dist_items(key),
-        *verdicts.partial_items(manifest),
-        *verdicts.audit_items(audit),
-        *verdicts.vulnerability_items(vulnerabilities),
-        *verdicts.verify_items(list(VENV), current, other),
-        *verdicts.resolution_items([(p, v) for p in install_profiles() for v in pythons], _load(args.resolution), key),
-        *verdicts.interpreter_items(sorted(SUITES), *interpreters),
-        *verdicts.published_items(
-            manifest,
-            [*current.values(), *elsewhere],
-            f"{sys.version_info.major}.{sys.version_info.minor}",
-            dict.fromkeys(SUITES, PUBLISHED),
-        ),
-    ]
-    accepted = verdicts.parse_accept(args.accept) + verdicts.from_policy(load_policy().incomplete_acceptances)
-    return verdicts.Verdict(items, accepted)
 
 
 def record_verdict(dist: Path, judged: verdicts.Verdict, key: str | None) -> None:

@@ -8,11 +8,13 @@ Each check the release makes is an item with a stable name (what `--accept NAME=
 - ``vulnerabilities``: the known-vulnerability check as a whole (skipped, or not run for this build), and
   ``vulnerabilities:NAME==VERSION`` for each pin it could not check; ``vulnerability:NAME==VERSION:ID``
   for each vulnerability found and not waived (a failure);
-- ``verify:PROFILE``: each install-verification profile (build/verify.json);
+- ``verify:PROFILE-cp3NN``: each install-verification profile on each Python it runs on (the Python's
+  evidence, build/verify-cp3NN.json);
 - ``published:FILE``: each install file of dist/install/, installed by hash exactly as published and
-  exercised (a verification result that names its sha256);
-- ``resolve:PROFILE-cp3NN``: normal resolution of each install profile on each Python of the release;
-- ``python:3.N``: the release exercised on another interpreter (build/verify-interpreters.json).
+  exercised on its own Python (a verification result that names its sha256);
+- ``resolve:PROFILE-cp3NN``: normal resolution of each install profile with each Python's own interpreter
+  (a simulated one, where none exists, can fail but never pass);
+- ``python:3.N``: the interpreter each Python of the matrix ran on (path, exact version, how it was found).
 
 An item is passed, failed (the check ran and found a problem) or missing (it did not run for this build,
 or ran and could not check: NOT VERIFIED, NOT CHECKED). The release is FAILED if any item failed,
@@ -233,90 +235,96 @@ def vulnerability_items(data: Any) -> list[Item]:
     return items
 
 
-def verify_items(expected: Sequence[str], current: Mapping[str, Any], other: Mapping[str, str]) -> list[Item]:
-    """Each install-verification profile: passed on these wheels, or why it is missing."""
-    items = []
-    for profile in expected:
-        name = f"verify:{profile}"
-        if profile in current:
-            result = current[profile]
-            if isinstance(result, dict) and result.get("error"):
-                items.append(Item(name, "failed", str(result["error"])))
-            else:
-                items.append(Item(name, "passed"))
-        elif profile in other:
-            items.append(Item(name, "missing", other[profile]))
-        else:
-            items.append(Item(name, "missing", "not run (nox -s verify_install)"))
-    return items
+NOT_THIS_BUILD = "not verified for this build"
 
 
-def resolution_items(expected: Sequence[tuple[str, str]], data: Any, key: str | None) -> list[Item]:
-    """Normal resolution of each (profile, Python): ok, problems (failed), NOT VERIFIED or not run (missing)."""
-    results: dict[tuple[str, str], dict[str, Any]] = {}
-    this_build = isinstance(data, dict) and data.get("dist_sha256") == key and key is not None
-    if this_build:
-        results = {(r["profile"], r["python"]): r for r in data.get("results", [])}
+def _run_item(name: str, result: Mapping[str, Any] | None, key: str | None, how: str) -> Item:
+    """One run's item from its evidence: obtained on this build (`key`), or missing with why."""
+    if not isinstance(result, Mapping):
+        return Item(name, "missing", f"not run ({how})")
+    if key is None or (result.get("dist_sha256") != key and result.get("installs_from_dist") is not False):
+        when = f", produced {result['produced']}" if result.get("produced") else ""
+        return Item(name, "missing", f"{NOT_THIS_BUILD} (obtained on other wheels{when}; {how})")
+    if result.get("error"):
+        return Item(name, "failed", str(result["error"]))
+    if result.get("problems"):
+        return Item(name, "failed", "; ".join(map(str, result["problems"])))
+    if result.get("not_verified"):
+        return Item(name, "missing", f"NOT VERIFIED: {result['not_verified']}")
+    return Item(name, "passed")
+
+
+def verify_items(
+    expected: Sequence[tuple[str, str]], evidence: Mapping[str, Mapping[str, Any]], key: str | None
+) -> list[Item]:
+    """`verify:PROFILE-cp3NN`: each venv profile on each Python it runs on (`expected`), from that Python's
+    evidence (base.evidence): passed on these wheels, failed, or why it is missing."""
     items = []
     for profile, python in expected:
-        name = f"resolve:{profile}-{python_tag(python)}"
-        r = results.get((profile, python))
-        if r is None:
-            why = "not run for these wheels" if not this_build else "not among the resolutions run"
-            items.append(Item(name, "missing", f"{why} (nox -s verify_install -- --profile resolve)"))
-        elif r.get("problems"):
-            items.append(Item(name, "failed", "; ".join(r["problems"])))
-        elif r.get("not_verified"):
-            items.append(Item(name, "missing", f"NOT VERIFIED: {r['not_verified']}"))
-        else:
-            items.append(Item(name, "passed"))
+        result = evidence.get(python, {}).get("profiles", {}).get(profile)
+        how = f"nox -s verify_install -- --profile {profile} --python {python}"
+        items.append(_run_item(f"verify:{profile}-{python_tag(python)}", result, key, how))
     return items
 
 
-def published_items(
-    manifest: distdir.Manifest,
-    results: Iterable[Any],
-    here: str,
-    elsewhere: Mapping[str, Sequence[str]] | None = None,
+def resolution_items(
+    expected: Sequence[tuple[str, str]], evidence: Mapping[str, Mapping[str, Any]], key: str | None
 ) -> list[Item]:
+    """`resolve:PROFILE-cp3NN`: normal resolution of each (install profile, Python): ok, problems (failed),
+    NOT VERIFIED (a simulated one: no interpreter of that Python) or not run (missing)."""
+    items = []
+    for profile, python in expected:
+        result = evidence.get(python, {}).get("resolution", {}).get(profile)
+        how = f"nox -s verify_install -- --profile resolve --python {python}"
+        items.append(_run_item(f"resolve:{profile}-{python_tag(python)}", result, key, how))
+    return items
+
+
+def python_items(pythons: Sequence[str], evidence: Mapping[str, Mapping[str, Any]]) -> list[Item]:
+    """`python:3.N`: the release exercised on CPython 3.N's own interpreter (its evidence names which: path,
+    exact version, how it was found), or NOT VERIFIED naming the sources tried and how to provide one."""
+    items = []
+    for python in pythons:
+        found = evidence.get(python, {}).get("interpreter")
+        name = f"python:{python}"
+        if not isinstance(found, Mapping):
+            items.append(Item(name, "missing", f"not run (nox -s verify_install -- --python {python})"))
+            continue
+        i = found.get("interpreter")
+        if isinstance(i, Mapping):
+            where = f" in {i.get('root')}" if i.get("root") else ""
+            items.append(
+                Item(name, "passed", f"CPython {i.get('version')} from {i.get('source')}: {i.get('path')}{where}")
+            )
+            continue
+        tried = "; ".join(f"{a.get('source')} {a.get('path')}: {a.get('problem')}" for a in found.get("tried") or [])
+        searched = "; ".join(map(str, found.get("searched") or []))
+        items.append(
+            Item(
+                name,
+                "missing",
+                f"NOT VERIFIED: no CPython {python} interpreter ({searched}{'; ' + tried if tried else ''})",
+            )
+        )
+    return items
+
+
+def published_items(manifest: distdir.Manifest, results: Iterable[Any]) -> list[Item]:
     """`published:FILE`: each install file users get (dist/install/*.txt), exercised as published when a
-    verification result of these wheels installed exactly it (its `install_file` sha256). `here`: this
-    host's Python (every profile can run); `elsewhere`: other Pythons run here and the profiles each runs."""
-    elsewhere = elsewhere or {}
+    verification result of these wheels (on its own Python) installed exactly it (its `install_file` sha256)."""
     exercised = {
         str(r["install_file"].get("sha256"))
         for r in results
-        if isinstance(r, dict) and isinstance(r.get("install_file"), dict)
+        if isinstance(r, dict) and isinstance(r.get("install_file"), dict) and not r.get("error")
     }
     items = []
     for f in manifest.install or ():
         if f.format != "requirements":
             continue
-        name, python, profile = f"published:{Path(f.file).name}", f.python, f.profile
+        name = f"published:{Path(f.file).name}"
         if f.sha256 in exercised:
             items.append(Item(name, "passed"))
-        elif python == here:
-            items.append(Item(name, "missing", f"not exercised (nox -s verify_install -- --profile {profile})"))
-        elif profile in elsewhere.get(python, ()):
-            cmd = f"nox -s verify_install -- --profile {python_tag(python)}"
-            items.append(Item(name, "missing", f"not exercised ({cmd})"))
         else:
-            why = f"not exercised: no environment of CPython {python} runs the {profile} profile here"
-            items.append(Item(name, "missing", why))
-    return items
-
-
-def interpreter_items(expected: Sequence[str], current: Mapping[str, Any], other: Mapping[str, str]) -> list[Item]:
-    """The release on each other interpreter: exercised, NOT VERIFIED or not run (missing)."""
-    items = []
-    for python in expected:
-        name = f"python:{python}"
-        result = current.get(python)
-        if isinstance(result, dict) and "not_verified" in result:
-            items.append(Item(name, "missing", f"NOT VERIFIED: {result['not_verified']}"))
-        elif isinstance(result, dict):
-            items.append(Item(name, "passed"))
-        else:
-            why = other.get(python, "not run (nox -s verify_install -- --profile cp313)")
-            items.append(Item(name, "missing", why))
+            cmd = f"nox -s verify_install -- --profile {f.profile} --python {f.python}"
+            items.append(Item(name, "missing", f"not exercised on CPython {f.python} ({cmd})"))
     return items

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from base import paths
+from base.interpreters import Interpreter
 from base.paths import ROOT
 from carriers.graph import closure
 from locks import indexes
@@ -147,9 +148,9 @@ def install_standard(venv: Path, work: Path) -> dict[str, str]:
     return uv_installed(uv_install(venv, req, "the lf-standard profile"))
 
 
-def verify_standard(dist: Path, work: Path) -> dict[str, Any]:
+def verify_standard(dist: Path, work: Path, interpreter: Interpreter) -> dict[str, Any]:
     """lf-standard: clean install, upstream ownership, the control without KT, use_kt refused."""
-    venv = fresh_venv(work / "lf-standard")
+    venv = fresh_venv(work / "lf-standard", interpreter)
     t0 = time.perf_counter()
     got = install_standard(venv, work)
     install_s = time.perf_counter() - t0
@@ -194,12 +195,13 @@ def kt_checks(venv: Path, work: Path, tag: str) -> dict[str, Any]:
     return result
 
 
-def verify_kt(dist: Path, work: Path) -> dict[str, Any]:
+def verify_kt(dist: Path, work: Path, interpreter: Interpreter) -> dict[str, Any]:
     """lf-kt: clean install of serving + fine-tuning, the KT checks, the control without KT, packing refused."""
-    venv = fresh_venv(work / "lf-kt")
+    venv = fresh_venv(work / "lf-kt", interpreter)
     reached = kt_carriers(dist)
     t0 = time.perf_counter()
-    got, exercised = install_published(venv, dist, "lf-kt")  # dist/install/lf-kt-cp3XX.txt, as users get it
+    # dist/install/lf-kt-cp3XX.txt of the interpreter's Python, as users get it
+    got, exercised = install_published(venv, dist, "lf-kt", python=interpreter.python)
     install_s = time.perf_counter() - t0
     _fail("lf-kt", install_problems(got, kt=True, carriers=reached))
     result = kt_checks(venv, work, "lf-kt")
@@ -216,14 +218,15 @@ def verify_kt(dist: Path, work: Path) -> dict[str, Any]:
     return result
 
 
-def verify_upgrade(dist: Path, work: Path) -> dict[str, Any]:
+def verify_upgrade(dist: Path, work: Path, interpreter: Interpreter) -> dict[str, Any]:
     """lf-standard upgraded in place to lf-kt: installed on top, kt-doctor's conflicts and its repair,
     then the KT checks."""
-    venv = fresh_venv(work / "lf-upgrade")
+    venv = fresh_venv(work / "lf-upgrade", interpreter)
     before = install_standard(venv, work)
     reached = kt_carriers(dist)
     t0 = time.perf_counter()
-    _, exercised = install_published(venv, dist, "lf-kt")  # the published file, over the upstream environment
+    # the published file of the interpreter's Python, over the upstream environment
+    _, exercised = install_published(venv, dist, "lf-kt", python=interpreter.python)
     report = doctor(venv, "--find-links", str(dist))  # the release's wheels: no index holds them here
     conflicted = sorted(p["package"] for p in report["packages"] if p["state"] == "conflict")
     repairs = [cmd for p in report["packages"] for cmd in p["repair"]]

@@ -11,7 +11,6 @@ equals dist/install/<profile>-cp3XX.txt's."""
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
 import re
@@ -22,7 +21,7 @@ import sys
 import tempfile
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,9 +30,10 @@ from typing import Any
 from packaging.utils import canonicalize_name
 from packaging.version import Version
 
-from base import distdir, paths, progress, stages
+from base import distdir, interpreters, paths, progress, stages, swap
 from base.cli import dist_option, fresh_option
 from base.errors import StageError, report
+from base.interpreters import ENV, Interpreter
 from base.version import python_tag
 from locks.indexes import extra_indexes
 from locks.read import LockError
@@ -66,6 +66,7 @@ class Result:
     not_verified: str = ""  # why this profile cannot be resolved here (it is not a pass)
     seconds: float = 0.0
     interpreter: str = ""  # how the Python was resolved for (its own interpreter, or simulated)
+    simulated: bool = False  # no interpreter of that Python: pip --python-version from this one
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -77,6 +78,7 @@ class Result:
             "drift": self.drift,
             "not_verified": self.not_verified,
             "interpreter": self.interpreter,
+            "simulated": self.simulated,
             "ok": not self.problems and not self.not_verified,
             "seconds": round(self.seconds, 1),
         }
@@ -116,29 +118,35 @@ def index(dist: Path, fallback: str = PUBLIC, timeout: float = 30.0) -> Iterator
             server.wait(timeout=10)
 
 
-def interpreter_root(python: str) -> Path | None:
-    """The Debian root whose CPython `python` pip can run in (verify_install --profile cp313 makes it), if
-    there is one and this process may chroot into it: resolving there evaluates environment markers as that
-    Python does (pip's --python-version changes tags and Requires-Python, not markers)."""
-    from .interpreters import SUITES
+def _pip_copy(work: Path) -> Path:
+    """The locked pip (lockfiles/verify.txt, this session's) copied as a bare package folder under `work`:
+    `INTERPRETER -I <copy>/pip` runs that pip with any CPython (pip is pure Python and its __main__ runs
+    from a folder), so every Python resolves with one pip version and its own tags and markers."""
+    import importlib.metadata
+    import importlib.util
 
-    suite = SUITES.get(python)
-    if suite is None or os.geteuid() != 0 or shutil.which("chroot") is None:
-        return None
-    root = paths.CACHE / f"debian-{suite}"
-    return root if (root / "usr" / "bin" / f"python{python}").exists() else None
+    spec = importlib.util.find_spec("pip")
+    if spec is None or spec.origin is None:
+        raise ResolutionError("pip is not installed beside verify; install lockfiles/verify.txt (nox does)")
+    src = Path(spec.origin).resolve().parent
+    version = importlib.metadata.version("pip")
+    dest = work / f"pip-{version}"
+    if not (dest / "pip" / "__main__.py").is_file():
+        tmp = swap.part(dest)
+        shutil.rmtree(tmp, ignore_errors=True)
+        shutil.copytree(src, tmp / "pip", ignore=shutil.ignore_patterns("__pycache__"))
+        try:
+            tmp.rename(dest)
+        except OSError:  # another process copied it first
+            shutil.rmtree(tmp, ignore_errors=True)
+    return dest / "pip"
 
 
-def how(python: str) -> str:
+def how(python: str, interpreter: Interpreter | None) -> str:
     """How a Python is resolved for here (part of the result and of its key)."""
-    if python == HERE:
-        return f"CPython {python}, this interpreter"
-    root = interpreter_root(python)
-    if root is not None:
-        from .interpreters import package_list
-
-        packages = hashlib.sha256(package_list(python, paths.CACHE).encode()).hexdigest()[:16]
-        return f"CPython {python} in {root.name} (packages {packages})"
+    if interpreter is not None:
+        where = f" in {Path(interpreter.root).name}" if interpreter.root else ""
+        return f"CPython {interpreter.version}{where} ({interpreter.source}: {interpreter.path})"
     return f"simulated: pip --python-version {python} on CPython {HERE} (environment markers are {HERE}'s)"
 
 
@@ -158,81 +166,59 @@ def host_ca() -> Path | None:
     return None
 
 
-def _resolve_in(
-    root: Path, python: str, index_url: str, requirements: list[str], behind: tuple[str, ...] = ()
-) -> dict[str, Any]:
-    """pip's --dry-run --report with the root's own CPython (a venv made there), trusting the CAs this
-    machine's pip trusts (the index behind the release's is reached over TLS); the report's JSON."""
-    work = root / "kt-resolve"
-    shutil.rmtree(work, ignore_errors=True)
-    work.mkdir()
+def _pip_command(interpreter: Interpreter | None, work: Path) -> tuple[list[str], Path, str, dict[str, str] | None]:
+    """(the pip command, where its report lands here, the report path as pip sees it, its environment) for
+    resolving with `interpreter` (None: simulated with this one)."""
+    report = work / "report.json"
+    if interpreter is None:
+        return [sys.executable, "-m", "pip"], report, str(report), None
+    if interpreter.native:
+        return [interpreter.path, "-I", str(_pip_copy(work))], report, str(report), None
+    # A Debian root: the pip copy and the report inside it; trust the CAs this machine's pip trusts (pip
+    # verifies through truststore there, the system's store: OpenSSL's, which SSL_CERT_FILE sets)
+    box = Path(interpreter.root) / "kt-resolve"
+    shutil.rmtree(box, ignore_errors=True)
+    box.mkdir(parents=True)
+    shutil.copytree(_pip_copy(work), box / "pip")
+    env = None
     ca = host_ca()
     if ca is not None:
-        shutil.copyfile(ca, work / "ca.pem")
-    try:
-        made = subprocess.run(
-            ["chroot", str(root), f"python{python}", "-m", "venv", "/kt-resolve/venv"],
-            capture_output=True,
-            text=True,
-            check=False,
-        )
-        if made.returncode != 0:
-            raise ResolutionError(f"a venv of CPython {python} in {root} failed: {made.stderr[-1500:]}")
-        cmd = ["chroot", str(root), "/kt-resolve/venv/bin/python", "-m", "pip", "install", "--isolated", "--dry-run"]
-        cmd += ["--quiet", "--ignore-installed", "--report", "/kt-resolve/report.json", "--index-url", index_url]
-        cmd += extra_indexes(behind)
-        # pip 25 verifies through truststore (the system's store: OpenSSL's, which SSL_CERT_FILE sets), not --cert
-        env = {**os.environ, "SSL_CERT_FILE": "/kt-resolve/ca.pem"} if ca is not None else None
-        got = progress.run_quiet([*cmd, *requirements], f"resolve: CPython {python} ({root.name})", env=env)
-        if got.returncode != 0:
-            raise ResolutionError(
-                f"pip could not resolve {' '.join(requirements)} on CPython {python} ({root}):\n{got.stderr[-3000:]}"
-            )
-        data: dict[str, Any] = json.loads((work / "report.json").read_text())
-        return data
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
+        shutil.copyfile(ca, box / "ca.pem")
+        env = {**os.environ, "SSL_CERT_FILE": "/kt-resolve/ca.pem"}
+    return (
+        interpreter.command(interpreter.path, "-I", "/kt-resolve/pip"),
+        box / "report.json",
+        "/kt-resolve/report.json",
+        env,
+    )
 
 
 def resolve(
-    index_url: str, requirements: list[str], python: str, behind: tuple[str, ...] = ()
+    index_url: str,
+    requirements: list[str],
+    python: str,
+    interpreter: Interpreter | None,
+    behind: tuple[str, ...] = (),
+    work: Path | None = None,
 ) -> dict[str, tuple[str, str]]:
-    """name -> (version, file URL) pip would install for `requirements` on CPython `python` (x86_64
-    Linux), from `index_url` alone: with that Python itself where this machine has it (here, or in its
-    Debian root), else simulated from this one (pip's --python-version)."""
-    root = None if python == HERE else interpreter_root(python)
-    if root is not None:
-        data = _resolve_in(root, python, index_url, requirements, behind)
-        return {
-            canonicalize_name(i["metadata"]["name"]): (i["metadata"]["version"], i["download_info"]["url"])
-            for i in data["install"]
-        }
-    target = [] if python == HERE else target_args(python, MANYLINUX_2_34)
-    with tempfile.TemporaryDirectory() as tmp:
-        report = Path(tmp) / "report.json"
-        cmd = [
-            sys.executable,
-            "-m",
-            "pip",
-            "install",
-            "--isolated",
-            "--dry-run",
-            "--quiet",
-            "--ignore-installed",
-            "--report",
-            str(report),
-            "--index-url",
-            index_url,
-            *extra_indexes(behind),
-            *target,
-            *requirements,
-        ]
-        got = progress.run_quiet(cmd, f"resolve: CPython {python}")
+    """name -> (version, file URL) pip would install for `requirements` on CPython `python` (x86_64 Linux)
+    from `index_url` alone: the locked pip run by that Python's own `interpreter` (here or in its Debian
+    root), or, with none, simulated from this one (pip's --python-version: tags and Requires-Python are
+    3.N's, environment markers this interpreter's)."""
+    with tempfile.TemporaryDirectory(dir=work) as tmp:
+        pip_cmd, report, report_arg, env = _pip_command(interpreter, Path(tmp))
+        target = target_args(python, MANYLINUX_2_34) if interpreter is None else []
+        cmd = [*pip_cmd, "install", "--isolated", "--disable-pip-version-check", "--dry-run", "--quiet"]
+        cmd += ["--ignore-installed", "--report", report_arg, "--index-url", index_url, *extra_indexes(behind)]
+        got = progress.run_quiet([*cmd, *target, *requirements], f"resolve: CPython {python}", env=env)
         if got.returncode != 0:
             raise ResolutionError(
-                f"pip could not resolve {' '.join(requirements)} for CPython {python}:\n{got.stderr[-3000:]}"
+                f"pip could not resolve {' '.join(requirements)} for CPython {python} "
+                f"({how(python, interpreter)}):\n{got.stderr[-3000:]}"
             )
         data = json.loads(report.read_text())
+        if interpreter is not None and not interpreter.native:
+            shutil.rmtree(report.parent, ignore_errors=True)
     return {
         canonicalize_name(i["metadata"]["name"]): (i["metadata"]["version"], i["download_info"]["url"])
         for i in data["install"]
@@ -240,30 +226,44 @@ def resolve(
 
 
 def check(
-    dist: Path, profile: str, python: str, roots: list[str], index_url: str, behind: tuple[str, ...] = ()
+    dist: Path,
+    profile: str,
+    python: str,
+    roots: list[str],
+    index_url: str,
+    interpreter: Interpreter | None,
+    behind: tuple[str, ...] = (),
+    work: Path | None = None,
 ) -> Result:
-    """Resolve the profile's roots at the release's versions and compare with its install file."""
+    """Resolve the profile's roots at the release's versions with `interpreter`'s own markers (None:
+    simulated) and compare with its install file. A simulated resolution can fail, never pass: what it
+    does not find wrong is NOT VERIFIED (its environment markers are another Python's)."""
     t0 = time.perf_counter()
     release = distdir.open_release(dist)
     versions = release.manifest.versions()
     files = {w.filename for w in release.manifest.wheels}
     reqs = [f"{r}=={versions[canonicalize_name(r.split('[')[0])]}" for r in roots]
-    result = Result(profile, python, reqs, interpreter=how(python))
+    result = Result(profile, python, reqs, interpreter=how(python, interpreter), simulated=interpreter is None)
     install, _ = release.install_file(profile, python)
     sdists = re.findall(r"^--no-binary (\S+)", install.read_text(), re.MULTILINE)
-    if sdists and python != HERE:
+    if sdists and interpreter is None:
         result.not_verified = (
             f"{', '.join(sdists)} has only an sdist for CPython {python}; pip resolves for a Python it does not run "
             f"only from wheels, so this needs a CPython {python} interpreter"
         )
         return result
     try:
-        got = resolve(index_url, reqs, python, behind)
+        got = resolve(index_url, reqs, python, interpreter, behind, work)
     except ResolutionError as exc:
         result.problems.append(str(exc))
         return result
     result.installed = {n: v for n, (v, _) in got.items()}
     result.problems, result.drift = judge(got, install.read_text(), install.name, versions, files)
+    if interpreter is None and not result.problems:
+        result.not_verified = (
+            f"simulated (no CPython {python} interpreter here): pip --python-version evaluates environment markers "
+            f"as CPython {HERE}; it found nothing wrong, which proves nothing for {python}"
+        )
     result.seconds = time.perf_counter() - t0
     return result
 
@@ -298,15 +298,71 @@ def judge(
     return problems, drift
 
 
+def run(
+    dist: Path,
+    pairs: Sequence[tuple[str, str]],
+    found: Mapping[str, Interpreter | None],
+    *,
+    fallback: str = PUBLIC,
+    fresh: bool = False,
+    max_age_h: float = stages.RESOLUTION_MAX_AGE_H,
+    work: Path | None = None,
+    on_result: Callable[[dict[str, Any]], None] = lambda _: None,
+) -> list[dict[str, Any]]:
+    """Normal resolution of each (install profile, Python) in `pairs` from a local index serving `dist`,
+    each with the interpreter `found` for its Python (None: simulated); each result (reused or run) given
+    to `on_result` as it comes, and all of them returned in `pairs`' order."""
+    from locks.read import directive
+
+    key = cached.dist_key(dist)
+    # One record per profile and Python: a resolution that cannot be verified here (NOT VERIFIED) runs
+    # again each time, without taking the proven ones with it.
+    todo: list[tuple[str, str, cached.Lookup]] = []
+    results: dict[tuple[str, str], dict[str, Any]] = {}
+    # the records' locks are taken in one global order (their names'), whatever order `pairs` is in
+    for profile, python in sorted(pairs, key=lambda pair: f"resolve-{pair[0]}-{python_tag(pair[1])}"):
+        interpreter = found.get(python)
+        extra = {
+            "profile": profile,
+            "python": python,
+            "fallback": fallback,
+            "interpreter": interpreter.key() if interpreter else how(python, None),
+        }
+        name = f"resolve-{profile}-{python_tag(python)}"
+        lookup = cached.Lookup(name, dist, key, extra=extra, fresh=fresh, max_age_s=max_age_h * 3600)
+        if lookup.hit is not None:
+            results[(profile, python)] = {**lookup.hit[0], **lookup.hit[1]}
+            _say(results[(profile, python)])
+            on_result(results[(profile, python)])
+        else:
+            todo.append((profile, python, lookup))
+    if todo:
+        todo.sort(key=lambda t: pairs.index((t[0], t[1])))
+        with index(dist, fallback) as url:
+            for profile, python, lookup in todo:
+                roots = directive(paths.LOCKFILES / f"{profile}.in", "carriers")
+                print(
+                    f"[resolve] {profile} on CPython {python}: pip install {' '.join(roots)} from {url} ...", flush=True
+                )
+                r = check(dist, profile, python, roots, url, found.get(python), work=work).as_dict()
+                results[(profile, python)] = {**r, **lookup.record(r, _proved([r]))}
+                _say(r)
+                on_result(results[(profile, python)])
+    return [results[pair] for pair in pairs]
+
+
 def main(argv: list[str] | None = None) -> int:
-    """python -m verify.resolution --dist dist --profile sft --python 3.11 [--roots ...] [--json F]."""
+    """python -m verify.resolution --dist dist --profile sft --python 3.11 [--interpreter 3.N=PATH] [--json F]."""
     from carriers import load as load_carriers
-    from locks.read import directive, install_profiles
+    from locks.read import install_profiles
 
     p = argparse.ArgumentParser(prog="python -m verify.resolution")
     dist_option(p)
     p.add_argument("--profile", action="append", default=[], help="install profile(s) (default: every one)")
     p.add_argument("--python", action="append", default=[], metavar="3.N", help="default: the release's matrix")
+    p.add_argument(
+        "--interpreter", action="append", default=[], metavar="3.N=PATH", help=f"CPython 3.N's interpreter ({ENV})"
+    )
     p.add_argument("--fallback", default=PUBLIC, help="the public index behind the release's")
     p.add_argument(
         "--index",
@@ -332,50 +388,23 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     args.profile = args.profile or install_profiles()
     args.python = args.python or list(load_carriers().pythons)
-    root = paths.ROOT
     try:
         distdir.open_release(args.dist)
-    except distdir.DistError as exc:
+        given = interpreters.parse_given(args.interpreter)
+    except StageError as exc:
         return report(exc)
-
+    found = {v: interpreters.find(v, given).interpreter for v in args.python}
     if args.index:
-        return _from_published(args, root)
+        return _from_published(args, found)
+    pairs = [(profile, python) for profile in args.profile for python in args.python]
     try:
-        key = cached.dist_key(args.dist)
-        # One record per profile and Python: a resolution that cannot be verified here (NOT VERIFIED)
-        # runs again each time, without taking the proven ones with it.
-        todo: list[tuple[str, str, cached.Lookup]] = []
-        results: list[dict[str, Any]] = []
-        for profile in args.profile:
-            for python in args.python:
-                extra = {"profile": profile, "python": python, "fallback": args.fallback, "interpreter": how(python)}
-                name = f"resolve-{profile}-{python_tag(python)}"
-                found = cached.Lookup(
-                    name, args.dist, key, extra=extra, fresh=args.fresh, max_age_s=args.max_age * 3600
-                )
-                if found.hit is not None:
-                    results.append({**found.hit[0], **found.hit[1]})
-                    _say(results[-1])
-                else:
-                    todo.append((profile, python, found))
-        if todo:
-            with index(args.dist, args.fallback) as url:
-                for profile, python, found in todo:
-                    roots = directive(root / "lockfiles" / f"{profile}.in", "carriers")
-                    print(
-                        f"[resolve] {profile} on CPython {python}: pip install {' '.join(roots)} from {url} ...",
-                        flush=True,
-                    )
-                    r = check(args.dist, profile, python, roots, url).as_dict()
-                    results.append({**r, **found.record(r, _proved([r]))})
-                    _say(r)
+        results = run(args.dist, pairs, found, fallback=args.fallback, fresh=args.fresh, max_age_h=args.max_age)
     except (StageError, OSError, KeyError, ValueError) as exc:  # ValueError: a corrupt manifest.json
         return report(exc)
-    order = {(p, v): i for i, (p, v) in enumerate((p, v) for p in args.profile for v in args.python)}
-    results.sort(key=lambda r: order[(r["profile"], r["python"])])
     if args.json:
-        stamp = {"dist_sha256": key, "outcome": "reused" if not todo else "ran"}
-        args.json.write_text(json.dumps({**stamp, "results": results}, indent=2) + "\n")
+        key = cached.dist_key(args.dist)
+        outcome = "ran" if any(r.get("outcome") == "ran" for r in results) else "reused"
+        args.json.write_text(json.dumps({"dist_sha256": key, "outcome": outcome, "results": results}, indent=2) + "\n")
     return 1 if any(r["problems"] for r in results) else 0
 
 
@@ -394,7 +423,7 @@ def _falls_back(index_url: str, public: str) -> bool:
     return bool(newest) and newest[0] in ours
 
 
-def _from_published(args: argparse.Namespace, root: Path) -> int:
+def _from_published(args: argparse.Namespace, found: Mapping[str, Interpreter | None]) -> int:
     """Every profile on every Python resolved from the index the release went to, the public index behind
     it: the same judgement as before publishing, from where users will get it."""
     from locks.read import directive
@@ -406,9 +435,9 @@ def _from_published(args: argparse.Namespace, root: Path) -> int:
     try:
         for profile in args.profile:
             for python in args.python:
-                roots = directive(root / "lockfiles" / f"{profile}.in", "carriers")
+                roots = directive(paths.LOCKFILES / f"{profile}.in", "carriers")
                 print(f"[resolve] {profile} on CPython {python} from {args.index} ...", flush=True)
-                r = check(args.dist, profile, python, roots, args.index, behind).as_dict()
+                r = check(args.dist, profile, python, roots, args.index, found.get(python), behind).as_dict()
                 results.append(r)
                 _say(r)
         sft: dict[str, Any] = {}

@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from base.interpreters import Interpreter
 from carriers.graph import closure
 
 from . import owners
@@ -114,12 +115,13 @@ def serving_checks(venv: Path, work: Path) -> dict[str, Any]:
     }
 
 
-def verify_serve(dist: Path, work: Path) -> dict[str, Any]:
-    """The serve profile, installed for real and proven (the module's docstring)."""
-    venv = fresh_venv(work / "serve")
+def verify_serve(dist: Path, work: Path, interpreter: Interpreter) -> dict[str, Any]:
+    """The serve profile on `interpreter`, installed for real and proven (the module's docstring)."""
+    venv = fresh_venv(work / "serve", interpreter)
     reached, _ = closure(dist, root("serve"))
     t0 = time.perf_counter()
-    got, exercised = install_published(venv, dist, "serve")  # dist/install/serve-cp3XX.txt, as users get it
+    # dist/install/serve-cp3XX.txt of the interpreter's Python, as users get it
+    got, exercised = install_published(venv, dist, "serve", python=interpreter.python)
     install_s = time.perf_counter() - t0
     names = sorted(got)
     torch = got.get("torch") or "?"

@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from base.interpreters import Interpreter
 from base.paths import LOCKFILES
 from carriers.graph import closure
 from locks import indexes
@@ -36,18 +37,19 @@ def snapshot(venv: Path, names: tuple[str, ...]) -> dict[str, dict[str, str]]:
     return data
 
 
-def verify_sft_cpu(dist: Path, work: Path) -> dict[str, Any]:
+def verify_sft_cpu(dist: Path, work: Path, interpreter: Interpreter) -> dict[str, Any]:
     """Install the sft-cpu profile for real and exercise it (forks, imports, training/resume)."""
     lock = LOCKFILES / "sft-cpu.txt"
-    venv = fresh_venv(work / "sft-cpu")
+    venv = fresh_venv(work / "sft-cpu", interpreter)
     t0 = time.perf_counter()
     base = core(dist)
-    core_req = indexes.for_install(lock, work / "sft-cpu-core.txt", "\n".join(carrier_lines(dist, base)))
+    python = interpreter.python
+    core_req = indexes.for_install(lock, work / "sft-cpu-core.txt", "\n".join(carrier_lines(dist, base, python=python)))
     install(venv, core_req)
     before = snapshot(venv, tuple(base))
     reached, _ = closure(dist, root("sft-cpu"))
     full = indexes.for_install(
-        lock, work / "sft-cpu-full.txt", "\n".join(carrier_lines(dist, reached, {"ktransformers": "sft"}))
+        lock, work / "sft-cpu-full.txt", "\n".join(carrier_lines(dist, reached, {"ktransformers": "sft"}, python))
     )
     install(venv, full)
     after = snapshot(venv, tuple(base))
@@ -90,13 +92,22 @@ def sft_checks(venv: Path, tag: str) -> dict[str, Any]:
     return result
 
 
-def verify_sft(dist: Path, work: Path, *, index_url: str | None = None, behind: tuple[str, ...] = ()) -> dict[str, Any]:
-    """The sft profile as users get it: a fresh venv from the published dist/install/sft-cp3XX.txt by hash
-    (torch's CUDA build, which runs on the CPU here), then every SFT check, the training step included.
-    With `index_url`: its wheels from the index the release was published to (see install_published)."""
-    venv = fresh_venv(work / ("sft-published" if index_url else "sft"))
+def verify_sft(
+    dist: Path,
+    work: Path,
+    interpreter: Interpreter | None = None,
+    *,
+    index_url: str | None = None,
+    behind: tuple[str, ...] = (),
+) -> dict[str, Any]:
+    """The sft profile as users get it: a fresh venv of `interpreter` (default: this one) from the published
+    dist/install/sft-cp3XX.txt of its Python by hash (torch's CUDA build, which runs on the CPU here), then
+    every SFT check, the training step included. With `index_url`: its wheels from the index the release was
+    published to (see install_published)."""
+    venv = fresh_venv(work / ("sft-published" if index_url else "sft"), interpreter)
+    python = interpreter.python if interpreter else None
     t0 = time.perf_counter()
-    got, exercised = install_published(venv, dist, "sft", index_url=index_url, behind=behind)
+    got, exercised = install_published(venv, dist, "sft", python=python, index_url=index_url, behind=behind)
     install_s = time.perf_counter() - t0
     upstream = sorted(set(got) & set(owners.upstream()))
     if upstream:

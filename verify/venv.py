@@ -14,11 +14,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from packaging.tags import sys_tags
 from packaging.utils import parse_wheel_filename
 
 from base import distdir, progress
 from base.errors import StageError
+from base.interpreters import Interpreter
 from locks import indexes
 
 PROBES = Path(__file__).resolve().parent / "probes"
@@ -33,14 +33,17 @@ def probe(name: str) -> str:
     return str(PROBES / f"{name}.py")
 
 
-def carrier_lines(dist: Path, names: list[str], extras: dict[str, str] | None = None) -> list[str]:
-    """`name[extra] @ file://... --hash=sha256:...` for each carrier (dist/ opened and re-hashed once)."""
+def carrier_lines(
+    dist: Path, names: list[str], extras: dict[str, str] | None = None, python: str | None = None
+) -> list[str]:
+    """`name[extra] @ file://... --hash=sha256:...` for each carrier's wheel for CPython `python` (default:
+    this interpreter's; dist/ opened and re-hashed once)."""
     extras = extras or {}
     lines = []
-    supported = set(sys_tags())  # kt-kernel ships one wheel per Python: the one this interpreter takes
-    for w in sorted(distdir.open_release(dist).manifest.wheels, key=lambda w: w.filename):
-        name, _, _, tags = parse_wheel_filename(w.filename)
-        if name in names and supported & set(tags):
+    python = python or f"{sys.version_info.major}.{sys.version_info.minor}"
+    for w in sorted(distdir.open_release(dist).wheels_for(python), key=lambda w: w.filename):
+        name = parse_wheel_filename(w.filename)[0]
+        if name in names:
             extra = f"[{extras[name]}]" if name in extras else ""
             lines.append(f"{name}{extra} @ {(dist / w.filename).resolve().as_uri()} --hash=sha256:{w.sha256}")
     return lines
@@ -55,13 +58,19 @@ def published(dist: Path, profile: str, python: str | None = None) -> tuple[Path
 
 
 def install_published(
-    venv: Path, dist: Path, profile: str, *, index_url: str | None = None, behind: tuple[str, ...] = ()
+    venv: Path,
+    dist: Path,
+    profile: str,
+    *,
+    python: str | None = None,
+    index_url: str | None = None,
+    behind: tuple[str, ...] = (),
 ) -> tuple[dict[str, str], dict[str, str]]:
-    """The published install file of `profile`, installed by hash into `venv` exactly as a user would
-    (`pip install --require-hashes -r FILE`): the release's wheels found beside it, or, with `index_url`,
-    taken from the index the release was published to (the indexes `behind` it merged in). (What uv
-    installed, {"file", "sha256"} of the file exercised.)"""
-    path, digest = published(dist, profile)
+    """The published install file of `profile` for CPython `python` (default: this interpreter's),
+    installed by hash into `venv` exactly as a user would (`pip install --require-hashes -r FILE`): the
+    release's wheels found beside it, or, with `index_url`, taken from the index the release was published
+    to (the indexes `behind` it merged in). (What uv installed, {"file", "sha256"} of the file exercised.)"""
+    path, digest = published(dist, profile, python)
     where = f" from {index_url}" if index_url else ""
     print(f"{profile}: installing the published {path.name}{where} into {venv} (several GB) ...", flush=True)
     if index_url is None:
@@ -85,7 +94,7 @@ def pip(venv: Path, *args: str) -> subprocess.CompletedProcess[str]:
     base = [str(venv / "bin" / "python"), "-m", "pip", "--disable-pip-version-check"]
     if os.environ.get("PIP_CERT"):
         base += ["--cert", os.environ["PIP_CERT"]]
-    return progress.run_quiet([*base, *args], f"verify {venv.name}: pip {args[0]}", env=env)
+    return progress.run_quiet([*base, *args], f"verify {venv.parent.name}/{venv.name}: pip {args[0]}", env=env)
 
 
 def install(venv: Path, req: Path) -> None:
@@ -113,7 +122,9 @@ def uv_install(venv: Path, req: Path, what: str, *extra: str, locked: tuple[str,
     # env), which colours every line (a local run of the workflow found the verify job failing on that)
     cmd = [uv, "pip", "install", "--color", "never", "--python", str(venv / "bin" / "python")]
     proc = progress.run_quiet(
-        [*cmd, *locked, *extra, "-r", str(req)], f"verify {venv.name}: uv pip install", env=clean_env()
+        [*cmd, *locked, *extra, "-r", str(req)],
+        f"verify {venv.parent.name}/{venv.name}: uv pip install",
+        env=clean_env(),
     )
     if proc.returncode != 0:
         raise VerifyError(f"installing {what} into {venv} failed:\n{proc.stderr[-3000:]}")
@@ -129,10 +140,18 @@ def uv_installed(out: str) -> dict[str, str]:
     return found
 
 
-def fresh_venv(venv: Path) -> Path:
-    """An empty venv (with pip, as `python -m venv` makes it) at `venv`, replacing what was there."""
+def fresh_venv(venv: Path, interpreter: Interpreter | None = None) -> Path:
+    """An empty venv (with pip, as `python -m venv` makes it) at `venv`, replacing what was there, made by
+    `interpreter` (default: the one running this). A venv that cannot be made is a VerifyError naming
+    the interpreter and what it said."""
     shutil.rmtree(venv, ignore_errors=True)
-    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    exe = interpreter.path if interpreter is not None else sys.executable
+    made = subprocess.run([exe, "-m", "venv", str(venv)], capture_output=True, text=True, check=False)
+    if made.returncode != 0:
+        raise VerifyError(
+            f"{exe} -m venv {venv} failed (exit {made.returncode}): {made.stderr.strip()[-1500:]}; give a working "
+            "interpreter with --interpreter 3.N=PATH, or repair this one's venv support"
+        )
     return venv
 
 

@@ -24,14 +24,16 @@ def _plan(event: str, ref: str = "refs/heads/main", **inputs: str) -> dict[str, 
 def test_the_release_workflow_plan_per_event() -> None:
     tag = _plan("push", "refs/tags/v0.6.1")
     assert list(tag)[:3] == ["preflight", "kernel", "carriers"]  # dependency order
-    assert sorted(list(tag)[3:5]) == ["audit", "verify"]
+    assert sorted(list(tag)[3:7]) == ["audit", "verify (3.11)", "verify (3.12)", "verify (3.13)"]
+    assert list(tag)[7] == "verdict"  # every Python's evidence judged once, on every event
     assert tag["publish-pypi"] == "success"
     assert tag["publish-testpypi"] == "skipped"
     test = _plan("workflow_dispatch", target="testpypi")
     assert (test["publish-testpypi"], test["publish-pypi"]) == ("success", "skipped")
     pr = _plan("pull_request")
     assert (pr["publish-testpypi"], pr["publish-pypi"]) == ("skipped", "skipped")
-    assert pr["verify"] == "success"
+    assert [pr[f"verify ({v})"] for v in ("3.11", "3.12", "3.13")] == ["success"] * 3
+    assert pr["verdict"] == "success"
     default = _plan("workflow_dispatch")  # target defaults to build-only
     assert (default["publish-testpypi"], default["publish-pypi"]) == ("skipped", "skipped")
 

@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from base.interpreters import current
 from carriers import load
 from carriers.assemble import assemble
 from verify import lf as verify_lf
@@ -32,7 +33,7 @@ def lf_dist(tmp_path_factory: pytest.TempPathFactory, kt_wheel: Path) -> Path:
 
 
 def test_standard_profile_is_upstream_and_refuses_use_kt(lf_dist: Path, tmp_path: Path) -> None:
-    r = verify_lf.verify_standard(lf_dist, tmp_path)
+    r = verify_lf.verify_standard(lf_dist, tmp_path, current())
     assert {k: [o["name"] for o in v] for k, v in r["owners"].items()} == {p: [p] for p in verify_lf.STANDARD_PACKAGES}
     assert r["control"]["kt_blocks"] == 0
     assert r["control"]["resume_diffs"] == []
@@ -40,7 +41,7 @@ def test_standard_profile_is_upstream_and_refuses_use_kt(lf_dist: Path, tmp_path
 
 
 def test_kt_profile_owns_every_package_and_dispatches_only_when_configured(lf_dist: Path, tmp_path: Path) -> None:
-    r = verify_lf.verify_kt(lf_dist, tmp_path)
+    r = verify_lf.verify_kt(lf_dist, tmp_path, current())
     assert {k: len(v) for k, v in r["owners"].items()} == dict.fromkeys(verify_lf.KT_PACKAGES, 1)
     assert r["owners"]["llamafactory"] == ["llamafactory-kt 0.9.5.post1"]
     assert r["control_kt"]["kt_blocks"] == r["control_kt"]["blocks"] > 0  # use_kt: every MoE block
@@ -55,7 +56,7 @@ def test_kt_profile_owns_every_package_and_dispatches_only_when_configured(lf_di
 
 
 def test_standard_environment_upgrades_to_kt_through_kt_doctor(lf_dist: Path, tmp_path: Path) -> None:
-    r = verify_lf.verify_upgrade(lf_dist, tmp_path)
+    r = verify_lf.verify_upgrade(lf_dist, tmp_path, current())
     assert r["conflicts_reported"] == sorted(verify_lf.STANDARD_PACKAGES)
     assert r["torch"]["before"] == r["torch"]["after"]
     assert all(len(v) == 1 and "-kt " in v[0] for k, v in r["owners"].items() if k != "sgl_kernel")

@@ -423,13 +423,14 @@ def test_normal_resolution_from_an_index_serving_the_release_matches_the_install
     fallback) installs the forks only, the release's own kt-kernel (PyPI has another 0.6.1), and exactly
     the versions of dist/install/sft-cp311.txt. The serve and lf-kt profiles and the other Pythons are
     checked by verify_install (minutes each)."""
+    from base.interpreters import current
     from locks.read import directive
     from verify.resolution import check, index
 
     dist, _ = release
     roots = directive(ROOT / "lockfiles" / "sft.in", "carriers")
     with index(dist) as url:
-        result = check(dist, "sft", "3.11", roots, url)
+        result = check(dist, "sft", "3.11", roots, url, current())  # pip run by this very interpreter
     assert result.problems == []
     assert result.installed["kt-kernel"] == "0.6.1"
     assert "transformers-kt" in result.installed

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from base import distdir
+from base.interpreters import current
 from carriers import load
 from carriers.assemble import assemble
 from carriers.model import ALIAS_DIR
@@ -81,7 +82,7 @@ def test_sft_cpu_profile_end_to_end(tmp_path: Path, kt_wheel: Path) -> None:
     peft-kt/trl-kt leaves the core untouched; 3+3 steps equal 6, bit for bit."""
     dist = tmp_path / "dist"
     assemble(load(), kt_wheel, dist)
-    result = sft.verify_sft_cpu(dist, tmp_path / "work")
+    result = sft.verify_sft_cpu(dist, tmp_path / "work", current())
     assert result["forks"] == {
         "transformers": "transformers-kt",
         "accelerate": "accelerate-kt",

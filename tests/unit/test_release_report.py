@@ -11,23 +11,37 @@ from pathlib import Path
 
 import pytest
 
-from base import distdir, stagecache
+from base import distdir, evidence, stagecache
 from release import report as release_report
 from tests import distkit
 
 
 @pytest.fixture(autouse=True)
 def _hermetic(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The report's other inputs (stage records, resolution, interpreters, the kernel stamp) from tmp_path."""
-    for name in ("STAGE_CACHE", "VERIFY_RESOLUTION_JSON", "VERIFY_INTERPRETERS_JSON", "KERNEL_OUT", "TIMINGS"):
+    """The report's other inputs (stage records, the kernel stamp, timings) from tmp_path."""
+    for name in ("STAGE_CACHE", "KERNEL_OUT", "TIMINGS"):
         monkeypatch.setattr(release_report, name, tmp_path / "build" / name.lower())
-    monkeypatch.setattr(release_report, "VERIFY_JSON", tmp_path / "build" / "verify.json")
 
 
-def _results(dist: Path, results: dict[str, dict[str, object]]) -> str:
-    """verify.json's text: each result obtained on exactly these wheels (their key)."""
+INTERPRETER = {"interpreter": {"version": "3.11.9", "source": "PATH", "path": "/usr/bin/python3.11", "root": ""}}
+
+
+def _results(
+    dist: Path,
+    evidence_dir: Path,
+    results: dict[str, dict[str, object]],
+    resolution: dict[str, dict[str, object]] | None = None,
+    python: str = "3.11",
+) -> Path:
+    """CPython `python`'s evidence (base.evidence) in `evidence_dir`: each result obtained on exactly these
+    wheels (their key), and the interpreter it ran on."""
     key = distdir.key(dist)
-    return json.dumps({name: {**r, "dist_sha256": key} for name, r in results.items()})
+    evidence.update(python, build=evidence_dir, interpreter=INTERPRETER)
+    for name, r in results.items():
+        evidence.update(python, build=evidence_dir, section="profiles", name=name, result={"dist_sha256": key, **r})
+    for name, r in (resolution or {}).items():
+        evidence.update(python, build=evidence_dir, section="resolution", name=name, result={"dist_sha256": key, **r})
+    return evidence_dir
 
 
 KT = "kt_kernel-0.6.1-cp311-cp311-manylinux_2_34_x86_64.whl"
@@ -53,7 +67,7 @@ def _candidate(tmp_path: Path, *, audit_passed: bool | None) -> Path:
         dist,
         {KT: (dist / KT).read_bytes(), TF: b"tf"},
         records={TF: {"kind": "fork"}},
-        pythons=(),
+        pythons=("3.11",),
         torch="==2.14.1",
         kt_version="0.6.1",
         payload=payload,
@@ -77,32 +91,36 @@ ACCEPT_ALL = "--accept=*=a unit test of the report's text, not of the verdict"
 
 
 def _complete(dist: Path, tmp_path: Path, sft: dict[str, object]) -> Path:
-    """Every check's evidence for these wheels: each verification profile, the other interpreters (no
-    Python in the manifest: no resolution expected), the vulnerability check; verify.json's path."""
+    """Every check's evidence for these wheels: each verification profile on the one Python of the manifest,
+    its normal resolutions, the vulnerability check; the evidence folder."""
+    from locks.read import install_profiles
     from verify.registry import VENV
 
-    verify = tmp_path / "verify.json"
-    verify.write_text(_results(dist, {p: sft if p == "sft-cpu" else {} for p in VENV}))
-    interpreters = tmp_path / "build" / "verify_interpreters_json"
-    interpreters.parent.mkdir(parents=True, exist_ok=True)
-    interpreters.write_text(_results(dist, {"3.13": {"python": "3.13.5"}}))
+    ok = {"problems": [], "not_verified": "", "ok": True}
+    where = _results(
+        dist,
+        tmp_path / "evidence",
+        {p: sft if p == "sft-cpu" else {} for p in VENV},
+        dict.fromkeys(install_profiles(), ok),
+    )
     (dist / "vulnerabilities.json").write_text(json.dumps({"asked": 3, "found": [], "waived": [], "not_checked": {}}))
-    return verify
+    return where
 
 
 def test_a_passing_candidate(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     dist = _candidate(tmp_path, audit_passed=True)
     verify = _complete(dist, tmp_path, {"install_s": 41.0, "elapsed_s": 90.2})
-    assert release_report.main(["--dist", str(dist), "--verify", str(verify)]) == 0
+    assert release_report.main(["--dist", str(dist), "--evidence", str(verify)]) == 0
     out = capsys.readouterr().out
-    assert "release verdict: PASSED (11 of 11 checks passed)" in out
+    assert "release verdict: PASSED (14 of 14 checks passed)" in out
     judged = json.loads((dist / "manifest.json").read_text())["release"]
     assert judged["verdict"] == "PASSED"
     assert judged["publishable"] is True
     assert judged["dist_sha256"] == distdir.key(dist)  # the verdict is no input of any stage key
     assert "KT release 0.6.1  (torch ==2.14.1)" in out
     assert "audit: PASSED (0 findings, 1.5s)" in out
-    assert "verify_install sft-cpu: ok (install_s=41.0, elapsed_s=90.2)" in out
+    assert "verify_install sft-cpu-cp311: ok (install_s=41.0, elapsed_s=90.2)" in out
+    assert "CPython 3.11: CPython 3.11.9 from PATH (/usr/bin/python3.11); resolve: 3 of 3 install profiles" in out
     assert "CUDA payload: 7 files, 1148 MiB -> 170.0 MiB zstd in 2 parts (MiB: kt-kernel 44.0, x 6.0)" in out
     md = (dist / "release-report.md").read_text()
     digests = {w.filename: w.sha256[:16] for w in distdir.open_release(dist).manifest.wheels}
@@ -128,7 +146,7 @@ def test_a_failed_audit_exits_1_and_a_missing_one_2(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], passed: bool | None, status: int
 ) -> None:
     dist = _candidate(tmp_path, audit_passed=passed)
-    assert release_report.main(["--dist", str(dist), "--verify", str(tmp_path / "none.json")]) == status
+    assert release_report.main(["--dist", str(dist), "--evidence", str(tmp_path / "none")]) == status
     out = capsys.readouterr().out
     assert ("release verdict: FAILED" if passed is False else "release verdict: INCOMPLETE") in out
     assert "audit: FAILED or missing" in out
@@ -151,7 +169,8 @@ def test_the_stage_timing_table_of_this_release_run(tmp_path: Path, capsys: pyte
     (timings / ".release-start").write_text("1000.0\n")
     (timings / "build_all.json").write_text(json.dumps({"start": 1001.0, "seconds": 70.5}))
     (timings / "audit.json").write_text(json.dumps({"start": 900.0, "seconds": 17.0}))  # an earlier run: left out
-    assert release_report.main(["--dist", str(dist), "--timings", str(timings), ACCEPT_ALL]) == 0
+    argv = ["--dist", str(dist), "--timings", str(timings), "--evidence", str(tmp_path / "no"), ACCEPT_ALL]
+    assert release_report.main(argv) == 0
     out = capsys.readouterr().out
     assert "this release's stages:" in out
     assert "build_all" in out
@@ -171,7 +190,6 @@ def test_a_partial_development_release_is_labelled_and_a_full_one_lists_its_pyth
 
 def test_the_serving_checks_and_kt_doctor_run_are_shown(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     dist = _candidate(tmp_path, audit_passed=True)
-    verify = tmp_path / "verify.json"
     doctor = {
         "checks": {"cpu": "ok", "payload": "ok", "needed": "ok", "gpu": "skipped: no CUDA device"},
         "seconds": 8.1,
@@ -182,14 +200,15 @@ def test_the_serving_checks_and_kt_doctor_run_are_shown(tmp_path: Path, capsys: 
         "json_schema": {"accepted": 1, "rejected": 3, "strict_thinking": "ok"},
         "doctor": {**doctor, "deep_seconds": 9.0},
     }
-    verify.write_text(_results(dist, {"sft-cpu": {"doctor_run": doctor}, "serve": serve}))
-    assert release_report.main(["--dist", str(dist), "--verify", str(verify), ACCEPT_ALL]) == 0
+    verify = _results(dist, tmp_path / "ev", {"sft-cpu": {"doctor_run": doctor}, "serve": serve})
+    assert release_report.main(["--dist", str(dist), "--evidence", str(verify), ACCEPT_ALL]) == 0
     out = capsys.readouterr().out
     line = "kt-doctor --run: cpu ok, payload ok, needed ok, gpu skipped: no CUDA device (8.1 s"
     assert f"{line})" in out  # sft-cpu
     assert f"{line}, --deep 9.0 s)" in out  # serve
     assert (
-        "serving on CPU: a Kimi-style tokenizer through SGLang's get_tokenizer equals tiktoken (892 ids, 15 texts, "
+        "serving on CPU (cp311): a Kimi-style tokenizer through SGLang's get_tokenizer equals tiktoken "
+        "(892 ids, 15 texts, "
         "256 special tokens); JSON-schema grammar: 1 valid accepted, 3 invalid rejected, strict thinking ok"
     ) in out
     page = (dist / "release-report.html").read_text()
@@ -215,31 +234,34 @@ def test_results_on_other_wheels_are_not_shown_as_this_builds(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     dist = _candidate(tmp_path, audit_passed=True)
-    verify = tmp_path / "verify.json"
-    results = json.loads(_results(dist, {"sft-cpu": {"install_s": 41.0}, "serve": {"install_s": 60.0}}))
+    verify = _results(dist, tmp_path / "ev", {"sft-cpu": {"install_s": 41.0}, "serve": {"install_s": 60.0}})
+    file = evidence.path("3.11", verify)
+    data = json.loads(file.read_text())
+    results = data["profiles"]
     results["serve"].update(dist_sha256="0" * 64, produced="2026-11-30 10:00:00 UTC")  # an earlier dist/
     results["sft-cpu"].update(outcome="reused", produced="2026-12-01 09:00:00 UTC")
     results["lf-kt"] = {"install_s": 3.0}  # from before results carried a key
     results["lf-standard"] = {"install_s": 2.0, "dist_sha256": "1" * 64, "installs_from_dist": False}
-    verify.write_text(json.dumps(results))
-    assert release_report.main(["--dist", str(dist), "--verify", str(verify)]) == 2  # INCOMPLETE
+    file.write_text(json.dumps(data))
+    assert release_report.main(["--dist", str(dist), "--evidence", str(verify)]) == 2  # INCOMPLETE
     out = capsys.readouterr().out
     missing = {i["item"]: i["detail"] for i in json.loads((dist / "manifest.json").read_text())["release"]["missing"]}
-    assert missing["verify:serve"].startswith("not verified for this build (obtained on other wheels")
-    assert "verify:sft-cpu" not in missing  # reused, on these wheels
-    assert "verify_install sft-cpu: ok (install_s=41.0), reused: produced 2026-12-01 09:00:00 UTC" in out
+    assert missing["verify:serve-cp311"].startswith("not verified for this build (obtained on other wheels")
+    assert "verify:sft-cpu-cp311" not in missing  # reused, on these wheels
+    assert "verify_install sft-cpu-cp311: ok (install_s=41.0), reused: produced 2026-12-01 09:00:00 UTC" in out
     assert (
-        "verify_install serve: not verified for this build (obtained on other wheels, produced 2026-11-30 10:00:00 UTC)"
+        "verify_install serve-cp311: not verified for this build (obtained on other wheels, produced 2026-11-30 "
+        "10:00:00 UTC)"
     ) in out
-    assert "verify_install lf-kt: not verified for this build (obtained on other wheels)" in out
-    assert "verify_install serve: ok" not in out
-    assert "verify_install lf-standard: ok (install_s=2.0)" in out  # upstream only: holds for any build
+    assert "verify_install lf-kt-cp311: not verified for this build (obtained on other wheels)" in out
+    assert "verify_install serve-cp311: ok" not in out
+    assert "verify_install lf-standard-cp311: ok (install_s=2.0)" in out  # upstream only: holds for any build
     (dist / TF).write_bytes(b"changed")  # dist/ no longer matches SHA256SUMS: nothing is this build's
-    assert release_report.main(["--dist", str(dist), "--verify", str(verify)]) == 1  # FAILED
+    assert release_report.main(["--dist", str(dist), "--evidence", str(verify)]) == 1  # FAILED
     out = capsys.readouterr().out
     assert "FAILED dist: dist/ does not match its SHA256SUMS" in out
     assert "dist/ does not match its SHA256SUMS" in out
-    assert "verify_install sft-cpu: not verified for this build" in out
+    assert "verify_install sft-cpu-cp311: not verified for this build" in out
 
 
 def test_an_audit_of_other_wheels_is_not_this_builds(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -247,7 +269,7 @@ def test_an_audit_of_other_wheels_is_not_this_builds(tmp_path: Path, capsys: pyt
     audit = json.loads((dist / "audit-report.json").read_text())
     audit["wheels"][1]["sha256"] = "c" * 64
     (dist / "audit-report.json").write_text(json.dumps(audit))
-    assert release_report.main(["--dist", str(dist)]) == 2  # the audit of these wheels is missing
+    assert release_report.main(["--dist", str(dist), "--evidence", str(tmp_path / "no")]) == 2  # no audit of these
     out = capsys.readouterr().out
     assert "missing audit: no audit of these wheels" in out
     assert "audit: the report in dist/ judged other wheels than these; run nox -s audit" in out
@@ -264,7 +286,7 @@ def test_each_stage_says_ran_or_reused(tmp_path: Path, capsys: pytest.CaptureFix
     kernel = tmp_path / "kernel"
     kernel.mkdir()
     (kernel / release_report.KERNEL_STAMP).write_text(f"{'d' * 64} kt_kernel-0.6.1.whl {'e' * 64}\n")
-    argv = ["--dist", str(dist), "--stages", str(cache), "--kernel-out", str(kernel)]
+    argv = ["--dist", str(dist), "--stages", str(cache), "--kernel-out", str(kernel), "--evidence", str(tmp_path)]
     release_report.main(argv)
     out = capsys.readouterr().out.split("stages:")[1].split("report:")[0]
     assert "kt-kernel: reused (key dddddddddddddddd" in out
@@ -282,11 +304,11 @@ def test_the_vulnerability_check_is_shown_and_unchecked_is_never_a_pass(
     waived = {"package": "numpy", "id": "PYSEC-1", "expires": "2027-01-01"}
     data = {"asked": 272, "found": [found], "waived": [waived], "not_checked": {"accelerate==1.15.0": "not found"}}
     (dist / "vulnerabilities.json").write_text(json.dumps(data))
-    release_report.main(["--dist", str(dist)])
+    release_report.main(["--dist", str(dist), "--evidence", str(tmp_path / "none")])
     assert (
         "vulnerabilities: 1 found, 1 waived, in 272 pinned distributions; urllib3 2.5.0 GHSA-aaaa; waived numpy "
         "PYSEC-1 until 2027-01-01; NOT CHECKED: 1 (the index gave no vulnerability data for them)"
     ) in capsys.readouterr().out
     (dist / "vulnerabilities.json").write_text(json.dumps({"not_checked": "--no-vulnerabilities"}))
-    release_report.main(["--dist", str(dist)])
+    release_report.main(["--dist", str(dist), "--evidence", str(tmp_path / "none")])
     assert "vulnerabilities: NOT CHECKED (--no-vulnerabilities)" in capsys.readouterr().out

@@ -63,7 +63,7 @@ def test_an_sdist_only_package_on_a_python_not_run_here_is_not_verified_not_pass
 
     install = {"install/serve-cp313.txt": "--only-binary :all:\n--no-binary outlines-core\n" + INSTALL}
     distkit.make_release(tmp_path, {"ktransformers-0.6.1-py3-none-any.whl": b"k"}, install, pythons=("3.13",))
-    result = check(tmp_path, "serve", "3.13", ["ktransformers[serve]"], "http://127.0.0.1:9/unreachable/")
+    result = check(tmp_path, "serve", "3.13", ["ktransformers[serve]"], "http://127.0.0.1:9/unreachable/", None)
     assert "outlines-core has only an sdist for CPython 3.13" in result.not_verified
     assert result.as_dict()["ok"] is False
     assert result.problems == []

@@ -3,48 +3,36 @@ error naming the fix, never a traceback, and (where the machine lacks a tool) NO
 
 from __future__ import annotations
 
-import json
-from collections.abc import Callable
+import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from base import evidence
+from base.interpreters import Found, Interpreter
 from carriers import __main__ as carriers_cli
 from tests import distkit
-from verify import interpreters, resolution
+from verify import debian, resolution
 
 
-def test_no_debootstrap_is_not_verified_with_the_fix(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
-) -> None:
+def test_no_debootstrap_is_not_verified_with_the_fix(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr("shutil.which", lambda name: None)
     monkeypatch.setattr("os.geteuid", lambda: 0)
-    out = tmp_path / "r.json"
-    distkit.make_release(tmp_path, {})  # a dist/ of nothing: the verdict is about the machine
-    assert interpreters.main(["--dist", str(tmp_path), "--cache", str(tmp_path / "cache"), "--json", str(out)]) == 0
-    assert "NOT VERIFIED: debootstrap is not installed: apt-get install debootstrap" in capsys.readouterr().out
-    recorded = json.loads(out.read_text())
-    assert list(recorded) == ["3.13"]
-    # no result, no pass: only why, and the key of the dist/ it was asked about
-    assert sorted(recorded["3.13"]) == ["dist_sha256", "installs_from_dist", "not_verified", "outcome", "produced"]
-    assert "apt-get install debootstrap" in recorded["3.13"]["not_verified"]
+    with pytest.raises(debian.Unavailable, match="apt-get install debootstrap"):
+        debian.make_root("3.13", tmp_path / "cache")
+    assert not (tmp_path / "cache" / "debian-trixie").exists()
 
 
-def test_not_root_is_not_verified_even_with_a_root_already_made(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    (tmp_path / "cache" / "debian-trixie" / "usr" / "bin").mkdir(parents=True)
-    (tmp_path / "cache" / "debian-trixie" / "usr" / "bin" / "python3.13").write_text("")
+def test_not_root_cannot_make_a_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr("os.geteuid", lambda: 1000)
-    with pytest.raises(interpreters.Unavailable, match="need root"):
-        interpreters.debian_root("3.13", tmp_path / "cache")
+    with pytest.raises(debian.Unavailable, match="need root"):
+        debian.make_root("3.13", tmp_path / "cache")
 
 
-def test_a_python_without_a_known_suite_is_an_error_not_unavailable(tmp_path: Path) -> None:
-    with pytest.raises(interpreters.InterpreterError, match=r"no Debian suite known for CPython 3\.12") as exc:
-        interpreters.debian_root("3.12", tmp_path)
-    assert not isinstance(exc.value, interpreters.Unavailable)
+def test_a_python_no_debian_suite_ships_is_unavailable_there(tmp_path: Path) -> None:
+    with pytest.raises(debian.Unavailable, match=r"no Debian suite ships CPython 3\.12"):
+        debian.make_root("3.12", tmp_path)
 
 
 def test_resolution_of_a_directory_that_is_no_release_names_the_fix(
@@ -98,15 +86,16 @@ def test_resolution_over_a_corrupt_manifest_is_an_error_not_a_traceback(
     assert "error:" in capsys.readouterr().err
 
 
-def test_the_cp313_result_is_keyed_by_the_debian_root_s_package_list(tmp_path: Path) -> None:
-    assert interpreters.package_list("3.13", tmp_path) == "absent"
-    status = tmp_path / "debian-trixie" / "var" / "lib" / "dpkg" / "status"
+def test_a_result_in_a_debian_root_is_keyed_by_the_root_s_package_list(tmp_path: Path) -> None:
+    root = tmp_path / "debian-trixie"
+    assert debian.package_list(root) == "absent"
+    status = root / "var" / "lib" / "dpkg" / "status"
     status.parent.mkdir(parents=True)
     status.write_text("Package: python3.13\nVersion: 3.13.5-2\n\nPackage: libc6\nVersion: 2.41-12\n")
-    first = interpreters.package_list("3.13", tmp_path)
+    first = debian.package_list(root)
     assert first == "libc6=2.41-12\npython3.13=3.13.5-2"
     status.write_text(status.read_text().replace("3.13.5-2", "3.13.7-1"))
-    assert interpreters.package_list("3.13", tmp_path) != first
+    assert debian.package_list(root) != first
 
 
 def test_the_published_file_s_third_party_pins_leave_the_release_s_own_wheels_out(tmp_path: Path) -> None:
@@ -118,31 +107,34 @@ def test_the_published_file_s_third_party_pins_leave_the_release_s_own_wheels_ou
         "numpy==2.4.0 \\\n    --hash=sha256:" + "d" * 64 + " \\\n    --hash=sha256:" + "e" * 64 + "\n"
     )
     (tmp_path / "sft-cp313.txt").write_text(text)
-    out = interpreters._third_party(tmp_path / "sft-cp313.txt", {"kt-kernel", "transformers-kt"})
+    out = debian._third_party(tmp_path / "sft-cp313.txt", {"kt-kernel", "transformers-kt"})
     assert out.splitlines()[0] == "torch==2.15.0 \\"
     assert "kt-kernel" not in out
     assert "Transformers_KT" not in out
     assert out.count("--hash=sha256:") == 3  # numpy keeps both of its hashes
 
 
-def test_a_python_without_an_interpreter_here_is_resolved_simulated_and_says_so(
+def test_a_python_without_an_interpreter_is_resolved_simulated_and_never_passes(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from base import paths
-
-    monkeypatch.setattr(paths, "CACHE", tmp_path)
-    assert resolution.how(resolution.HERE) == f"CPython {resolution.HERE}, this interpreter"
-    simulated = resolution.how("3.13")
+    """With no interpreter of that Python the resolution is simulated and says so; finding nothing wrong
+    proves nothing (NOT VERIFIED); with one, it says which interpreter ran it."""
+    simulated = resolution.how("3.13", None)
     assert simulated.startswith("simulated: pip --python-version 3.13")
     assert "environment markers are" in simulated
-    (tmp_path / "debian-trixie" / "usr" / "bin").mkdir(parents=True)
-    (tmp_path / "debian-trixie" / "usr" / "bin" / "python3.13").write_text("")
-    monkeypatch.setattr("os.geteuid", lambda: 0)
-    monkeypatch.setattr("shutil.which", lambda name: f"/usr/sbin/{name}")
-    assert resolution.interpreter_root("3.13") == tmp_path / "debian-trixie"
-    assert resolution.how("3.13").startswith("CPython 3.13 in debian-trixie (packages ")
-    monkeypatch.setattr("os.geteuid", lambda: 1000)  # no chroot without root: simulated again
-    assert resolution.interpreter_root("3.13") is None
+    real = Interpreter("3.13", "/opt/py/bin/python3.13", "3.13.2", "pyenv", "pyenv /opt/py")
+    assert resolution.how("3.13", real) == "CPython 3.13.2 (pyenv: /opt/py/bin/python3.13)"
+    pin = "numpy==2.3.5 \\\n    --hash=sha256:" + "a" * 64 + "\n"
+    distkit.make_release(tmp_path, {}, {"install/sft-cp313.txt": pin}, pythons=("3.11", "3.13"))
+    monkeypatch.setattr(resolution, "resolve", lambda *a, **k: {"numpy": ("2.3.5", "https://x/numpy.whl")})
+    r = resolution.check(tmp_path, "sft", "3.13", [], "http://127.0.0.1:9/simple/", None)
+    assert r.simulated
+    assert not r.problems
+    assert r.not_verified.startswith("simulated (no CPython 3.13 interpreter here)")
+    r = resolution.check(tmp_path, "sft", "3.13", [], "http://127.0.0.1:9/simple/", real)
+    assert not r.simulated
+    assert not r.not_verified
+    assert r.as_dict()["ok"]
 
 
 def test_the_root_trusts_the_ca_bundle_this_machine_s_pip_trusts(
@@ -157,74 +149,101 @@ def test_the_root_trusts_the_ca_bundle_this_machine_s_pip_trusts(
 
 
 def test_one_registry_lists_every_verification_profile() -> None:
-    """verify/registry.py: the venv profiles are the ones verify runs, the interpreters' the Debian suites."""
+    """verify/registry.py: the venv profiles are the ones verify runs; the published ones run on every
+    Python of the matrix, the others on the Python the CPU locks are made for."""
+    from locks.read import PYTHON_VERSION
     from verify import __main__ as verify_cli
     from verify import registry
 
     assert list(verify_cli.RUN) == list(registry.VENV)
-    assert interpreters.SUITES == registry.SUITES
-    assert [p.name for p in registry.PROFILES if p.runs == "interpreters"] == ["cp313"]
+    assert registry.PUBLISHED == ("sft", "serve", "lf-kt")
     assert sorted(registry.UPSTREAM_ONLY) == ["lf-standard"]
+    matrix = ["3.11", "3.12", "3.13"]
+    runs = registry.venv_runs(matrix)
+    assert runs[:6] == [(p, PYTHON_VERSION) for p in registry.VENV]
+    assert runs[6:] == [(p, v) for v in ("3.12", "3.13") for p in ("sft", "serve", "lf-kt")]
+    assert registry.venv_runs(["3.12"]) == [("sft", "3.12"), ("serve", "3.12"), ("lf-kt", "3.12")]
+    assert registry.run_name("lf-kt", "3.13") == "lf-kt-cp313"
 
 
-def test_verify_install_dispatches_each_profile_to_its_entry_point(
+def _release(tmp_path: Path) -> Path:
+    dist = tmp_path / "dist"
+    distkit.make_release(dist, {}, pythons=("3.11", "3.12"))
+    return dist
+
+
+def test_every_run_goes_into_its_python_s_evidence_and_a_failure_stops_nothing(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from verify import __main__ as verify_cli
-
-    ran: list[tuple[str, list[str]]] = []
-
-    def stand_in(kind: str, status: int) -> Callable[..., int]:
-        def run(*args: Any) -> int:
-            ran.append((kind, args[-1]))
-            return status
-
-        return run
-
-    monkeypatch.setattr(verify_cli, "run_venv", stand_in("venv", 0))
-    monkeypatch.setattr(interpreters, "main", stand_in("interpreters", 2))
-    monkeypatch.setattr(resolution, "main", stand_in("resolution", 0))
-    dist = ["--dist", str(tmp_path)]
-    assert verify_cli.main(dist) == 2  # one part could not check: not a pass, not a failure
-    assert [k for k, _ in ran] == ["venv", "interpreters", "resolution"]
-    assert ran[0][1] == ["sft-cpu", "sft", "serve", "lf-standard", "lf-kt", "lf-upgrade"]
-    assert "--python=3.13" in ran[1][1]
-    ran.clear()
-    assert verify_cli.main([*dist, "--index", "http://127.0.0.1:9/simple/", "--python", "3.12"]) == 0
-    ((kind, argv),) = ran
-    assert kind == "resolution"
-    assert argv[argv.index("--index") + 1] == "http://127.0.0.1:9/simple/"
-    assert "--python=3.12" in argv
-    for wrong in (["--index", "http://x/", "--profile", "sft"], ["--python", "3.12", "--profile", "sft"]):
-        with pytest.raises(SystemExit):
-            verify_cli.main([*dist, *wrong])
-        assert "goes with --profile resolve" in capsys.readouterr().err
-
-
-def test_a_failing_venv_profile_does_not_stop_the_others(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
-) -> None:
-    """Each venv profile runs even when one before it failed; the failure is named, its earlier success is
-    dropped from the results, the others are recorded, and the exit status is the failure's."""
+    """Each venv run happens even when another failed; the failure is recorded as such (never as a pass,
+    never left out), each success with the interpreter it ran on; the exit status is 1."""
     from verify import __main__ as verify_cli
     from verify.venv import VerifyError
 
-    def sft(dist: Path, work: Path) -> dict[str, Any]:
-        raise VerifyError("the sft profile's probe failed")
+    here = Interpreter("3.11", sys.executable, "3.11.9", "PATH", "python3.11 on PATH")
+    other = Interpreter("3.12", "/opt/python3.12", "3.12.7", "pyenv", "pyenv /opt")
+    monkeypatch.setattr(
+        "base.interpreters.find", lambda python, given=None, **_: Found(python, here if python == "3.11" else other)
+    )
+
+    def sft(dist: Path, work: Path, interpreter: Interpreter) -> dict[str, Any]:
+        if interpreter.python == "3.12":
+            raise VerifyError("the sft profile's probe failed")
+        return {"python": interpreter.python}
 
     monkeypatch.setitem(verify_cli.RUN, "sft", sft)
-    monkeypatch.setitem(verify_cli.RUN, "serve", lambda dist, work: {"served": True})
-    distkit.make_release(tmp_path / "dist", {})
-    out = tmp_path / "verify.json"
-    out.write_text(json.dumps({"sft": {"stale": "an earlier success"}}))
-    argv = ["--dist", str(tmp_path / "dist"), "--json", str(out), "--work", str(tmp_path / "w"), "--fresh"]
-    assert verify_cli.main([*argv, "--profile", "sft", "--profile", "serve"]) == 1
-    err = capsys.readouterr().err
-    assert "error: sft: the sft profile's probe failed" in err
-    assert "1 of 2 venv profiles failed: sft" in err
-    recorded = json.loads(out.read_text())
-    assert "sft" not in recorded
-    assert recorded["serve"]["served"] is True
+    monkeypatch.setitem(verify_cli.RUN, "serve", lambda dist, work, interpreter: {"served": interpreter.python})
+    dist = _release(tmp_path)
+    argv = ["--dist", str(dist), "--evidence", str(tmp_path / "build"), "--work", str(tmp_path / "w"), "--fresh"]
+    assert verify_cli.main([*argv, "--profile", "sft", "--profile", "serve", "--jobs", "2"]) == 1
+    assert "error: sft-cp312: the sft profile's probe failed" in capsys.readouterr().err
+    got = evidence.load_all(tmp_path / "build")
+    assert sorted(got) == ["3.11", "3.12"]
+    assert got["3.12"]["profiles"]["sft"]["error"] == "the sft profile's probe failed"
+    assert got["3.12"]["profiles"]["serve"]["served"] == "3.12"
+    assert got["3.12"]["profiles"]["serve"]["interpreter"]["version"] == "3.12.7"
+    assert got["3.11"]["profiles"]["sft"]["python"] == "3.11"
+    assert got["3.12"]["interpreter"]["interpreter"]["source"] == "pyenv"
+    key = distdir_key(dist)
+    assert {r["dist_sha256"] for d in got.values() for r in d["profiles"].values()} == {key}
+
+
+def distdir_key(dist: Path) -> str:
+    from base import distdir
+
+    return distdir.key(dist)
+
+
+def test_a_python_without_an_interpreter_is_not_verified_never_skipped(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from verify import __main__ as verify_cli
+
+    none = Found("3.12", None, (), ("PATH: 0 python3.12",))
+    monkeypatch.setattr("base.interpreters.find", lambda python, given=None, **_: none)
+    monkeypatch.setitem(verify_cli.RUN, "sft", lambda *a: pytest.fail("ran without an interpreter"))
+    dist = _release(tmp_path)
+    argv = ["--dist", str(dist), "--evidence", str(tmp_path / "b"), "--work", str(tmp_path / "w"), "--fresh"]
+    assert verify_cli.main([*argv, "--profile", "sft", "--python", "3.12"]) == 2
+    assert "CPython 3.12: NOT VERIFIED: no CPython 3.12 interpreter (PATH: 0 python3.12" in capsys.readouterr().out
+    recorded = evidence.load_all(tmp_path / "b")["3.12"]
+    assert recorded["profiles"]["sft"]["not_verified"].startswith("no CPython 3.12 interpreter")
+    assert recorded["interpreter"]["interpreter"] is None
+
+
+def test_a_python_outside_the_release_and_a_bad_interpreter_value_are_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from verify import __main__ as verify_cli
+
+    dist = _release(tmp_path)
+    assert verify_cli.main(["--dist", str(dist), "--python", "3.14"]) == 2
+    assert "--python 3.14: not a Python of this release (3.11, 3.12" in capsys.readouterr().err
+    assert verify_cli.main(["--dist", str(dist), "--interpreter", "python3.12"]) == 2
+    assert "e.g. --interpreter 3.12=/usr/bin/python3.12" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        verify_cli.main(["--dist", str(dist), "--index", "http://x/", "--profile", "sft"])
+    assert "goes with --profile resolve" in capsys.readouterr().err
 
 
 def test_the_audit_stage_over_no_release_names_the_fix(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -41,11 +41,24 @@ def test_the_kernel_wheel_is_abi3_for_the_oldest_python_of_the_matrix() -> None:
     )
 
 
-def test_the_resolve_jobs_python_matrix_is_the_release_matrix() -> None:
-    resolve = _job("resolve")
-    pythons = re.search(r"python: \[([^\]]+)\]", resolve)
+def test_the_verify_jobs_are_the_release_matrix_each_on_its_own_interpreter() -> None:
+    """One verify job per Python of carriers.toml's `pythons`: setup-python installs that Python beside the 3.11
+    nox runs on (the last listed is the default), verify_install runs that Python's runs, and the job uploads
+    its own evidence file; the verdict and publish jobs take every job's evidence, merged."""
+    verify = _job("verify")
+    pythons = re.search(r"python: \[([^\]]+)\]", verify)
     assert pythons is not None
     assert [p.strip().strip('"') for p in pythons.group(1).split(",")] == list(model.load().pythons)
-    assert "--profile resolve --python" in resolve
+    assert "python-version: |\n            ${{ matrix.python }}\n            3.11\n" in verify
+    assert 'nox -s verify_install -- --python "${MATRIX_PYTHON}"' in verify
+    assert "name: evidence-verify-${{ matrix.python }}" in verify
+    assert "path: build/verify-cp*.json" in verify
+    assert "resolve:" not in WORKFLOW.split("jobs:", 1)[1].split("verify:", 1)[0]  # no simulating resolve job
+    for job in ("verdict", "publish-testpypi", "publish-pypi"):
+        body = _job(job)
+        assert "pattern: evidence-verify-*" in body
+        assert "merge-multiple: true" in body
+        assert "nox -s release_report" in body
+    assert "needs: [audit, verify]" in _job("verdict")
     for publish in ("publish-testpypi", "publish-pypi"):
-        assert "needs: [audit, verify, resolve]" in _job(publish)
+        assert "needs: [audit, verify, verdict]" in _job(publish)
