@@ -1,10 +1,16 @@
 """Publish dist/ to a package index, hash-verified (`nox -s publish -- --repository-url URL`).
 
-- What: the wheels SHA256SUMS lists, each re-hashed, and nothing else (a file dropped into dist/ by hand
-  stays there, said so); the release verdict in manifest.json must have judged exactly these files and
-  allow publishing (PASSED, or INCOMPLETE with every missing item accepted); a partial release never goes up.
+- What: a snapshot of the release (every file SHA256SUMS lists, manifest.json, the audit's evidence) copied
+  out of dist/ and re-hashed against SHA256SUMS; the uploads come from the snapshot, so an assembly that
+  replaces dist/ meanwhile can never get a wheel uploaded that no verdict judged. A file dropped into dist/
+  by hand is never uploaded (said so); a partial release never goes up.
+- Judged again: the verdict is computed anew from the evidence (the audit report, each Python's
+  verification evidence) for exactly the snapshot's bytes, with the policy's acceptances in force today and
+  publish's own --accept; a stored verdict in manifest.json that disagrees is refused, as is anything but
+  PASSED or INCOMPLETE with every missing item accepted. A stored verdict is never trusted.
 - Before the first upload: the plan (release/plan.py) against the index's own state and rules; anything
-  the index would refuse refuses the whole publish, with nothing uploaded. `--plan` prints it and stops.
+  the index would refuse refuses the whole publish, with nothing uploaded. `--plan` is a dry run that needs
+  only the index: it prints the plan whatever the verdict, then what the verdict would refuse.
 - Order: computed from the carriers' own requirements (dependencies first), not a list.
 - A file already there with identical bytes is skipped (a re-run after an interruption uploads the
   rest, and says which were there); different bytes under the same name are refused by the plan
@@ -16,25 +22,26 @@
 from __future__ import annotations
 
 import argparse
-import hashlib
+import contextlib
 import os
+import shutil
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.parse
-import urllib.request
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 from packaging.utils import canonicalize_name, parse_wheel_filename
 
-from base import distdir
+from base import distdir, paths, swap
 from base.cli import dist_option
 from base.errors import StageError, report
 from carriers import wheelio
 from carriers.graph import Graph
-from locks.simple import ProjectState, project_state
+from locks.simple import ProjectState, file_sha256, project_state
 
+from . import judge as judging
+from . import verdict as verdicts
 from .errors import ReleaseError
 from .plan import RULES_FILE, Plan, load_rules, make_plan, render
 
@@ -55,42 +62,77 @@ def upload_order(dist: Path, files: list[str]) -> list[str]:
 
 
 def remote_sha256(url: str) -> str:
-    """The sha256 of the bytes the index serves at `url` (downloaded)."""
-    with urllib.request.urlopen(url, timeout=120) as resp:  # noqa: S310
-        return hashlib.file_digest(resp, "sha256").hexdigest()
+    """The sha256 of the bytes the index serves at `url` (downloaded over http(s), bounded)."""
+    return file_sha256(url)
 
 
-def releasable(dist: Path) -> distdir.Release:
-    """dist/ opened (every listed file re-hashed), if its release verdict (release/report.py, in
-    manifest.json's `release`) judged exactly these files and allows publishing (PASSED, or INCOMPLETE
-    with every missing item accepted); PublishError naming the verdict and what it lacks otherwise. A
-    partial release is never published."""
+@contextlib.contextmanager
+def snapshot(dist: Path, work: Path | None = None) -> Iterator[distdir.Release]:
+    """The release copied out of `dist` (its listed files, SHA256SUMS, manifest.json and the audit's evidence)
+    into a folder of this process, opened there (every file re-hashed against SHA256SUMS), removed after."""
+    if not (dist / distdir.MANIFEST).is_file():
+        raise PublishError(
+            f"{dist / distdir.MANIFEST} is missing: {dist} holds no release; build it (nox -s build_all)"
+        )
+    work = work or paths.BUILD / "publish"
+    work.mkdir(parents=True, exist_ok=True)
+    snap = swap.part(work / "snapshot")
+    shutil.rmtree(snap, ignore_errors=True)
     try:
-        release = distdir.open_release(dist)
-    except distdir.DistError as exc:
-        raise PublishError(str(exc)) from None
+        try:
+            listed = [name for _, name in distdir.read_sums(dist / distdir.SUMS)]
+            names = [distdir.SUMS, distdir.MANIFEST, *listed]
+            names += [n for n in (judging.AUDIT_REPORT, judging.VULNERABILITIES) if (dist / n).is_file()]
+            for name in names:
+                (snap / name).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(dist / name, snap / name)
+            release = distdir.open_release(snap)
+        except (OSError, distdir.DistError) as exc:
+            raise PublishError(f"{dist}: {exc}".replace(str(snap), str(dist))) from None
+        yield release
+    finally:
+        shutil.rmtree(snap, ignore_errors=True)
+
+
+def rejudge(release: distdir.Release, accept: Iterable[str] = (), evidence: Path | None = None) -> verdicts.Verdict:
+    """The verdict judged anew for exactly the snapshot's bytes (release.judge), with the policy's acceptances in
+    force today and `accept`."""
+    ev = judging.collect(release.path, release.key(), evidence, release.manifest)
+    return judging.judge(ev, accept)
+
+
+def releasable(release: distdir.Release, judged: verdicts.Verdict, where: Path) -> None:
+    """PublishError unless the verdict judged now allows publishing and the stored one (manifest.json's
+    `release`, written by nox -s release_report) says the same of the same bytes. A partial release is never
+    published."""
     manifest = release.manifest
     if manifest.partial:
         missing = ", ".join(manifest.partial.missing)
-        raise PublishError(f"{dist} is a partial development release (no wheels for CPython {missing}); not published")
-    judged = manifest.release
-    if judged is None:
-        raise PublishError(f"{dist} has no release verdict: run nox -s release (or release_report) before publishing")
-    if judged.dist_sha256 != release.key():
-        raise PublishError(
-            f"the release verdict in {dist / distdir.MANIFEST} ({judged.verdict}, {judged.judged}) judged other "
-            f"files than {dist} holds now; run nox -s release again"
-        )
+        raise PublishError(f"{where} is a partial development release (no wheels for CPython {missing}); not published")
     if not judged.publishable:
-        lacks = [f"{i.item} ({i.detail})" for i in judged.failed + judged.missing]
+        lacks = [f"{i.name} ({i.detail})" for i in judged.failed + judged.missing]
         raise PublishError(
-            f"the release is {judged.verdict}, not published: "
+            f"the release is {judged.verdict}, judged now for the bytes to upload; not published: "
             + "; ".join(lacks[:10])
             + (f"; and {len(lacks) - 10} more" if len(lacks) > 10 else "")
             + ". Fix what failed; run what is missing, or accept it by name with a reason "
-            "(nox -s release -- --accept 'ITEM=REASON', or the policy's [[accept_incomplete]])"
+            "(nox -s publish -- --accept 'ITEM=REASON', or the policy's [[accept_incomplete]])"
         )
-    return release
+    stored = manifest.release
+    if stored is None:
+        raise PublishError(f"{where} has no release verdict: run nox -s release (or release_report) before publishing")
+    if stored.dist_sha256 != release.key():
+        raise PublishError(
+            f"the release verdict in {where / distdir.MANIFEST} ({stored.verdict}, {stored.judged}) judged other "
+            f"files than {where} holds now; run nox -s release again"
+        )
+    if (stored.verdict, stored.publishable) != (judged.verdict, judged.publishable):
+        raise PublishError(
+            f"the release verdict stored in {where / distdir.MANIFEST} ({stored.verdict}, publishable "
+            f"{stored.publishable}) disagrees with the verdict judged now from the evidence ({judged.badge}); "
+            "the evidence or the acceptances changed since: run nox -s release_report again (with the same "
+            "--accept as here)"
+        )
 
 
 def release_files(release: distdir.Release) -> tuple[dict[str, tuple[str, int]], list[str]]:
@@ -102,11 +144,17 @@ def release_files(release: distdir.Release) -> tuple[dict[str, tuple[str, int]],
 
 
 def plan_for(
-    dist: Path, index_url: str, *, add_to_existing: bool = False, rules_file: Path = RULES_FILE
+    release: distdir.Release,
+    index_url: str,
+    *,
+    add_to_existing: bool = False,
+    rules_file: Path = RULES_FILE,
+    dist: Path | None = None,
 ) -> tuple[Plan, dict[str, tuple[str, int]]]:
-    """The release's plan against `index_url` (the verdict checked first), and its files; the plan notes
-    the wheels in dist/ it leaves out."""
-    files, unlisted = release_files(releasable(dist))
+    """The release's plan against `index_url`, and its files; the plan notes the wheels in `dist` (the folder
+    it was taken from) it leaves out."""
+    files, _ = release_files(release)
+    unlisted = sorted(p.name for p in (dist or release.path).glob("*.whl") if p.name not in files)
     rules = load_rules(index_url, rules_file)
     projects = sorted({canonicalize_name(str(parse_wheel_filename(f)[0])) for f in files})
     states: dict[str, ProjectState] = {}
@@ -128,20 +176,55 @@ def publish(
     add_to_existing: bool = False,
     plan_only: bool = False,
     rules_file: Path = RULES_FILE,
+    accept: Iterable[str] = (),
+    evidence: Path | None = None,
+    after: Callable[[Path], None] | None = None,
 ) -> list[tuple[str, str]]:
-    """Check the plan, then upload the release's wheels in dependency order, verifying each served file by
-    sha256: (file, what happened) for each. Nothing is uploaded when the plan is refused (PublishError)."""
-    plan, files = plan_for(dist, index_url, add_to_existing=add_to_existing, rules_file=rules_file)
-    print(render(plan), flush=True)
-    if not plan.ok:
-        raise PublishError(
-            f"the publish plan for {index_url} is refused; nothing was uploaded:\n  " + "\n  ".join(plan.problems)
+    """Snapshot the release, judge it again, check the plan, then upload the snapshot's wheels in dependency
+    order, verifying each served file by sha256: (file, what happened) for each. Nothing is uploaded when the
+    verdict or the plan refuses (PublishError). `after`: run on the snapshot's folder once all went up (the
+    resolution from the index compares with exactly the files that went up)."""
+    with snapshot(dist) as release:
+        t0 = time.perf_counter()
+        judged = rejudge(release, accept, evidence)
+        print(
+            f"[publish] the verdict judged again for the {len(release.sums)} files to upload: {judged.badge} "
+            f"({time.perf_counter() - t0:.1f}s)",
+            flush=True,
         )
-    if plan_only:
-        return [(r.filename, f"plan: {r.state}") for r in plan.rows]
+        if plan_only:
+            plan, _ = plan_for(release, index_url, add_to_existing=add_to_existing, rules_file=rules_file, dist=dist)
+            print(render(plan), flush=True)
+            try:
+                releasable(release, judged, dist)
+            except PublishError as exc:
+                print(f"[publish] the verdict would refuse this release: {exc}", flush=True)
+            return [(r.filename, f"plan: {r.state}") for r in plan.rows]
+        releasable(release, judged, dist)
+        plan, files = plan_for(release, index_url, add_to_existing=add_to_existing, rules_file=rules_file, dist=dist)
+        print(render(plan), flush=True)
+        if not plan.ok:
+            raise PublishError(
+                f"the publish plan for {index_url} is refused; nothing was uploaded:\n  " + "\n  ".join(plan.problems)
+            )
+        done = _upload_all(release.path, repository_url, index_url, wait_s, twine_args, files)
+        if after is not None:
+            after(release.path)
+    return done
+
+
+def _upload_all(
+    snap: Path,
+    repository_url: str,
+    index_url: str,
+    wait_s: float,
+    twine_args: tuple[str, ...],
+    files: dict[str, tuple[str, int]],
+) -> list[tuple[str, str]]:
+    """Every wheel of the snapshot up, in dependency order, each verified as served."""
     sums = {n: d for n, (d, _) in files.items()}
     done: list[tuple[str, str]] = []
-    order = upload_order(dist, list(sums))
+    order = upload_order(snap, list(sums))
     for i, fname in enumerate(order, 1):
         project = str(parse_wheel_filename(fname)[0])
         listed = project_state(index_url, project, sizes=False).files
@@ -156,7 +239,7 @@ def publish(
             print(f"[publish] {i}/{len(order)} {fname}: already there, identical", flush=True)
             continue
         print(f"[publish] {i}/{len(order)} {fname}: uploading {files[fname][1] / 2**20:.1f} MiB ...", flush=True)
-        _upload(dist / fname, repository_url, twine_args)
+        _upload(snap / fname, repository_url, twine_args)
         deadline = time.monotonic() + wait_s
         while True:
             listed = project_state(index_url, project, sizes=False).files
@@ -202,8 +285,16 @@ def verify_published(dist: Path, index_url: str) -> int:
 def main(argv: list[str] | None = None) -> int:
     """The publish CLI."""
     p = argparse.ArgumentParser(prog="nox -s publish --")
-    p.add_argument("--repository-url", required=True, help="upload endpoint (twine --repository-url)")
+    p.add_argument("--repository-url", help="upload endpoint (twine --repository-url); --plan needs only --index-url")
     p.add_argument("--index-url", help="its simple index, PEP 691 or 503 (default: <repository-url>/simple/)")
+    p.add_argument(
+        "--accept",
+        action="append",
+        default=[],
+        metavar="ITEM=REASON",
+        help="accept a missing item of the verdict judged again here (as nox -s release -- --accept)",
+    )
+    p.add_argument("--evidence", type=Path, default=paths.BUILD, help="where build/verify-cp3NN.json lie")
     dist_option(p, "the release to publish")
     p.add_argument("--wait", type=float, default=120.0, help="seconds to wait for an upload to be served")
     p.add_argument("--attestations", action="store_true", help="upload PEP 740 attestations (twine --attestations)")
@@ -216,20 +307,32 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rules", type=Path, default=RULES_FILE, help="what each index accepts (default: %(default)s)")
     p.add_argument("--no-verify", action="store_true", help="skip resolving the release from the index afterwards")
     args = p.parse_args(argv)
+    if not args.repository_url and not (args.plan and args.index_url):
+        p.error("give --repository-url (where to upload), or --plan --index-url URL for a dry run")
     index = args.index_url or args.repository_url.rstrip("/") + "/simple/"
     extra: tuple[str, ...] = ("--attestations",) if args.attestations else ()
-    if "TWINE_USERNAME" not in os.environ and "TWINE_PASSWORD" not in os.environ and "127.0.0.1" in args.repository_url:
+    local = "127.0.0.1" in (args.repository_url or "")
+    if "TWINE_USERNAME" not in os.environ and "TWINE_PASSWORD" not in os.environ and local:
         extra += ("-u", "kt", "-p", "kt")  # a local test index takes any credentials
+    status = [0]
+
+    def after(snap: Path) -> None:
+        if not args.no_verify:
+            status[0] = verify_published(snap, index)
+
     try:
         done = publish(
             args.dist,
-            args.repository_url,
+            args.repository_url or "",
             index,
             args.wait,
             extra,
             add_to_existing=args.add_to_existing,
             plan_only=args.plan,
             rules_file=args.rules,
+            accept=args.accept,
+            evidence=args.evidence,
+            after=after,
         )
     except StageError as exc:  # PublishError, PlanError, and the carriers' root (unreadable wheel metadata)
         return report(exc)
@@ -237,7 +340,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     for fname, what in done:
         print(f"{fname}: {what}")
-    return 0 if args.no_verify else verify_published(args.dist, index)
+    return status[0]
 
 
 if __name__ == "__main__":

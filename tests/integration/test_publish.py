@@ -1,6 +1,8 @@
 """Publishing to a real index server (pypiserver on 127.0.0.1): computed order, hash verification, the
 plan checked before the first upload (a foreign build of our version, a file over the limit, a conflicting
-file: nothing uploaded), only what SHA256SUMS lists, a partial release refused, a killed publish resumed."""
+file: nothing uploaded), only what SHA256SUMS lists, a partial release refused, a killed publish resumed;
+the verdict judged again from the evidence for the bytes uploaded (a stored verdict edited, an acceptance
+expired, a wheel replaced in dist/ while the upload runs)."""
 
 from __future__ import annotations
 
@@ -11,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from base import distdir
+from base import distdir, paths
 from release.publish import PublishError, publish, upload_order
 from tests import distkit
 from tests.wheelkit import pure_wheel_members, write_wheel
@@ -33,10 +35,15 @@ def _dist(tmp_path: Path, marker: str = "1", specs: dict[str, tuple[str, ...]] |
         path = write_wheel(dist / f"{name}-1.0-py3-none-any.whl", m)
         wheels[path.name] = path.read_bytes()
     distkit.make_release(dist, wheels)
-    # the release verdict publish requires (release/report.py writes it after every check passed)
-    judged = {"verdict": "PASSED", "publishable": True, "dist_sha256": distdir.key(dist), "judged": "now"}
-    distdir.record_verdict(dist, {**judged, "passed": [], "failed": [], "missing": [], "accepted": []})
+    # every check's evidence of a passing release, and the verdict release_report writes from it
+    assert distkit.judged(dist, paths.BUILD).verdict == "PASSED"
     return dist
+
+
+@pytest.fixture(autouse=True)
+def _evidence(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The verification evidence publish judges again, in the test's own build folder."""
+    monkeypatch.setattr(paths, "BUILD", tmp_path / "build")
 
 
 def test_order_is_computed_from_requirements(tmp_path: Path) -> None:
@@ -130,6 +137,7 @@ def test_a_killed_publish_resumes_without_uploading_anything_twice(index: tuple[
     url, packages = index
     dist = _dist(tmp_path)
     cmd = [sys.executable, "-m", "release.publish", "--repository-url", url, "--dist", str(dist), "--no-verify"]
+    cmd += ["--evidence", str(paths.BUILD)]
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 120
     while not list(packages.iterdir()) and proc.poll() is None and time.monotonic() < deadline:
@@ -151,6 +159,7 @@ def test_the_plan_prints_its_table_and_uploads_nothing(index: tuple[str, Path], 
     url, packages = index
     dist = _dist(tmp_path)
     cmd = [sys.executable, "-m", "release.publish", "--repository-url", url, "--dist", str(dist), "--plan"]
+    cmd += ["--evidence", str(paths.BUILD)]
     got = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, check=False)
     assert got.returncode == 0, got.stderr
     assert "  file  " in got.stdout
@@ -185,6 +194,8 @@ def test_cli_reports_unreachable_index(tmp_path: Path) -> None:
             str(_dist(tmp_path)),
             "--wait",
             "1",
+            "--evidence",
+            str(paths.BUILD),
         ],
         capture_output=True,
         text=True,
@@ -237,3 +248,77 @@ def test_the_index_behind_is_added_only_where_the_index_does_not_serve_it_itself
     assert _falls_back(url + "simple/", PUBLIC)
     assert not _falls_back("https://test.pypi.org/simple/", PUBLIC)
     assert _falls_back(PUBLIC, PUBLIC)
+
+
+def test_a_stored_verdict_is_never_trusted(index: tuple[str, Path], tmp_path: Path) -> None:
+    """Publish judges again from the evidence: a failed audit refuses whatever manifest.json says, a stored
+    verdict edited (FAILED yet publishable) disagrees with the one judged now, and evidence that is gone
+    leaves the release INCOMPLETE; nothing goes up."""
+    import dataclasses
+    import json
+
+    url, packages = index
+    dist = _dist(tmp_path)
+    audit = json.loads((dist / "audit-report.json").read_text())
+    audit["passed"] = False
+    (dist / "audit-report.json").write_text(json.dumps(audit))
+    with pytest.raises(PublishError, match="the release is FAILED, judged now for the bytes to upload"):
+        publish(dist, url, url + "simple/", wait_s=30, twine_args=KT)
+    audit["passed"] = True
+    (dist / "audit-report.json").write_text(json.dumps(audit))
+    manifest = distdir.read_manifest(dist / distdir.MANIFEST)
+    assert manifest.release is not None
+    forged = dataclasses.replace(manifest.release, verdict="FAILED", publishable=True)
+    (dist / distdir.MANIFEST).write_text(distdir.manifest_text(dataclasses.replace(manifest, release=forged)))
+    with pytest.raises(
+        PublishError, match=r"stored in .*\(FAILED, publishable True\) disagrees with the verdict judged now"
+    ):
+        publish(dist, url, url + "simple/", wait_s=30, twine_args=KT)
+    (paths.BUILD / "verify-cp311.json").unlink()  # the evidence gone: INCOMPLETE now
+    with pytest.raises(PublishError, match=r"the release is INCOMPLETE, judged now .*python:3\.11 \(not run"):
+        publish(dist, url, url + "simple/", wait_s=30, twine_args=KT)
+    assert list(packages.iterdir()) == []
+
+
+def test_what_goes_up_is_the_snapshot_that_was_judged(
+    index: tuple[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An assembly replacing dist/ while the upload runs changes nothing that goes up: the files come from
+    the snapshot judged before the first upload, and each is served with the judged sha256."""
+    import hashlib
+
+    from release import publish as publishing
+
+    url, packages = index
+    dist = _dist(tmp_path)
+    judged = {w.filename: w.sha256 for w in distdir.read_manifest(dist / distdir.MANIFEST).wheels}
+    real = publishing._upload
+
+    def replace_dist_then_upload(path: Path, repository_url: str, twine_args: tuple[str, ...]) -> None:
+        for wheel in dist.glob("*.whl"):
+            wheel.write_bytes(b"a later build, never judged")
+        real(path, repository_url, twine_args)
+
+    monkeypatch.setattr(publishing, "_upload", replace_dist_then_upload)
+    publish(dist, url, url + "simple/", wait_s=30, twine_args=KT)
+    served = {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in packages.iterdir()}
+    assert served == judged
+    assert not list((paths.BUILD / "publish").iterdir())  # the snapshot is gone afterwards
+
+
+def test_the_plan_is_a_dry_run_whatever_the_verdict_and_needs_only_the_index(
+    index: tuple[str, Path], tmp_path: Path
+) -> None:
+    url, packages = index
+    dist = _dist(tmp_path)
+    (paths.BUILD / "verify-cp311.json").unlink()  # INCOMPLETE now
+    cmd = [sys.executable, "-m", "release.publish", "--index-url", url + "simple/", "--dist", str(dist), "--plan"]
+    got = subprocess.run([*cmd, "--evidence", str(paths.BUILD)], cwd=ROOT, capture_output=True, text=True, check=False)
+    assert got.returncode == 0, got.stderr
+    assert "plan: OK: 3 to upload, 0 already there" in got.stdout
+    assert "the verdict would refuse this release: the release is INCOMPLETE" in got.stdout
+    assert list(packages.iterdir()) == []
+    bare_cmd = [sys.executable, "-m", "release.publish", "--plan"]
+    bare = subprocess.run(bare_cmd, cwd=ROOT, capture_output=True, text=True, check=False)
+    assert bare.returncode == 2
+    assert "--plan --index-url URL" in bare.stderr
