@@ -11,7 +11,7 @@ from typing import Any
 
 from packaging.utils import InvalidWheelFilename, parse_wheel_filename
 
-from . import manylinux, platforms
+from . import platforms
 from .analyzers import (
     cuda_rules,
     dist_rules,
@@ -94,7 +94,7 @@ class WheelContext:
     tree: tuple[str, ...]  # member paths: where the ELF files live
     system: frozenset[str]  # the claimed tag's system libraries
     external: tuple[ExternalProvider, ...]  # providers the wheel requires whose libraries live outside it
-    chains: dict[tuple[str, str], str | None]  # elf_rules.load_chains
+    chains: elf_rules.Chains  # elf_rules.load_chains: where each need resolves, what nothing loads
     uses: dict[str, dict[str, FeatureUse]]  # feature use of the CPU variants and loaders
     kernel_payload: KernelPayload | None  # kt-kernel's own CUDA archive
     baseline: dict[str, Any] | None
@@ -240,7 +240,9 @@ def audit_wheel(path: Path, policy: Policy, baseline: dict[str, Any] | None = No
     res.cuda = (
         {**sections["cuda"], "embedded": sections["cuda-listing"]} if sections["cuda-listing"] else sections["cuda"]
     )
-    res.platform, res.platform_reason = platforms.verdict(ctx.target, list(ctx.elfs), ctx.chains)
+    res.platform, res.platform_reason = platforms.verdict(
+        ctx.target, list(ctx.elfs), ctx.chains.where, ctx.chains.unused
+    )
     if res.platform is None and ctx.untargeted:
         res.platform_reason = ctx.untargeted
     if ctx.target is not None and ctx.target.assumed:
@@ -255,7 +257,7 @@ def _assumed_libc(ctx: WheelContext, verdict: str | None) -> Finding:
     t = ctx.target
     assert t is not None
     musl = platforms.Target("musllinux", t.arch, platforms.policies("musllinux", t.arch), "")
-    also, _ = platforms.verdict(musl, list(ctx.elfs), ctx.chains)
+    also, _ = platforms.verdict(musl, list(ctx.elfs), ctx.chains.where, ctx.chains.unused)
     both = f"consistent with both {verdict} and {also}" if also and also != musl.linux else f"judged {verdict}"
     return finding(
         "tag.libc-assumed",
@@ -426,7 +428,7 @@ def _release_payload(results: list[WheelResult], policy: Policy) -> dict[str, An
     if policy.payload is None or not any(s.parts or s.manifest or s.manifest_error for s in summaries):
         return {}
     provider = next((s for s in summaries if s.manifest is not None), summaries[0])
-    system = manylinux.system_libraries_for([t.rsplit("-", 1)[-1] for t in provider.tags])
+    system = platforms.system_libraries_of_tags([t.rsplit("-", 1)[-1] for t in provider.tags])
     findings, section = payload_rules.analyze(summaries, _stream_archive(summaries, policy), policy, system)
     by_file = {r.wheel: r for r in results}
     for f in findings:

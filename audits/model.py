@@ -123,6 +123,9 @@ RULES: dict[str, Rule] = {
         Rule("elf.exports", "wheel", "dynamic symbols exported beyond PyInit_* and the declared C API"),
         Rule("elf.arch-mismatch", "wheel", "an ELF file's machine, class, byte order or OS ABI differs from the tag"),
         Rule("elf.not-elf", "wheel", "a shared-library or extension member that is not ELF at all"),
+        Rule(
+            "elf.unused", "wheel", "a library nothing loads: its name resolves to another copy (info; decides nothing)"
+        ),
         # 4. RPATH
         Rule("rpath.not-origin", "wheel", "an RPATH/RUNPATH entry that is not $ORIGIN-relative, or empty"),
         Rule("rpath.unresolved", "wheel", "a non-system DT_NEEDED that does not resolve inside the wheel"),

@@ -19,6 +19,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import re
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -269,19 +270,39 @@ def target(platforms: list[str], elfs: list[ElfFacts]) -> tuple[Target | None, s
     return Target(family, arch, policies(family, arch, platform), how, assumed), ""
 
 
+def claimed_policy(t: Target, platforms: list[str]) -> tuple[Policy | None, str]:
+    """(the policy of the most portable tag of the target's family the wheel claims, that tag): for manylinux
+    the newest policy not above the claimed glibc (legacy aliases and tags auditwheel has no policy for, such
+    as manylinux_2_33, included); (None, "") when it claims none."""
+    claimed = sorted(p for p in platforms if family_of(p) == t.family)
+    if t.family == "manylinux":
+        floors = sorted((g, p) for p in claimed if (g := glibc_of(p)))
+        if not floors:
+            return None, ""
+        pols = [p for p in t.policies if (glibc_of(p.name) or (0, 0)) <= floors[0][0]][-1:]
+        return (pols[0] if pols else None), floors[0][1]
+    named = [p for p in t.policies if p.name in claimed]
+    return (named[0], named[0].name) if named else (None, claimed[0] if claimed else "")
+
+
+def system_libraries_of_tags(platforms: list[str]) -> frozenset[str]:
+    """The system libraries of the most portable of these platform tags (their one Linux family, else
+    manylinux; their architecture, else x86_64) and that architecture's loader: what the release payload's
+    libraries may need from outside it."""
+    families = {f for p in platforms if (f := family_of(p)) in POLICY_FILES}
+    family = families.pop() if len(families) == 1 else "manylinux"
+    arch = tag_arch(platforms) or "x86_64"
+    t = Target(family, arch, policies(family, arch), "its tags")
+    loader = {"x86_64": "ld-linux-x86-64.so.2", "aarch64": "ld-linux-aarch64.so.1"}.get(arch)
+    return system_libraries(t, platforms) | ({loader} if loader else set())
+
+
 def system_libraries(t: Target | None, platforms: list[str]) -> frozenset[str]:
     """The libraries outside the wheel that the most portable claimed tag of the target's family lets an
-    ELF file need: that tag's policy (for manylinux, the newest policy not above the claimed glibc, legacy
-    aliases included), else the family's most permissive policy."""
+    ELF file need: that tag's policy (claimed_policy), else the family's most permissive policy."""
     if t is None:
         return frozenset()
-    claimed = {p for p in platforms if family_of(p) == t.family}
-    if t.family == "manylinux":
-        floors = [g for p in claimed if (g := glibc_of(p))]
-        pols = [p for p in t.policies if floors and (glibc_of(p.name) or (0, 0)) <= min(floors)][-1:]
-    else:
-        pols = [p for p in t.policies if p.name in claimed]
-    pol = pols[0] if pols else (t.policies[-1] if t.policies else None)
+    pol = claimed_policy(t, platforms)[0] or (t.policies[-1] if t.policies else None)
     libs = set(pol.whitelist) if pol else set()
     if t.family == "musllinux":
         libs.add(MUSL_LIBC.get(t.arch, ""))
@@ -289,16 +310,29 @@ def system_libraries(t: Target | None, platforms: list[str]) -> frozenset[str]:
 
 
 def verdict(
-    t: Target | None, elfs: list[ElfFacts], where: dict[tuple[str, str], str | None] | None = None
+    t: Target | None,
+    elfs: list[ElfFacts],
+    where: Mapping[tuple[str, str], str | None] | None = None,
+    unused: Collection[str] = (),
 ) -> tuple[str | None, str]:
     """(the most portable tag of the target's family the ELF files allow, what keeps a more portable
     one out), by auditwheel's rules: every library outside the wheel is a system library of the
-    policy, every symbol version needed from one is allowed, no forbidden symbol is used, no ISA
-    level above baseline is declared, no extension references PyFPE_jbuf or UCS2 functions.
-    `where`: elf_rules.load_chains (None: every DT_NEEDED counts as outside)."""
+    policy, every symbol version needed is allowed (also one a library inside the wheel provides: a
+    SONAME the system has too resolves to the copy already loaded, as auditwheel counts them), no
+    forbidden symbol is used, no ISA level above baseline is declared, no extension references
+    PyFPE_jbuf or UCS2 functions. `where`: elf_rules.load_chains (None: every DT_NEEDED counts as
+    outside); `unused`: ELF files nothing loads (elf_rules.Chains.unused), which decide nothing.
+
+    The ISA level is read from every ELF file the wheel loads, where auditwheel reads its roots and the
+    system libraries only: a grafted library declaring x86-64-v2 runs on the user's CPU as the extension
+    does (a deliberate difference, docs/audit-platforms.md)."""
     if t is None:
         return None, ""
-    elfs = [e for e in host_elfs(elfs) if elf_arch(e)[0] == t.arch and elf_libc(e)[0] in (None, t.family)]
+    elfs = [
+        e
+        for e in host_elfs(elfs)
+        if elf_arch(e)[0] == t.arch and elf_libc(e)[0] in (None, t.family) and e.member not in unused
+    ]
     isa = next((e for e in elfs if e.isa_needed), None)
     if isa is not None:  # auditwheel's machine policy: no portable tag for an ISA extension level
         return t.linux, f"{isa.member} declares {isa.isa_needed} in its GNU property note (ISA_1_NEEDED)"
@@ -314,14 +348,7 @@ def verdict(
         return not is_loader(lib) and not (t.family == "android" and _LIBPYTHON.match(lib))
 
     ext = [(e.member, lib) for e in elfs for lib in e.needed if where.get((e.member, lib)) is None and outside(lib)]
-    inside = {(e.member, lib) for e in elfs for lib in e.needed if where.get((e.member, lib)) is not None}
-    versions = [
-        (e.member, lib, v)
-        for e in elfs
-        for lib, vs in e.version_needs
-        if (e.member, lib) not in inside and not is_loader(lib)
-        for v in vs
-    ]
+    versions = [(e.member, lib, v) for e in elfs for lib, vs in e.version_needs if not is_loader(lib) for v in vs]
     reason = ""
     for pol in t.policies:
         bad_lib = next(((m, lib) for m, lib in ext if lib not in pol.whitelist), None)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import fnmatch
 import posixpath
 from collections.abc import Collection
+from dataclasses import dataclass
 
 from ..model import Finding
 from ..policy import ExternalProvider, Policy
@@ -75,12 +76,27 @@ def _path(member: str) -> str:
     return member.split("!", 1)[-1]
 
 
-def load_chains(elfs: list[ElfFacts], tree: Collection[str]) -> dict[tuple[str, str], str | None]:
+@dataclass(frozen=True)
+class Chains:
+    """Where each (ELF member, DT_NEEDED) resolves inside the tree (its path, or None), and the ELF files
+    nothing loads: member -> (an ELF that needs its name, the file that name resolves to instead)."""
+
+    where: dict[tuple[str, str], str | None]
+    unused: dict[str, tuple[str, str]]
+
+
+def load_chains(elfs: list[ElfFacts], tree: Collection[str]) -> Chains:
     """Where each (ELF member, DT_NEEDED) resolves inside `tree` (its path) or None, following
-    glibc's search through every load chain: an object with DT_RUNPATH searches it alone; an
-    object without searches its own DT_RPATH and then the DT_RPATH of each object that loaded
-    it; a name already loaded in the chain is reused (breadth-first, like ld.so). Chains start at
-    the ELF files no other ELF of the tree needs (the extensions Python loads)."""
+    glibc's search through every load chain: an object with DT_RUNPATH searches it alone (glibc applies
+    it to the object's own DT_NEEDED only; auditwheel's lddtree also passes it down, a difference
+    docs/audit-platforms.md names); an object without searches its own DT_RPATH and then the DT_RPATH of
+    each object that loaded it; a name already loaded in the chain is reused (breadth-first, like ld.so).
+
+    Chains start at the wheel's roots, as auditwheel's do: the ELF files no other ELF of the tree needs by
+    name (extension modules, executables, libraries loaded with dlopen). An ELF file whose name is needed
+    but resolves to another file in every chain (a duplicate a repair left behind) is loaded by nothing:
+    it is `unused`, and what it needs decides nothing. One loaded only by a cycle of its own is judged on
+    its own search path."""
     by_path = {_path(e.member): e for e in elfs}
     files = {posixpath.normpath(p) for p in tree}
     needed_names = {lib for e in elfs for lib in e.needed}
@@ -128,10 +144,35 @@ def load_chains(elfs: list[ElfFacts], tree: Collection[str]) -> dict[tuple[str, 
 
     for r in roots:
         walk(r)
+    unused: dict[str, tuple[str, str]] = {}
+    for e in elfs:
+        here = _path(e.member)
+        if here in seen_roots:
+            continue
+        names = {posixpath.basename(here), *([e.soname] if e.soname else [])}
+        other = next(((m, f) for (m, lib), f in sorted(out.items()) if lib in names and f and f != here), None)
+        if other is not None:
+            unused[e.member] = other
     for e in elfs:  # loaded only by a cycle of its own: judge it on its own search path
-        if _path(e.member) not in seen_roots:
+        if _path(e.member) not in seen_roots and e.member not in unused:
             walk(e)
-    return out
+    return Chains(out, unused)
+
+
+def _runpath_note(e: ElfFacts, lib: str, chains: Chains, elfs: list[ElfFacts]) -> str:
+    """Where auditwheel's lddtree would find `lib` and glibc does not: through the RUNPATH of an ELF that
+    loads `e` (glibc applies DT_RUNPATH to its object's own DT_NEEDED only)."""
+    loaders = {m for (m, _), f in chains.where.items() if f == _path(e.member)}
+    for parent in elfs:
+        if parent.member in loaders and parent.runpath:
+            dirs = _origin_dirs(parent.runpath, posixpath.dirname(_path(parent.member)))[0]
+            if any(posixpath.normpath(posixpath.join(d, lib)) in {_path(x.member) for x in elfs} for d in dirs):
+                return (
+                    f"; {parent.member}'s RUNPATH holds it, which auditwheel follows down the chain but the "
+                    "loader does not (DT_RUNPATH applies to its own object's needs only): set RPATH, or a "
+                    f"RUNPATH on {posixpath.basename(_path(e.member))} itself"
+                )
+    return ""
 
 
 def rpath(
@@ -150,8 +191,24 @@ def rpath(
     `external`: providers this wheel requires whose libraries may resolve outside it.
     """
     out: list[Finding] = []
-    where = load_chains(elfs, tree)
+    chains = load_chains(elfs, tree)
+    where = chains.where
+    for member, (needer, other) in sorted(chains.unused.items()):
+        out.append(
+            finding(
+                "elf.unused",
+                wheel,
+                member,
+                f"nothing loads it: {posixpath.basename(_path(member))} resolves to {_path(other)} for "
+                f"{_path(needer)}, and nothing else needs it (a copy left beside the one the wheel loads); "
+                "what it needs decides nothing",
+                "remove the duplicate (repair the wheel once, after every edit)",
+                "info",
+            )
+        )
     for e in elfs:
+        if e.member in chains.unused:
+            continue  # never loaded: its own needs cannot break an import
         prefix = e.member.split("!", 1)[0] + "!" if "!" in e.member else ""
         _dirs, bad = _origin_dirs(e.runpath or e.rpath, posixpath.dirname(_path(e.member)))
         for entry in bad:
@@ -187,7 +244,7 @@ def rpath(
                     e.member,
                     f"DT_NEEDED {lib} is not a system library and is not found through "
                     f"{list(e.runpath or e.rpath) or 'any RPATH'} (or the RPATH of what loads it) inside "
-                    f"{prefix or 'the wheel'}",
+                    f"{prefix or 'the wheel'}" + _runpath_note(e, lib, chains, elfs),
                     "vendor it with auditwheel repair, or fix the RPATH so it points at the bundled copy",
                 )
             )

@@ -11,8 +11,8 @@ from packaging.tags import parse_tag
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
-from ..manylinux import admits, most_portable_first, policy_for, version_key
-from ..manylinux import forbidden_uses as manylinux_forbidden
+from .. import platforms
+from ..manylinux import version_key
 from ..model import Finding
 from ..platforms import LIBC, NON_LINUX, elf_arch, elf_libc, family_of, glibc_of, tag_archs
 from ..readers import ElfFacts, WheelFacts
@@ -350,36 +350,37 @@ def tags(w: WheelFacts, elfs: list[ElfFacts]) -> list[Finding]:
 
 
 def platform_overclaims(w: WheelFacts, elfs: list[ElfFacts]) -> list[Finding]:
-    """Symbol versions the wheel's most portable manylinux tag does not allow (any ELF it
-    ships, the CUDA payload's included)."""
-    claimed = [(g, t.platform) for t in w.tags if (g := glibc_of(t.platform))]
-    pol = policy_for(min(claimed)[0]) if claimed else None
+    """What the wheel's most portable claimed tag does not allow (any ELF it ships, the CUDA payload's
+    included): a symbol version, an ISA level above baseline, a forbidden symbol. Read from the same policy
+    objects as the platform verdict (audits.platforms), for the wheel's own architecture."""
+    plats = [t.platform for t in w.tags]
+    target, _ = platforms.target(plats, elfs)
+    if target is None:
+        return []
+    pol, platform = platforms.claimed_policy(target, plats)
     if pol is None:
         return []
-    platform = min(claimed)[1]
-    arch = next(iter(sorted(a for t in w.tags for a in tag_archs(t.platform))), "x86_64")
-    newest = pol["symbol_versions"].get(arch, pol["symbol_versions"]["x86_64"])
+    arch = target.arch
     out: list[Finding] = []
     fix = "let `auditwheel repair` choose the tag, or build in an older manylinux image"
     for e in elfs:
+        if platforms.elf_arch(e)[0] != arch:
+            continue  # another architecture's file: tag.arch rules judge it, no policy of this one does
         # One finding per library and limiting reason (its newest version needed), with the count.
         over: dict[tuple[str, str], list[str]] = {}
         for lib, versions in e.version_needs:
             for v in versions:
-                if not admits(pol, v, arch):
+                if not pol.admits(v):
                     over.setdefault((lib, v.partition("_")[0]), []).append(v)
         for (lib, prefix), vs in sorted(over.items()):
             worst = max(vs, key=version_key)
-            need = next(
-                (p["name"] for p in most_portable_first() if arch in p["symbol_versions"] and admits(p, worst, arch)),
-                "none known to auditwheel",
-            )
+            need = next((p.name for p in target.policies if p.admits(worst)), f"none known to auditwheel for {arch}")
             # The newest *numbered* version the tag allows (CXXABI also lists FLOAT128 and TM_1).
-            numbered = [x for x in newest.get(prefix, []) if re.fullmatch(r"\d+(\.\d+)*", x)]
+            numbered = [x for x in pol.symbol_versions.get(prefix, ()) if re.fullmatch(r"\d+(\.\d+)*", x)]
             allowed = (
-                f"its newest {prefix} is {prefix}_{max(numbered, key=version_key)}"
+                f"its newest {prefix} on {arch} is {prefix}_{max(numbered, key=version_key)}"
                 if numbered
-                else (f"it allows no {prefix} version")
+                else (f"it allows no {prefix} version on {arch}")
             )
             more = f" and {len(vs) - 1} more {prefix} version{'s' if len(vs) > 2 else ''}" if len(vs) > 1 else ""
             out.append(
@@ -404,7 +405,8 @@ def platform_overclaims(w: WheelFacts, elfs: list[ElfFacts]) -> list[Finding]:
                     "drop the note with -Wl,-z,x86-64-baseline",
                 )
             )
-        uses = manylinux_forbidden(pol, e)
+        used = set(e.forbidden_candidates)
+        uses = sorted((lib, sym) for lib in e.needed for sym in used & pol.blacklist.get(lib, frozenset()))
         if uses:
             shown = ", ".join(f"{s} ({lib})" for lib, s in uses[:5]) + (
                 f" and {len(uses) - 5} more" if len(uses) > 5 else ""

@@ -140,8 +140,8 @@ def _forbidden_candidates(by_name: dict[str, Any], strings: bytes | None, forbid
         return ()
     named = sorted(n for n in forbidden if b"\0" + n.encode() + b"\0" in strings)
     table = _hash_table(by_name)
-    if table is not None:
-        named = [n for n in named if table.get_symbol(n) is None]
+    if table is not None:  # .gnu.hash holds defined symbols only; SysV .hash holds undefined ones too
+        named = [n for n in named if (s := table.get_symbol(n)) is None or s.entry.st_shndx == "SHN_UNDEF"]
     if not named:
         return ()
     wanted = set(named)
@@ -168,19 +168,21 @@ _PYFPE = ("PyFPE_jbuf", "PyFPE_dummy", "PyFPE_counter")
 
 
 def _python_facts(member: str, by_name: dict[str, Any], strings: bytes | None) -> tuple[int, bool, bool]:
-    """(extension version, PyFPE use, UCS2 use) as auditwheel reads them from the first symbol table:
-    an extension defines its init function (PyInit_<module>: 3; init<module> or _cffi_pypyinit_<module>:
-    2); a use is an undefined function (or untyped) symbol. Where .dynstr (`strings`) names no such symbol
-    nothing is read; where it names only init functions, the hash table answers; else the table is walked."""
+    """(extension version, PyFPE use, UCS2 use) as auditwheel reads them from the dynamic symbol table (what
+    the loader sees: an init function only .symtab names cannot be found by dlsym, and a static executable's
+    .symtab of 145,000 symbols is never walked): an extension defines its init function (PyInit_<module>: 3;
+    init<module> or _cffi_pypyinit_<module>: 2); a use is an undefined function (or untyped) symbol. Where
+    .dynstr (`strings`) names no such symbol nothing is read; where it names only init functions, the hash
+    table answers; else the table is walked."""
     from elftools.elf.sections import SymbolTableSection
 
-    table = by_name.get(".dynsym") or by_name.get(".symtab")
+    table = by_name.get(".dynsym")
     if not isinstance(table, SymbolTableSection):
         return 0, False, False
     modname = member.rsplit("/", 1)[-1].rsplit("!", 1)[-1].split(".", 1)[0]
     inits = {f"PyInit_{modname}": 3, f"init{modname}": 2, f"_cffi_pypyinit_{modname}": 2}
     hashed = _hash_table(by_name)
-    if strings is not None and table.name == ".dynsym":
+    if strings is not None:
         named = [n for n in inits if n.encode() + b"\0" in strings]  # a suffix: linkers merge string tails
         uses = any(n.encode() + b"\0" in strings for n in _PYFPE) or b"PyUnicodeUCS2_" in strings
         if not named and not uses:

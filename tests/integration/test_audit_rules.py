@@ -198,6 +198,27 @@ def test_symbol_the_policy_forbids(members: dict[str, bytes], out: Path, tmp_pat
     assert res.platform == "linux_x86_64"
 
 
+def test_a_forbidden_symbol_found_through_a_sysv_hash_table_is_still_used(tmp_path: Path) -> None:
+    """With only a SysV .hash table (no .gnu.hash), the hash lookup also returns undefined symbols: a strong
+    reference to a forbidden one must still count (it was dropped as "defined here")."""
+    import io
+
+    from elftools.elf.elffile import ELFFile
+
+    from audits.platforms import forbidden_symbols
+    from audits.readers._elf import read_elf_stream
+
+    src = "extern void _tr_init(void *); void kt_cuda_z(void) { _tr_init(0); }"
+    flags = ("-Wl,--hash-style=sysv", "-Wl,--no-as-needed", "/lib/x86_64-linux-gnu/libz.so.1")
+    lib = compile_so(tmp_path, "zsysv.so", src, *flags)
+    with (tmp_path / "zsysv.so").open("rb") as f:
+        names = {s.name for s in ELFFile(f).iter_sections()}
+    assert ".hash" in names
+    assert ".gnu.hash" not in names
+    facts = read_elf_stream("z.so", io.BytesIO(lib), forbidden=forbidden_symbols())
+    assert facts.forbidden_candidates == ("_tr_init",)
+
+
 def test_a_weak_reference_to_a_forbidden_symbol_is_no_use(members: dict[str, bytes], out: Path, tmp_path: Path) -> None:
     """A weak undefined reference is optional (the library checks it for NULL and falls back, as Rust's
     std does with __cxa_thread_atexit_impl): no tag.forbidden-symbol, as auditwheel; the strong one of

@@ -13,7 +13,7 @@ EXT = "pkg/_ext.cpython-312-x86_64-linux-musl.so"
 
 def judge(platforms: list[str], *elfs):  # type: ignore[no-untyped-def]
     t, why = target(platforms, list(elfs))
-    tag, reason = verdict(t, list(elfs), load_chains(list(elfs), [e.member for e in elfs]))
+    tag, reason = verdict(t, list(elfs), load_chains(list(elfs), [e.member for e in elfs]).where)
     return t, tag, reason or why
 
 

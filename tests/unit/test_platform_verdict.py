@@ -49,20 +49,32 @@ def test_overclaims_are_grouped_per_library_and_reason_with_real_versions() -> N
     assert sorted(by_reason) == ["CXXABI", "GLIBC", "GLIBCXX"]
     assert by_reason["GLIBCXX"].startswith("needs GLIBCXX_3.4.32 and 2 more GLIBCXX versions from libstdc++.so.6")
     assert by_reason["GLIBC"].startswith("needs GLIBC_2.34 and 2 more GLIBC versions from libc.so.6")
-    assert "its newest CXXABI is CXXABI_1.3.7)" in by_reason["CXXABI"]
+    assert "its newest CXXABI on x86_64 is CXXABI_1.3.7)" in by_reason["CXXABI"]
     for message in by_reason.values():
         assert "FLOAT128" not in message
         assert "TM_1" not in message
 
 
+def test_the_overclaim_rule_reads_the_policy_of_the_wheels_own_architecture() -> None:
+    """The same policy objects as the verdict, for the wheel's architecture: on aarch64 GLIBC_2.17 is what
+    manylinux_2_17 allows (x86-64's data, which the rule once fell back to, would not say so), and a message
+    names the architecture."""
+    ok = elf_facts(EXT, machine="EM_AARCH64", needed=("libc.so.6",), version_needs=(("libc.so.6", ("GLIBC_2.17",)),))
+    assert platform_overclaims(_wheel("manylinux_2_17_aarch64"), [ok]) == []
+    over = elf_facts(EXT, machine="EM_AARCH64", needed=("libc.so.6",), version_needs=(("libc.so.6", ("GLIBC_2.28",)),))
+    (f,) = platform_overclaims(_wheel("manylinux_2_17_aarch64"), [over])
+    assert "which manylinux_2_17_aarch64 does not allow (its newest GLIBC on aarch64 is GLIBC_2.18)" in f.message
+    assert f.message.endswith("the lowest tag allowing it is manylinux_2_28_aarch64")
+
+
 def test_an_isa_level_above_baseline_allows_no_manylinux_tag() -> None:
     v3 = elf_facts(EXT, needed=("libc.so.6",), version_needs=(("libc.so.6", ("GLIBC_2.2.5",)),), isa_needed="x86_64_v3")
-    tag, why = honest_platform([v3], load_chains([v3], [EXT]))
+    tag, why = honest_platform([v3], load_chains([v3], [EXT]).where)
     assert tag == "linux_x86_64"
     assert "x86_64_v3" in why
     assert [f.rule for f in tags(_wheel("manylinux_2_28_x86_64"), [v3])] == ["tag.isa-level"]
     baseline = elf_facts(EXT, needed=("libc.so.6",), version_needs=(("libc.so.6", ("GLIBC_2.2.5",)),))
-    assert honest_platform([baseline], load_chains([baseline], [EXT]))[0] == "manylinux_2_5_x86_64"
+    assert honest_platform([baseline], load_chains([baseline], [EXT]).where)[0] == "manylinux_2_5_x86_64"
 
 
 def test_a_forbidden_symbol_lowers_the_verdict_as_auditwheel_does() -> None:
@@ -74,7 +86,7 @@ def test_a_forbidden_symbol_lowers_the_verdict_as_auditwheel_does() -> None:
         version_needs=(("libc.so.6", ("GLIBC_2.2.5",)),),
         forbidden_candidates=("__cxa_thread_atexit_impl",),
     )
-    tag, why = honest_platform([e], load_chains([e], [EXT]))
+    tag, why = honest_platform([e], load_chains([e], [EXT]).where)
     assert tag == "manylinux_2_24_x86_64"
     assert "__cxa_thread_atexit_impl" in why
     (f,) = [f for f in tags(_wheel("manylinux_2_17_x86_64"), [e]) if f.rule == "tag.forbidden-symbol"]
