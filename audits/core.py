@@ -64,7 +64,7 @@ class WheelResult:
     license: str | None = None  # its License-Expression
 
 
-def read_options(policy: Policy, dist_name: str = "") -> ReadOptions:
+def read_options(policy: Policy, dist_name: str = "", tags: frozenset[str] = frozenset()) -> ReadOptions:
     """What the reader must keep of a wheel for the policy's rules (never whole members
     otherwise): the manifests' bytes, the code of the CPU variants and loaders, exports where
     the export rule applies, and cuobjdump for any embedded CUDA code."""
@@ -81,7 +81,14 @@ def read_options(policy: Policy, dist_name: str = "") -> ReadOptions:
         exports=dist_name in policy.exports_applies_to,
         cuobjdump=find_cuobjdump(),
         forbidden=platforms.forbidden_symbols(),
+        # a wheel for baseline x86-64 (no _v2.._v4 tag): its libraries' code is sampled for what they run
+        isa_budget=policy.library_sample_bytes if _baseline_x86_64(tags) else 0,
+        isa_budget_wheel=policy.wheel_sample_bytes if _baseline_x86_64(tags) else 0,
     )
+
+
+def _baseline_x86_64(tags: frozenset[str]) -> bool:
+    return any(platforms.family_of(t) in ("manylinux", "musllinux") and t.endswith("_x86_64") for t in tags)
 
 
 @dataclass(frozen=True)
@@ -105,11 +112,13 @@ class WheelContext:
 
 def read_context(path: Path, policy: Policy, baseline: dict[str, Any] | None) -> WheelContext:
     """Read one wheel for the analyzers (raises AuditError if it is not a readable wheel)."""
+    dist_name, plat_tags = "", frozenset[str]()
     try:
-        dist_name = str(parse_wheel_filename(path.name)[0])
+        name, _, _, wheel_tags = parse_wheel_filename(path.name)
+        dist_name, plat_tags = str(name), frozenset(t.platform for t in wheel_tags)
     except InvalidWheelFilename:
-        dist_name = ""
-    opts = read_options(policy, dist_name)
+        pass
+    opts = read_options(policy, dist_name, plat_tags)
     w = read_wheel(path, opts)
     elfs = tuple(w.elfs.values())
     tree = tuple(m.name for m in w.members)
@@ -178,6 +187,10 @@ ANALYZERS: tuple[tuple[str, Analyzer], ...] = (
         ),
     ),
     ("isa", lambda c, p: isa_rules.isa(c.w.filename, c.uses, p)),
+    (
+        "isa-grafts",
+        _only(lambda c, p: isa_rules.grafts(c.w.filename, list(c.elfs), c.chains.where, c.chains.unused, p)),
+    ),
     ("build-manifest", _only(lambda c, p: manifest_rules.manifest(c.w, c.w.elfs, p, c.uses))),
     ("cuda", lambda c, p: cuda_rules.cuda(c.w, c.kernel_payload, p, c.system)),
     ("cuda-listing", lambda c, p: cuda_rules.listing(c.w)),

@@ -134,6 +134,10 @@ RULES: dict[str, Rule] = {
         Rule("isa.marker-missing", "cpu", "a variant never uses its distinguishing feature (mislabeled)"),
         Rule("isa.loader-above-baseline", "cpu", "the loader/detection code uses an instruction above baseline"),
         Rule("isa.variant-missing", "cpu", "a CPU variant library is missing from the wheel"),
+        Rule(
+            "isa.graft-above-baseline", "wheel", "a library the wheel loads runs undeclared code above x86-64 baseline"
+        ),
+        Rule("isa.graft-dispatch", "wheel", "a library the wheel loads picks code above baseline at run time (info)"),
         # 6. SASS / PTX
         Rule("cuda.arch-set", "cuda", "a CUDA library's (arch, kind) set differs from the policy"),
         Rule("cuda.kernel-missing", "cuda", "a kernel is missing for an architecture it should have"),

@@ -221,6 +221,8 @@ class Policy:
     loader_members: tuple[str, ...]
     baseline: frozenset[str]
     loader_guarded: frozenset[str]
+    library_sample_bytes: int = 0  # isa.graft-above-baseline: code decoded per library, and per wheel
+    wheel_sample_bytes: int = 0
     cuda_libraries: tuple[CudaLibraryPolicy, ...] = ()
     cuda_payload_member: str = ""
     cuda_min_driver_ptx_isa: str = ""
@@ -455,6 +457,8 @@ def load_policy(path: Path | str | None = None) -> Policy:
             loader_members=tuple(isa["loader_members"]),
             baseline=baseline,
             loader_guarded=frozenset(isa["loader_guarded"]),
+            library_sample_bytes=int(float(isa.get("library_sample_mib", 0)) * (1 << 20)),
+            wheel_sample_bytes=int(float(isa.get("wheel_sample_mib", 0)) * (1 << 20)),
             cuda_libraries=libs,
             cuda_payload_member=cuda.get("payload_member", ""),
             cuda_min_driver_ptx_isa=cuda.get("min_driver_ptx_isa", ""),

@@ -184,12 +184,15 @@ def publish(
     order, verifying each served file by sha256: (file, what happened) for each. Nothing is uploaded when the
     verdict or the plan refuses (PublishError). `after`: run on the snapshot's folder once all went up (the
     resolution from the index compares with exactly the files that went up)."""
+    t0 = time.perf_counter()
     with snapshot(dist) as release:
-        t0 = time.perf_counter()
+        t1 = time.perf_counter()
         judged = rejudge(release, accept, evidence)
+        size = sum(w.size for w in release.manifest.wheels) / 2**20
         print(
-            f"[publish] the verdict judged again for the {len(release.sums)} files to upload: {judged.badge} "
-            f"({time.perf_counter() - t0:.1f}s)",
+            f"[publish] a snapshot of the {len(release.sums)} files SHA256SUMS lists ({size:.0f} MiB of wheels) copied "
+            f"and re-hashed in {t1 - t0:.1f}s; the verdict judged again for exactly them: {judged.badge} "
+            f"({time.perf_counter() - t1:.1f}s)",
             flush=True,
         )
         if plan_only:

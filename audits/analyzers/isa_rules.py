@@ -1,8 +1,10 @@
-"""Rule 5: instruction-level ISA per CPU variant, and a baseline-only loader."""
+"""Rule 5: instruction-level ISA per CPU variant, a baseline-only loader, and the libraries a baseline x86-64
+wheel loads (sampled: what auditwheel, which reads ISA notes only, cannot see)."""
 
 from __future__ import annotations
 
 import fnmatch
+from collections.abc import Collection, Mapping
 from typing import Any
 
 from ..model import Finding
@@ -98,3 +100,65 @@ def isa(wheel: str, uses_of: dict[str, dict[str, FeatureUse]], policy: Policy) -
             "above_baseline": [_use_text(u) for u in above],
         }
     return out, section
+
+
+def _size(n: int) -> str:
+    return f"{n / 2**20:.1f} MiB" if n >= 1 << 20 else f"{n / 1024:.1f} KiB"
+
+
+def grafts(
+    wheel: str,
+    elfs: list[ElfFacts],
+    where: Mapping[tuple[str, str], str | None],
+    unused: Collection[str],
+    policy: Policy,
+) -> list[Finding]:
+    """Every library the wheel's own ELF files load (grafted into <pkg>.libs/, or bundled), whose sampled code
+    uses instructions above x86-64 baseline that no ISA note declares: a warning when nothing in it chooses
+    code at run time (on an older CPU the import dies with "Illegal instruction"; a manylinux_2_34 image builds
+    what it grafts for x86-64-v2), info when it dispatches (cpuid, getauxval, ifuncs: expected)."""
+    by_path = {e.member: e for e in elfs}
+    loaders: dict[str, str] = {}
+    for (member, _lib), found in sorted(where.items()):
+        if found and found != member:
+            loaders.setdefault(found, member)
+    out: list[Finding] = []
+    for lib, loader in sorted(loaders.items()):
+        e = by_path.get(lib)
+        if e is None or e.member in unused or e.isa_needed or e.isa_sample is None:
+            continue  # a declared level is the verdict's (platforms.verdict); unsampled: nothing to say
+        s = e.isa_sample
+        above = [(f, n, at, ins) for f, n, at, ins in s.features if f not in policy.baseline]
+        if not above:
+            continue
+        feature, count, at, ins = above[0]
+        names = ", ".join(f for f, *_ in above[:6]) + (f" and {len(above) - 6} more" if len(above) > 6 else "")
+        sampled = f"{_size(s.sampled_bytes)} of {_size(s.code_bytes)} of its code decoded"
+        what = f"{ins} ({feature}) at {at:#x}, {count} instruction(s); in all: {names}"
+        if s.dispatch:
+            out.append(
+                finding(
+                    "isa.graft-dispatch",
+                    wheel,
+                    lib,
+                    f"loaded by {loader}, uses instructions above x86-64 baseline ({what}) and chooses its code at "
+                    f"run time ({s.dispatch}); {sampled}",
+                    "nothing to fix if every such path is guarded by its CPU check",
+                    "info",
+                )
+            )
+            continue
+        out.append(
+            finding(
+                "isa.graft-above-baseline",
+                wheel,
+                lib,
+                f"loaded by {loader}, uses {what}: above the x86-64 baseline the wheel's tag promises, with no ISA "
+                f"note to say so and nothing that chooses code at run time; on a CPU without {feature} the import "
+                f"dies with Illegal instruction (auditwheel reads ISA notes only); {sampled}",
+                "rebuild it for baseline x86-64 (-march=x86-64; a manylinux_2_34 image defaults to x86-64-v2), or "
+                "dispatch on the CPU at run time",
+                "warning",
+            )
+        )
+    return out

@@ -6,6 +6,7 @@ import io
 import re
 from bisect import bisect_right
 from dataclasses import dataclass, field
+from functools import cache
 from typing import Any, BinaryIO, cast
 
 # pyelftools is imported where an ELF file is read (90 ms that a wheel without one never needs).
@@ -49,6 +50,8 @@ class ElfFacts:
     py_ext: int = 0
     pyfpe: bool = False  # references PyFPE_jbuf/PyFPE_dummy/PyFPE_counter (fpectl builds only)
     ucs2: bool = False  # references PyUnicodeUCS2_* functions (a narrow-unicode Python 2)
+    # An x86-64 library's code sampled for its instruction set (read_elf_stream's isa_budget), or None
+    isa_sample: IsaSample | None = field(default=None, repr=False)
 
     def symbol_at(self, address: int) -> str:
         i = bisect_right(self.symbols, (address, "\uffff")) - 1
@@ -66,6 +69,104 @@ def is_loader(needed: str) -> bool:
 def is_elf(data: bytes) -> bool:
     """Whether the bytes start with the ELF magic."""
     return data[:4] == b"\x7fELF"
+
+
+@dataclass(frozen=True)
+class IsaSample:
+    """What a sample of a library's code says of the instructions it runs: every CPUID feature the
+    sampled bytes use (iced-x86's names) with the first use, how much was sampled of how much code,
+    and the evidence that it chooses its code at run time ("" when none was seen)."""
+
+    code_bytes: int
+    sampled_bytes: int
+    features: tuple[tuple[str, int, int, str], ...]  # (feature, count, first address, first instruction)
+    dispatch: str
+
+
+# What a library that chooses its code at run time calls or contains (GCC's __builtin_cpu_supports,
+# glibc's getauxval and CPU features, an ifunc resolved by the loader, the CPUID instruction itself).
+_DISPATCH_NAMES = (
+    "__cpu_indicator_init",
+    "__cpu_model",
+    "__cpu_features2",
+    "getauxval",
+    "__x86_get_cpuid_feature_leaf",
+)
+_R_X86_64_IRELATIVE = 37
+SAMPLE_WINDOW = 64 << 10  # bytes decoded from one place; x86 decoding finds instruction boundaries within a few
+
+
+def _irelative(elf: Any) -> bool:
+    """Whether any dynamic relocation is R_X86_64_IRELATIVE (an ifunc: the loader picks an implementation)."""
+    for sec in elf.iter_sections():
+        if sec["sh_type"] != "SHT_RELA" or sec["sh_entsize"] != 24:
+            continue
+        data = sec.data()
+        types = data[8::24]  # the low byte of each entry's r_info (its type's), one C-level slice
+        j = types.find(_R_X86_64_IRELATIVE)
+        while j != -1:
+            if data[8 + 24 * j + 1 : 8 + 24 * j + 4] == b"\0\0\0":
+                return True
+            j = types.find(_R_X86_64_IRELATIVE, j + 1)
+    return False
+
+
+@cache
+def iced() -> tuple[Any, dict[int, str]]:
+    """The disassembler and its CPUID feature names, imported on first disassembly (60 ms that a
+    wheel without CPU variants never needs)."""
+    import iced_x86
+
+    names = {v: k for k, v in vars(iced_x86.CpuidFeature).items() if not k.startswith("_") and isinstance(v, int)}
+    return iced_x86, names
+
+
+def _sample_isa(stream: BinaryIO, ranges: list[tuple[int, int, str, int]], budget: int, dispatch: str) -> IsaSample:
+    """At most `budget` bytes of the executable ranges decoded, in windows spread evenly over them."""
+    stream.seek(0, io.SEEK_END)
+    end = stream.tell()
+    merged: list[tuple[int, int, int]] = []  # (offset, size, address), each byte once
+    covered = 0
+    for offset, size, _, address in sorted(ranges):
+        start, stop = max(offset, covered), min(offset + size, end)
+        if start < stop:
+            merged.append((start, stop - start, address + (start - offset)))
+            covered = stop
+    total = sum(size for _, size, _ in merged)
+    windows: list[tuple[int, int, int]] = []
+    if total <= budget:
+        windows = merged
+    elif total:
+        count = max(1, budget // SAMPLE_WINDOW)
+        step = total / count
+        for k in range(count):
+            at = int(k * step)  # a position in the concatenated code, mapped back to its range
+            for offset, size, address in merged:
+                if at < size:
+                    n = min(SAMPLE_WINDOW, size - at)
+                    windows.append((offset + at, n, address + at))
+                    break
+                at -= size
+    iced_x86, names = iced()
+    counts: dict[str, int] = {}
+    first: dict[str, tuple[int, str]] = {}
+    sampled = 0
+    for offset, size, address in windows:
+        stream.seek(offset)
+        code = stream.read(size)
+        sampled += len(code)
+        for ins in iced_x86.Decoder(64, code, ip=address):
+            if ins.is_invalid:
+                continue
+            for f in ins.cpuid_features():
+                name = names.get(f, str(f))
+                counts[name] = counts.get(name, 0) + 1
+                if name not in first:
+                    first[name] = (ins.ip, str(ins))
+    if not dispatch and "CPUID" in counts:
+        dispatch = f"executes cpuid ({first['CPUID'][1]} at {first['CPUID'][0]:#x})"
+    features = tuple((n, counts[n], first[n][0], first[n][1]) for n in sorted(counts))
+    return IsaSample(total, sampled, features, dispatch)
 
 
 def read_elf(member: str, data: bytes) -> ElfFacts | None:
@@ -230,12 +331,20 @@ def _code_once(stream: BinaryIO, ranges: list[tuple[int, int, str, int]]) -> tup
 
 
 def read_elf_stream(
-    member: str, stream: BinaryIO, *, code: bool = True, exports: bool = True, forbidden: frozenset[str] = frozenset()
+    member: str,
+    stream: BinaryIO,
+    *,
+    code: bool = True,
+    exports: bool = True,
+    forbidden: frozenset[str] = frozenset(),
+    isa_budget: int = 0,
 ) -> ElfFacts:
     """Facts about the ELF file on a seekable stream; bounded reads only. Without `code`, the
     executable sections and the symbol table are skipped (large CUDA binaries: the dynamic
     section, versions and segments are all the rules need); without `exports`, the dynamic
-    symbol table is not walked (hundreds of thousands of symbols in libtorch).
+    symbol table is not walked (hundreds of thousands of symbols in libtorch). With `isa_budget`, an
+    x86-64 library that is no Python extension has at most that many bytes of its code decoded for
+    its instruction set (IsaSample), without holding its code.
 
     Raises ValueError for any file pyelftools cannot walk: on a damaged ELF it raises ELFError,
     struct and construct errors, KeyError, IndexError, TypeError, OverflowError, RecursionError...
@@ -263,7 +372,7 @@ def read_elf_stream(
         for sec in elf.iter_sections():
             if sec.name in (".dynsym", ".symtab", ".dynstr", ".gnu.hash", ".hash", ".nv_fatbin"):
                 by_name.setdefault(sec.name, sec)
-            if code and sec["sh_flags"] & SHF_EXECINSTR and sec["sh_type"] == "SHT_PROGBITS" and sec["sh_size"]:
+            if sec["sh_flags"] & SHF_EXECINSTR and sec["sh_type"] == "SHT_PROGBITS" and sec["sh_size"]:
                 exec_ranges.append((sec["sh_offset"], sec["sh_size"], sec.name, sec["sh_addr"]))
             if isinstance(sec, GNUVerNeedSection):
                 for verneed, auxs in sec.iter_versions():
@@ -308,10 +417,15 @@ def read_elf_stream(
                     and s.name
                 ):
                     exported.append(s.name)
-        exec_secs = _code_once(stream, exec_ranges)
+        exec_secs = _code_once(stream, exec_ranges) if code else ()
         dynstr: Any = by_name.get(".dynstr")
         strings = b"\0" + dynstr.data() if dynstr is not None else None  # read once, searched by both
         py_ext, pyfpe, ucs2 = _python_facts(member, by_name, strings)
+        sample = None
+        if isa_budget and not code and not py_ext and elf["e_machine"] == "EM_X86_64" and exec_ranges:
+            named = [n for n in _DISPATCH_NAMES if strings is not None and b"\0" + n.encode() + b"\0" in strings]
+            dispatch = f"calls {named[0]}" if named else ("has ifunc relocations" if _irelative(elf) else "")
+            sample = _sample_isa(stream, exec_ranges, isa_budget, dispatch)
         fatbin: Any = by_name.get(".nv_fatbin")
         table = by_name.get(".symtab") or dynsym
         syms: list[tuple[int, str]] = []
@@ -344,6 +458,7 @@ def read_elf_stream(
             py_ext=py_ext,
             pyfpe=pyfpe,
             ucs2=ucs2,
+            isa_sample=sample,
         )
     except Exception as exc:  # any of them is a verdict on the bytes (see the docstring)
         raise ValueError(f"{member}: malformed ELF: {type(exc).__name__}: {exc}") from exc

@@ -3,20 +3,8 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import cache
-from typing import Any
 
-from ._elf import ElfFacts
-
-
-@cache
-def _iced() -> tuple[Any, dict[int, str]]:
-    """The disassembler and its CPUID feature names, imported on first disassembly (60 ms that a
-    wheel without CPU variants never needs)."""
-    import iced_x86
-
-    names = {v: k for k, v in vars(iced_x86.CpuidFeature).items() if not k.startswith("_") and isinstance(v, int)}
-    return iced_x86, names
+from ._elf import ElfFacts, iced
 
 
 @dataclass(frozen=True)
@@ -36,7 +24,7 @@ def feature_uses(elf: ElfFacts) -> dict[str, FeatureUse]:
     first: dict[str, tuple[int, str]] = {}
     if not elf.exec_sections:
         return {}
-    iced_x86, feature_names = _iced()
+    iced_x86, feature_names = iced()
     for _name, addr, code in elf.exec_sections:
         for ins in iced_x86.Decoder(64, code, ip=addr):
             if ins.is_invalid:

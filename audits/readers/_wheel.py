@@ -65,6 +65,9 @@ class ReadOptions:
     cuobjdump: str | None = None  # list SASS/PTX of ELF members holding a .nv_fatbin section
     python: bool = True  # find lookups by distribution name in the .py members (readers/_python.py)
     forbidden: frozenset[str] = frozenset()  # symbols some manylinux policy forbids (ElfFacts.forbidden_candidates)
+    # bytes of code sampled per x86-64 library for its instruction set, and per wheel (0: none sampled)
+    isa_budget: int = 0
+    isa_budget_wheel: int = 0
 
 
 @dataclass(frozen=True)
@@ -198,6 +201,7 @@ def read_wheel(path: Path, options: ReadOptions | None = None) -> WheelFacts:
     unreadable: list[tuple[str, str]] = []
     cuda: list[CudaListing] = []
     lookups: list[Lookup] = []
+    isa_left = [opts.isa_budget_wheel]  # the wheel's sampling budget, spent library by library
     try:
         with zipfile.ZipFile(path) as zf:
             for info in zf.infolist():
@@ -210,7 +214,7 @@ def read_wheel(path: Path, options: ReadOptions | None = None) -> WheelFacts:
                     members.append(Member(info.filename, None, mode, kind, size=info.file_size, refused=why))
                     continue
                 try:
-                    m, elf, listing = _read_member(zf, info, mode, kind, opts)
+                    m, elf, listing = _read_member(zf, info, mode, kind, opts, isa_left)
                 except MEMBER_ERRORS as exc:
                     unreadable.append((info.filename, f"cannot decompress: {type(exc).__name__}: {exc}"))
                     members.append(Member(info.filename, None, mode, kind, size=info.file_size))
@@ -257,7 +261,7 @@ def _is_source(name: str, opts: ReadOptions) -> bool:
 
 
 def _read_member(
-    zf: zipfile.ZipFile, info: zipfile.ZipInfo, mode: int, kind: str, opts: ReadOptions
+    zf: zipfile.ZipFile, info: zipfile.ZipInfo, mode: int, kind: str, opts: ReadOptions, isa_left: list[int]
 ) -> tuple[Member, ElfFacts | str | None, CudaListing | None]:
     """Stream one member through its hashes; keep its bytes if asked, spool it if ELF."""
     h = hashlib.sha256()
@@ -300,9 +304,13 @@ def _read_member(
         spool.seek(0)
         try:
             stream = cast(BinaryIO, spool)
+            code = opts.code(info.filename)
+            budget = 0 if code else min(opts.isa_budget, isa_left[0])
             elf = read_elf_stream(
-                info.filename, stream, code=opts.code(info.filename), exports=opts.exports, forbidden=opts.forbidden
+                info.filename, stream, code=code, exports=opts.exports, forbidden=opts.forbidden, isa_budget=budget
             )
+            if elf.isa_sample is not None:
+                isa_left[0] -= elf.isa_sample.sampled_bytes
         except ValueError as exc:
             return member, str(exc), None
         listing = None

@@ -711,3 +711,54 @@ def test_abi_flags_are_part_of_the_extension_suffix(tmp_path: Path) -> None:
     assert "cp311d" in f.message
     right = audit_wheel(_native(tmp_path, ["cp311-cp311d-manylinux_2_17_x86_64"], {member: ext}), POLICY)
     assert [f for f in right.findings if f.rule == "tag.ext-suffix"] == []
+
+
+def _graft_wheel(tmp_path: Path, graft_source: str, *graft_flags: str) -> Path:
+    """A manylinux_2_28 x86-64 wheel: an extension that loads pkg.libs/libgraft-1a2b3c4d.so (its RPATH), the
+    graft compiled here from `graft_source` with `graft_flags`."""
+    lib = "libgraft-1a2b3c4d.so"
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    graft = compile_so(tmp_path, lib, graft_source, *graft_flags, f"-Wl,-soname,{lib}")
+    ext_src = (
+        "extern unsigned kt_graft(unsigned long long);\n"
+        "void *PyInit__ext(void) { return (void *)(unsigned long) kt_graft(3); }\n"
+    )
+    ext = compile_so(tmp_path, "_ext.so", ext_src, f"-L{tmp_path}", f"-l:{lib}", "-Wl,-rpath,$ORIGIN/../pkg.libs")
+    members = pure_wheel_members("pkg", "1.0")
+    members["pkg/_ext.cpython-311-x86_64-linux-gnu.so"] = ext
+    members[f"pkg.libs/{lib}"] = graft
+    di = "pkg-1.0.dist-info"
+    members[f"{di}/WHEEL"] = b"Wheel-Version: 1.0\nRoot-Is-Purelib: false\nTag: cp311-cp311-manylinux_2_28_x86_64\n"
+    return write_wheel(tmp_path / "pkg-1.0-cp311-cp311-manylinux_2_28_x86_64.whl", members)
+
+
+POPCNT = "unsigned kt_graft(unsigned long long x) { return (unsigned) __builtin_popcountll(x * 2654435761u); }\n"
+
+
+def test_a_graft_built_above_baseline_without_dispatch_is_a_warning(tmp_path: Path) -> None:
+    """What auditwheel cannot see: the graft compiled for x86-64-v2 (popcnt, no ISA note) under a baseline
+    manylinux tag dies with Illegal instruction on an older CPU; the finding names the library, the instruction
+    and its offset. The same library built for baseline gets nothing."""
+    third = load_policy("third-party")
+    res = audit_wheel(_graft_wheel(tmp_path / "v2", POPCNT, "-march=x86-64-v2"), third)
+    (f,) = [f for f in res.findings if f.rule.startswith("isa.graft")]
+    assert (f.rule, f.severity, f.member) == ("isa.graft-above-baseline", "warning", "pkg.libs/libgraft-1a2b3c4d.so")
+    assert "loaded by pkg/_ext.cpython-311-x86_64-linux-gnu.so, uses popcnt" in f.message
+    assert "(POPCNT) at 0x" in f.message
+    assert res.platform == "manylinux_2_5_x86_64"  # the verdict itself is auditwheel's: no note, no level
+    res = audit_wheel(_graft_wheel(tmp_path / "v1", POPCNT, "-march=x86-64"), third)
+    assert [f for f in res.findings if f.rule.startswith("isa.graft")] == []
+
+
+def test_a_graft_that_dispatches_on_the_cpu_is_only_said(tmp_path: Path) -> None:
+    src = (
+        '__attribute__((target("popcnt"))) static unsigned fast(unsigned long long x) '
+        "{ return (unsigned) __builtin_popcountll(x); }\n"
+        "static unsigned slow(unsigned long long x) { unsigned n = 0; while (x) { n += x & 1; x >>= 1; } return n; }\n"
+        'unsigned kt_graft(unsigned long long x) { return __builtin_cpu_supports("popcnt") ? fast(x) : slow(x); }\n'
+    )
+    res = audit_wheel(_graft_wheel(tmp_path, src, "-march=x86-64"), load_policy("third-party"))
+    (f,) = [f for f in res.findings if f.rule.startswith("isa.graft")]
+    assert (f.rule, f.severity) == ("isa.graft-dispatch", "info")
+    assert "chooses its code at run time (executes cpuid (cpuid at 0x" in f.message  # libgcc's CPU check, linked in
+    assert "of its code decoded" in f.message
