@@ -291,7 +291,9 @@ SCHEMA_FILE = Path(__file__).resolve().parent / "policy" / "schema.json"
 
 
 def _validator() -> Any:
-    import jsonschema
+    from .readers._json import jsonschema_module
+
+    jsonschema = jsonschema_module()
 
     return jsonschema.Draft202012Validator(json.loads(SCHEMA_FILE.read_text()))
 

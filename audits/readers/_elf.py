@@ -422,7 +422,7 @@ def read_elf_stream(
         strings = b"\0" + dynstr.data() if dynstr is not None else None  # read once, searched by both
         py_ext, pyfpe, ucs2 = _python_facts(member, by_name, strings)
         sample = None
-        if isa_budget and not code and not py_ext and elf["e_machine"] == "EM_X86_64" and exec_ranges:
+        if isa_budget and not code and not py_ext and not interp and elf["e_machine"] == "EM_X86_64" and exec_ranges:
             named = [n for n in _DISPATCH_NAMES if strings is not None and b"\0" + n.encode() + b"\0" in strings]
             dispatch = f"calls {named[0]}" if named else ("has ifunc relocations" if _irelative(elf) else "")
             sample = _sample_isa(stream, exec_ranges, isa_budget, dispatch)

@@ -19,6 +19,9 @@ def documents(w: WheelFacts) -> list[str]:
 
 @cache
 def _validator(spec: str) -> Any:
+    from ._json import jsonschema_module
+
+    jsonschema_module()  # before cyclonedx imports it: without the slow optional checker, IRIs still checked
     from cyclonedx.schema import SchemaVersion
     from cyclonedx.validation.json import JsonStrictValidator
 
@@ -39,7 +42,10 @@ def schema_problems(w: WheelFacts) -> dict[str, str]:
             out[member] = "not a CycloneDX document (bomFormat)"
             continue
         problem = checked(
-            "cyclonedx", [text.encode()], ("cyclonedx-python-lib", "jsonschema"), partial(_invalid, text, doc)
+            "cyclonedx-iri",
+            [text.encode()],
+            ("cyclonedx-python-lib", "jsonschema", "rfc3986-validator"),
+            partial(_invalid, text, doc),
         )
         if problem:
             out[member] = problem

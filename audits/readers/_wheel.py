@@ -305,7 +305,8 @@ def _read_member(
         try:
             stream = cast(BinaryIO, spool)
             code = opts.code(info.filename)
-            budget = 0 if code else min(opts.isa_budget, isa_left[0])
+            program = ".data/scripts/" in info.filename  # run, never loaded by another ELF: not sampled
+            budget = 0 if code or program else min(opts.isa_budget, isa_left[0])
             elf = read_elf_stream(
                 info.filename, stream, code=code, exports=opts.exports, forbidden=opts.forbidden, isa_budget=budget
             )

@@ -88,8 +88,20 @@ def test_the_corpus_covers_every_libc_family_and_architecture() -> None:
     files = " ".join(e["file"] for e in CORPUS)
     assert len(CORPUS) >= 25
     for kind in (
-        "static library", "grafted", "abi3", "aarch64", "CUDA", "very large", "static program", "iOS", "PyPy",
-        "CPython 3.14", "cp314t", "static executable", "musllinux 1.1", "musllinux 1.2",
+        "static library",
+        "grafted",
+        "abi3",
+        "aarch64",
+        "CUDA",
+        "very large",
+        "static program",
+        "iOS",
+        "PyPy",
+        "CPython 3.14",
+        "cp314t",
+        "static executable",
+        "musllinux 1.1",
+        "musllinux 1.2",
     ):
         assert kind in kinds, kind
     for arch in ("x86_64", "aarch64", "i686", "armv7l", "ppc64le", "s390x", "riscv64"):

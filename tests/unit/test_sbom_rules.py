@@ -88,6 +88,10 @@ INVALID: dict[str, Callable[[bytes], bytes]] = {
     "against the schema": lambda doc: doc.replace(b'"type": "library"', b'"type": "spaceship"', 1),
     "an unknown spec version": lambda doc: json.dumps({**json.loads(doc), "specVersion": "9.9"}).encode(),
     "nested past the parser (hostile)": lambda doc: b"[" * 200_000 + b"]" * 200_000,
+    # IRIs are still checked with rfc3987-syntax left unimported (audits.readers._json.jsonschema_module)
+    "an externalReference url that is no IRI": lambda doc: json.dumps(
+        {**json.loads(doc), "externalReferences": [{"type": "website", "url": "http://exa mple.com/ a"}]}
+    ).encode(),
 }
 
 
@@ -95,6 +99,13 @@ INVALID: dict[str, Callable[[bytes], bytes]] = {
 def test_an_sbom_that_is_not_valid_cyclonedx_is_invalid(tmp_path: Path, what: str) -> None:
     members = _fork()
     assert _audit(tmp_path, _with_sbom(members, INVALID[what](_sbom(members)))) == [("sbom.invalid", SBOM)]
+
+
+def test_an_iri_outside_ascii_is_a_valid_reference(tmp_path: Path) -> None:
+    members = _fork()
+    ref = {"type": "website", "url": "https://例え.jp/パス?q=ü#frag"}
+    doc = json.dumps({**json.loads(_sbom(members)), "externalReferences": [ref]}).encode()
+    assert _audit(tmp_path, _with_sbom(members, doc)) == []
 
 
 MISMATCH: dict[str, tuple[Callable[[dict[str, bytes]], bytes], str]] = {
