@@ -2,7 +2,8 @@
 its arguments here.
 
 A plain run measures, each beside its reference in the same run: the audit (beside auditwheel), the
-CUDA payload on dist/ (beside gzip), kernel throughput per CPU variant (beside torch bf16 and the
+CUDA payload on dist/ (beside gzip, and beside KTransformers 0.7.2's own five carriers from PyPI,
+both installed into fresh venvs), kernel throughput per CPU variant (beside torch bf16 and the
 bandwidth roofline), kt_kernel.sft forward+backward (beside torch autograd) and kt-prepare-data (serial
 beside parallel). The kernel parts run on a CPU-only kt-kernel of their own (build/bench-kernel):
 build/kt-kernel/out holds the release's input, which a bench run must not replace.
@@ -42,6 +43,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--no-build-times", action="store_true", help="kernel: skip the cold/incremental build timing")
     p.add_argument("--json", help="kernel: where its results go (default: build/bench-kernel.json)")
     p.add_argument("--assembly", action="store_true", help="payload: also time a cold and a warm assembly")
+    p.add_argument(
+        "--rounds", type=int, default=3, help="payload: interleaved rounds beside KTransformers 0.7.2 (default: 3)"
+    )
     p.add_argument("--scenario", action="append", default=[], help="release: cold, no-op, reference, kernel line")
     p.add_argument("--no-verify", action="store_true", help="release: build_all and audit only")
     p.add_argument(
@@ -68,7 +72,7 @@ def commands(args: argparse.Namespace) -> list[list[str]]:
             out.append([py, "-m", "bench.audit", "--json", str(paths.BENCH_JSON["audit"])])
         elif part == "payload":
             cmd = [py, "-m", "bench.payload", "--dist", str(args.dist), "--kernel", str(paths.KERNEL_OUT)]
-            out.append(cmd + (["--assembly"] if args.assembly else []))
+            out.append(cmd + [f"--rounds={args.rounds}"] + (["--assembly"] if args.assembly else []))
         elif part == "kernel":
             cmd = [py, "-m", "bench.kernel", "--json", args.json or str(paths.BENCH_JSON["kernel"])]
             out.append(cmd + (["--no-build-times"] if args.no_build_times else []))

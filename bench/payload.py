@@ -88,8 +88,13 @@ def installed_site(dist: Path, site: Path) -> tuple[Path, dict[str, Any]]:
         manifest: dict[str, Any] = json.loads(zf.read(manifest_member()))
     for part in manifest["parts"]:
         norm = part["distribution"].replace("-", "_")
-        (wheel,) = dist.glob(f"{norm}-{part['version']}-*.whl")
-        with zipfile.ZipFile(wheel) as zf, zf.open(part["member"]) as src:
+        # a carrier built per CPython (sglang-kt) carries the same part in each of its wheels
+        wheels = sorted(dist.glob(f"{norm}-{part['version']}-*.whl"))
+        if not wheels:
+            raise BenchError(
+                f"{dist} has no {part['distribution']} {part['version']} wheel (payload part {part['index']})"
+            )
+        with zipfile.ZipFile(wheels[0]) as zf, zf.open(part["member"]) as src:
             target = site / part["member"]
             target.parent.mkdir(parents=True, exist_ok=True)
             with target.open("wb") as out:
@@ -242,7 +247,12 @@ def _main(argv: list[str] | None) -> int:
     p.add_argument("--kernel", type=Path, default=paths.KERNEL_OUT)
     p.add_argument("--assembly", action="store_true", help="also time a cold and a warm assembly (minutes)")
     p.add_argument("--json", type=Path, default=paths.BENCH_JSON["payload"])
+    p.add_argument("--rounds", type=int, default=3, help="interleaved rounds beside KTransformers (default: 3)")
+    p.add_argument("--no-anchor", action="store_true", help="skip the comparison with KTransformers 0.7.2's carriers")
+    p.add_argument("--no-doc", action="store_true", help="do not write the comparison's table into docs/payload.md")
     args = p.parse_args(argv)
+    if args.rounds < 3:
+        p.error(f"--rounds {args.rounds}: the comparison needs at least 3 interleaved rounds (fewer make no median)")
     if not list(args.dist.glob("sglang_kernel_kt-*.whl")):
         print(f"error: {args.dist} holds no release with a CUDA payload; run nox -s build_all first", file=sys.stderr)
         return 2
@@ -323,6 +333,21 @@ def _main(argv: list[str] | None) -> int:
     )
     if "assembly" in res:
         print(f"assembly: cold {res['assembly']['cold_s']} s, warm {res['assembly']['warm_s']} s")
+    if not args.no_anchor:
+        from . import payload_anchor
+
+        _say("beside KTransformers 0.7.2's own carriers, installed as users get them")
+        try:
+            res["anchor"] = payload_anchor.run(args.dist, args.rounds)
+            lines = payload_anchor.table(res["anchor"])
+        except payload_anchor.Unreachable as exc:  # said in the table, never a number that means something else
+            res["anchor"] = {"not_measured": str(exc)}
+            lines = payload_anchor.not_measured(str(exc))
+        print("\n".join(lines))
+        if not args.no_doc:
+            payload_anchor.write_doc(lines)
+            print(f"wrote the table into {payload_anchor.DOC}")
+        results.write(args.json, res)
     print(f"wrote {args.json}")
     return 0
 

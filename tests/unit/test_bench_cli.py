@@ -21,7 +21,15 @@ def test_a_plain_run_measures_each_part_beside_its_reference_in_order() -> None:
 
 def test_only_runs_one_part_with_its_own_options() -> None:
     (payload,) = bench.commands(bench.parser().parse_args(["--only", "payload", "--assembly"]))
-    assert payload[2:] == ["bench.payload", "--dist", str(paths.DIST), "--kernel", str(paths.KERNEL_OUT), "--assembly"]
+    assert payload[2:] == [
+        "bench.payload",
+        "--dist",
+        str(paths.DIST),
+        "--kernel",
+        str(paths.KERNEL_OUT),
+        "--rounds=3",
+        "--assembly",
+    ]
     (ab,) = bench.commands(bench.parser().parse_args(["--only", "ab", "--against", "HEAD~1", "--tokens", "1,8"]))
     assert ab[2:] == ["bench.ab", "--against=HEAD~1", "--tokens=1,8"]
 
