@@ -97,7 +97,9 @@ def test_the_report_page_renders_with_every_section(tmp_path: Path) -> None:
     old["wheels"][0]["size"] = old["wheels"][0]["size"] // 2
     baseline.write_text(json.dumps(old))
     assert (
-        release_report.main(["--dist", str(dist), "--verify", str(tmp_path / "no.json"), "--baseline", str(baseline)])
+        release_report.main(
+            ["--dist", str(dist), "--evidence", str(tmp_path / "no-evidence"), "--baseline", str(baseline)]
+        )
         == 1
     )
     page = (dist / "release-report.html").resolve()
