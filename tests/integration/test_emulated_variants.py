@@ -68,9 +68,24 @@ def simde() -> Path:
     return include
 
 
-def build_emulated(src: Path, out: Path, simde: Path, targets: tuple[str, ...] = ("kt_emulated_variants",)) -> Path:
-    """The emulated variants of the kernel source tree `src`, built with its own CMakeLists."""
-    env = {**os.environ, "CMAKE_BUILD_PARALLEL_LEVEL": str(os.cpu_count() or 2)}
+def build_emulated(
+    src: Path, out: Path, simde: Path, base: Path, targets: tuple[str, ...] = ("kt_emulated_variants",)
+) -> Path:
+    """The emulated variants of the kernel source tree `src`, built with its own CMakeLists into `out`.
+
+    `base` holds `src` as kernel/, `out` as build/emulated/ and SIMDe under build/cache/simde/, the
+    layout of this repository: ccache (the CMakeLists' compiler launcher) then sees every path relative
+    to `base` (CCACHE_BASEDIR), so a translation unit whose preprocessed text is the same hits the
+    cache from any checkout or temporary copy, and one a mutation changes is compiled again."""
+    assert src == base / "kernel", src
+    assert out == base / "build" / "emulated", out
+    assert simde.is_relative_to(base / "build" / "cache" / "simde"), simde
+    env = {
+        **os.environ,
+        "CMAKE_BUILD_PARALLEL_LEVEL": str(os.cpu_count() or 2),
+        "CCACHE_BASEDIR": str(base),
+        "CCACHE_NOHASHDIR": "1",  # no -g here: the working directory is in no object
+    }
     configure = [
         _tool("cmake"),
         "-S",
@@ -95,7 +110,7 @@ def build_emulated(src: Path, out: Path, simde: Path, targets: tuple[str, ...] =
 @pytest.fixture(scope="session")
 def emulated(simde: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     t0 = time.perf_counter()
-    libs = build_emulated(ROOT / "kernel", paths.EMULATED, simde)
+    libs = build_emulated(ROOT / "kernel", paths.EMULATED, simde, ROOT)
     print(f"emulated variants built in {time.perf_counter() - t0:.1f}s: {sorted(p.name for p in libs.glob('*.so'))}")
     return libs
 
@@ -150,7 +165,12 @@ def _mutant(simde: Path, tmp: Path, source: str, good: str, bad: str, variant: s
     text = path.read_text()
     assert text.count(good) == 1, f"{good!r} moved in kernel/{source}; update this mutation"
     path.write_text(text.replace(good, bad))
-    return build_emulated(src, tmp / "build", simde, (f"kt_cpu_{variant}_emulated",)) / f"libkt_cpu_{variant}.so"
+    # SIMDe where this repository keeps it, so that the copy's paths are the checkout's (build_emulated)
+    (tmp / "build" / "cache").mkdir(parents=True)
+    (tmp / "build" / "cache" / "simde").symlink_to(CACHE, target_is_directory=True)
+    mirrored = tmp / "build" / "cache" / "simde" / simde.relative_to(CACHE)
+    out = build_emulated(src, tmp / "build" / "emulated", mirrored, tmp, (f"kt_cpu_{variant}_emulated",))
+    return out / f"libkt_cpu_{variant}.so"
 
 
 def test_a_wrong_vbmi_permute_is_caught(simde: Path, tmp_path: Path, fresh_venv: Venv) -> None:
