@@ -347,7 +347,7 @@ def expand(paths: list[Path]) -> list[Path]:
 
 
 def run(paths: list[Path], policy: Policy, baseline_file: Path | None = None) -> dict[str, Any]:
-    """Audit every wheel; returns the report (shared/DESIGN.md, 'Audit report')."""
+    """Audit every wheel; returns the report (schema: audits/schemas/audit-report.schema.json)."""
     baseline = None
     if baseline_file is not None:
         try:

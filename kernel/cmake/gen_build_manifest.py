@@ -1,4 +1,4 @@
-"""Write kt_kernel/_build.json, the wheel's build manifest (shared/DESIGN.md).
+"""Write kt_kernel/_build.json, the wheel's build manifest (schema: audits/schemas/build-manifest.schema.json).
 
 Run by CMake at build time; deterministic (sorted keys, no timestamps) so that
 the same sources give the same wheel bytes.
