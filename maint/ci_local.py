@@ -319,9 +319,10 @@ class Local:
 def replace_run(script: str, env: Mapping[str, str], local: Local) -> tuple[str, list[str]]:
     """The script with its unrunnable commands replaced, and the notes saying so."""
     notes: list[str] = []
-    m = re.search(r'nox -s build_wheels -- --python "?\$\{?(\w+)\}?"?', script)
+    # `--python cp311` or `--python "${PYTHON}"` (a matrix variable, from the step's environment)
+    m = re.search(r'nox -s build_wheels -- --python "?(?:\$\{?(\w+)\}?|(cp3\d+))"?', script)
     if m:
-        python = env.get(m.group(1), m.group(1))
+        python = m.group(2) or env.get(m.group(1), m.group(1))
         notes.append("cibuildwheel needs a container engine: replaced by the host build (nox -s build_cuda)")
         cmd = "nox -s build_cuda && mkdir -p build/wheelhouse"
         if python == HOST_PYTHON:

@@ -166,3 +166,23 @@ def test_a_workflow_runs_end_to_end_in_fresh_clones(tmp_path: Path) -> None:
     assert "built a" in summary
     assert "built b" in summary
     assert not (work / "jobs" / "tag-only").exists()
+
+
+@pytest.mark.parametrize("line", ["nox -s build_wheels -- --python cp311", 'nox -s build_wheels -- --python "${PY}"'])
+def test_the_container_build_is_replaced_by_the_host_build_saying_so(line: str) -> None:
+    """The kernel job's cibuildwheel step, written with the Python literal (the abi3 build) or from the
+    matrix, never reaches cibuildwheel here: no container engine; the host build stands in, and says so."""
+    script, notes = ci_local.replace_run(f"set -e\n{line}\n", {"PY": "cp311"}, ci_local.Local())
+    assert "build_wheels" not in script
+    assert "nox -s build_cuda" in script
+    assert any("replaced by the host build" in n for n in notes)
+
+
+def test_the_release_workflows_kernel_job_runs_here() -> None:
+    """Every run step of the real workflow's kernel job is one ci_local can run: its cibuildwheel line matches."""
+    text = ci_local.WORKFLOW.read_text()
+    runs = [ln.split("run:", 1)[1].strip() for ln in text.splitlines() if "run: nox -s build_wheels" in ln]
+    assert runs, "the workflow builds the kernel with nox -s build_wheels"
+    for run in runs:
+        script, _ = ci_local.replace_run(run, {}, ci_local.Local())
+        assert "build_wheels" not in script, run
