@@ -24,7 +24,20 @@ from base import paths
 from base.paths import ROOT
 
 ENV = "KT_AUDIT_MUTANT"
-ANALYZERS = ("cuda_rules", "elf_rules", "isa_rules", "manifest_rules", "payload_rules", "size_rules", "wheel_rules")
+
+
+def finders() -> list[str]:
+    """Every module of the audit that imported `finding` by name (each analyzer, and audits.core): a
+    module this list missed would keep its rules' verdicts under a mutant, and they would survive
+    without any test having been asked (as dist_rules', install_rules', license_rules' and sbom_rules'
+    once did, read from a hand-written list)."""
+    import importlib
+    import pkgutil
+
+    import audits.analyzers
+
+    names = [f"audits.analyzers.{m.name}" for m in pkgutil.iter_modules(audits.analyzers.__path__)]
+    return [n for n in (*names, "audits.core") if hasattr(importlib.import_module(n), "finding")]
 
 
 def pytest_configure(config: Any) -> None:
@@ -43,7 +56,7 @@ def pytest_configure(config: Any) -> None:
         return dataclasses.replace(found, rule="mutant.deleted", severity="info") if r == rule else found
 
     # Each module imported `finding` by name: replace it where it is looked up.
-    for name in (*(f"audits.analyzers.{a}" for a in ANALYZERS), "audits.core"):
+    for name in finders():
         setattr(importlib.import_module(name), "finding", mutant)  # noqa: B010 - a dynamic module
 
 
