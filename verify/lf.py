@@ -158,9 +158,9 @@ def verify_standard(dist: Path, work: Path, interpreter: Interpreter) -> dict[st
     _fail("lf-standard", install_problems(got, kt=False))
     owners = site_owners(venv, STANDARD_PACKAGES)
     _fail("import package owners in lf-standard", ownership_problems(owners, kt=False))
-    run = control(venv, work / "lf-standard-run")
+    run = control(venv, work / "lf-standard-run", "--refusals")
+    refused = run.pop("refused")
     _fail("LlamaFactory control in lf-standard", control_problems(run, kt=False))
-    refused = control(venv, work / "lf-standard-run", "--refusals")["refused"]
     if "kt-kernel" not in refused.get("use_kt", ""):
         raise VerifyError(f"use_kt in the standard profile should fail naming kt-kernel, got: {refused}")
     return {
@@ -173,10 +173,10 @@ def verify_standard(dist: Path, work: Path, interpreter: Interpreter) -> dict[st
     }
 
 
-def kt_checks(venv: Path, work: Path, tag: str) -> dict[str, Any]:
+def kt_checks(venv: Path, work: Path, tag: str, *control_flags: str) -> dict[str, Any]:
     """What every KT environment must show: pip check, no path written twice, kt-doctor clean with
     every package owned by the KT distribution, lookups by upstream name, LlamaFactory's own checks,
-    and the control with and without use_kt."""
+    and the control with use_kt (`control_flags` added to its run)."""
     pip_check(venv)
     result: dict[str, Any] = {"shared_paths": check_collisions(venv)}
     report = doctor(venv, "--run")  # the ownership report and the checks, in one run
@@ -190,7 +190,7 @@ def kt_checks(venv: Path, work: Path, tag: str) -> dict[str, Any]:
     _fail(f"lookups by upstream distribution name in {tag}", dist_name_problems(names))
     result["dist_names"] = names["sites"]
     result["llamafactory"] = run_probe(venv, "LlamaFactory's dependency check", "lf_checks")
-    result["control_kt"] = control(venv, work / f"{tag}-run", "--kt")
+    result["control_kt"] = control(venv, work / f"{tag}-run", "--kt", *control_flags)
     _fail(f"LlamaFactory control with use_kt in {tag}", control_problems(result["control_kt"], kt=True))
     return result
 
@@ -204,10 +204,10 @@ def verify_kt(dist: Path, work: Path, interpreter: Interpreter) -> dict[str, Any
     got, exercised = install_published(venv, dist, "lf-kt", python=interpreter.python)
     install_s = time.perf_counter() - t0
     _fail("lf-kt", install_problems(got, kt=True, carriers=reached))
-    result = kt_checks(venv, work, "lf-kt")
+    result = kt_checks(venv, work, "lf-kt", "--refusals")  # the refusals in the use_kt control's process
+    refused = result["control_kt"].pop("refused")
     result["control_plain"] = control(venv, work / "lf-kt-run")
     _fail("LlamaFactory control without use_kt in lf-kt", control_problems(result["control_plain"], kt=False))
-    refused = control(venv, work / "lf-kt-run", "--kt", "--refusals")["refused"]
     if "packing: false" not in refused.get("packing_with_kt", ""):
         raise VerifyError(f"packing with use_kt should be refused with what to set, got: {refused}")
     if "use_cpu: true" not in refused.get("model_off_cpu", ""):
