@@ -43,7 +43,10 @@ class Venv:
         prefix: tuple[str, ...] = (),
         timeout: float = 900,
     ) -> subprocess.CompletedProcess[str]:
-        full_env = {k: v for k, v in os.environ.items() if not k.startswith("KT_KERNEL_")}
+        # as verify's venvs: bytecode written (uv installs none), so later runs import what the first compiled
+        full_env = {
+            k: v for k, v in os.environ.items() if not k.startswith("KT_KERNEL_") and k != "PYTHONDONTWRITEBYTECODE"
+        }
         full_env.update(env or {})
         proc = subprocess.run(
             [*prefix, str(self.python), *args],
