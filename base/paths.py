@@ -6,6 +6,7 @@ somewhere new adds its path here, so nothing is left behind that ``clean`` does 
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -15,7 +16,11 @@ LOCKFILES = ROOT / "lockfiles"
 KERNEL = ROOT / "kernel"
 VERSION_FILE = KERNEL / "python" / "kt_kernel" / "_version.py"
 
-CACHE = BUILD / "cache"  # downloads (carrier inputs, debootstrap roots): kept by `clean`
+# Downloads checked by sha256 (carrier inputs, the audit corpus), the wheel memo and the payload's frames,
+# every entry named by its content; debootstrap roots: kept by `clean`. KT_CACHE_DIR puts it elsewhere,
+# e.g. one folder shared by every checkout on a machine (`nox -s tests` does, as ccache is shared).
+CACHE_ENV = "KT_CACHE_DIR"
+CACHE = Path(os.environ.get(CACHE_ENV) or BUILD / "cache")
 KERNEL_BUILD = BUILD / "kt-kernel"  # kernel/tools/build_wheel.py's tree (it names the same folder)
 KERNEL_OUT = KERNEL_BUILD / "out"  # the release's kernel input: only build_cpu/build_cuda write it
 KERNEL_SCRATCH = tuple(KERNEL_BUILD / n for n in ("raw", "repaired", "shards"))

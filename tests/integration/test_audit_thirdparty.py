@@ -24,12 +24,13 @@ import tomllib
 
 from audits import audit_wheel, load_policy
 from audits.readers._cuda import find_cuobjdump, read_cuda
+from base import paths, swap
 from locks import indexes
 
 pytestmark = pytest.mark.network
 ROOT = Path(__file__).resolve().parents[2]
 CORPUS = tomllib.loads((Path(__file__).with_name("audit_corpus.toml")).read_text())["wheel"]
-CACHE = ROOT / "build" / "cache" / "corpus"
+CACHE = paths.CACHE / "corpus"  # by sha256: the tests session shares it between checkouts
 THIRD = load_policy("third-party")
 
 
@@ -51,7 +52,7 @@ def fetch(entry: dict[str, Any]) -> Path:
         path = CACHE / str(entry["file"])
         if not path.is_file():
             CACHE.mkdir(parents=True, exist_ok=True)
-            part = path.with_suffix(".part")
+            part = swap.part(path)  # a name of this process's own: another checkout may fetch it meanwhile
             if not entry["url"].startswith(("https://files.pythonhosted.org/", indexes.PYTORCH_CPU_INDEX + "/")):
                 pytest.fail(f"{entry['file']}: corpus URLs must be PyPI's or the PyTorch CPU index's")
             with urllib.request.urlopen(entry["url"], timeout=120) as src, part.open("wb") as dst:  # noqa: S310
@@ -239,7 +240,7 @@ def bundled_wheels() -> dict[str, Path]:
     sdist = fetch(AUDITWHEEL_SDIST)
     root = CACHE / "auditwheel-bundled"
     if not root.is_dir():
-        part = CACHE / f"auditwheel-bundled.{__import__('os').getpid()}"
+        part = swap.part(root)
         shutil.rmtree(part, ignore_errors=True)
         with tarfile.open(sdist) as tar:
             for m in tar.getmembers():
@@ -248,7 +249,12 @@ def bundled_wheels() -> dict[str, Path]:
                     out = part / rel
                     out.parent.mkdir(parents=True, exist_ok=True)
                     out.write_bytes(tar.extractfile(m).read())  # type: ignore[union-attr]
-        part.rename(root)
+        try:
+            part.rename(root)
+        except OSError:  # another checkout sharing the cache extracted it meanwhile
+            if not root.is_dir():
+                raise
+            shutil.rmtree(part)
     return {str(p.relative_to(root)): p for p in sorted(root.rglob("*.whl"))}
 
 
