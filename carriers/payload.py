@@ -231,10 +231,29 @@ def _frame(
                 f"  {name} ({len(data) / 2**20:.1f} MiB): {100 * done / max(total, 1):.0f}% after "
                 f"{time.perf_counter() - t0:.0f}s"
             )
-    desc.write_text(json.dumps(described, indent=1) + "\n")
+    desc_tmp = swap.part(desc)  # the cache may be shared (KT_CACHE_DIR): a reader never sees half a file
+    desc_tmp.write_text(json.dumps(described, indent=1) + "\n")
+    desc_tmp.replace(desc)
     tmp.replace(target)
     say(f"{group}/: {target.stat().st_size / 2**20:.1f} MiB in {time.perf_counter() - t0:.1f}s")
     return target, described
+
+
+ARCHIVES_KEPT = 4  # whole archives kept in the cache, the most recently used (each kernel change makes one)
+
+
+def _prune_archives(cache: Path, keep: Path) -> None:
+    """All but the ARCHIVES_KEPT most recently used archives go (their frames stay: any archive is a
+    concatenation of frames, made again in seconds)."""
+    found = []
+    for p in cache.glob("archive-*.tar.zst"):
+        try:
+            found.append((p.stat().st_mtime, p))
+        except FileNotFoundError:  # another assembly pruned it meanwhile
+            continue
+    for _, p in sorted(found, reverse=True)[ARCHIVES_KEPT:]:
+        if p != keep:
+            p.unlink(missing_ok=True)
 
 
 def build_archive(entries: Mapping[str, bytes], level: int, window: int, cache: Path) -> Archive:
@@ -258,6 +277,9 @@ def build_archive(entries: Mapping[str, bytes], level: int, window: int, cache: 
                     shutil.copyfileobj(src, out, 1 << 20)
             out.write(end)
         tmp.replace(target)
+        _prune_archives(cache, keep=target)
+    else:
+        os.utime(target)  # recently used: pruned last
     with target.open("rb") as fh:
         sha = hashlib.file_digest(fh, "sha256")
     files = {n: f for _, described in frames for n, f in described.items()}

@@ -141,3 +141,19 @@ def test_a_shard_kernel_build_is_refused_naming_what_is_missing() -> None:
     assert any("'amx'" in p and "not built" in p for p in problems)
     assert any("lib/libkt_cuda.so lacks" in p and "sm_80" in p for p in problems)
     assert any("sm90a/libkt_cuda_sm90a.so is not built" in p for p in problems)
+
+
+def test_the_cache_keeps_the_most_recently_used_archives(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each kernel change makes a new whole archive; the cache (shared between checkouts by the tests)
+    keeps ARCHIVES_KEPT of them, the most recently used, and every frame."""
+    monkeypatch.setattr(payload, "_describe", lambda entries: {n: {} for n in entries})
+    made = []
+    for i in range(payload.ARCHIVES_KEPT + 2):
+        made.append(payload.build_archive({f"kt_kernel/lib{i}.so": bytes([i]) * 1000}, 3, 20, tmp_path).path)
+    assert sorted(tmp_path.glob("archive-*.tar.zst")) == sorted(made[-payload.ARCHIVES_KEPT :])
+    payload.build_archive({"kt_kernel/lib0.so": bytes([0]) * 1000}, 3, 20, tmp_path)  # the oldest, made again
+    kept = sorted(tmp_path.glob("archive-*.tar.zst"))
+    assert len(kept) == payload.ARCHIVES_KEPT
+    assert made[0] in kept
+    assert made[-payload.ARCHIVES_KEPT] not in kept
+    assert len(list(tmp_path.glob("frame-*.zst"))) == payload.ARCHIVES_KEPT + 2
