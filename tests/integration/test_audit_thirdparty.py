@@ -7,7 +7,9 @@ fetched by hash, never committed) get the verdict auditwheel's tests expect of t
 from __future__ import annotations
 
 import hashlib
+import importlib.metadata
 import json
+import platform
 import re
 import shutil
 import struct
@@ -67,14 +69,33 @@ def fetch(entry: dict[str, Any]) -> Path:
 
 def auditwheel_show(wheel: Path) -> dict[str, Any]:
     """`auditwheel show --json`: its verdict ("overall_tag"), {"error": ...} for what it calls no
-    platform wheel, or {"failed": stderr's last line} where it stops with a traceback."""
+    platform wheel, or {"failed": stderr's last line} where it stops with a traceback.
+
+    The reference answer is kept by content (the wheel's sha256, auditwheel's version, this Python and
+    architecture): auditwheel alone takes 37 s on the torch wheel, every run, to say what it said
+    before. Ours is computed on every run; a new auditwheel or another wheel asks it again."""
+    key = hashlib.sha256(
+        json.dumps(
+            [_sha256(wheel), importlib.metadata.version("auditwheel"), sys.version_info[:2], platform.machine()]
+        ).encode()
+    ).hexdigest()
+    kept = CACHE.parent / "auditwheel-show" / f"{key}.json"
+    if kept.is_file():
+        cached: dict[str, Any] = json.loads(kept.read_text())
+        return cached
     proc = subprocess.run(
         [sys.executable, "-m", "auditwheel", "show", "--json", str(wheel)], capture_output=True, text=True, check=False
     )
     try:
         result: dict[str, Any] = json.loads(proc.stdout)
     except ValueError:
-        return {"failed": (proc.stderr.strip().splitlines() or ["no output"])[-1]}
+        result = {"failed": (proc.stderr.strip().splitlines() or ["no output"])[-1]}
+    if proc.returncode < 0:  # killed (memory, a timeout): not auditwheel's answer, never kept
+        return result
+    kept.parent.mkdir(parents=True, exist_ok=True)
+    part = swap.part(kept)
+    part.write_text(json.dumps(result))
+    part.replace(kept)
     return result
 
 
