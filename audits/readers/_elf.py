@@ -94,6 +94,67 @@ _DISPATCH_NAMES = (
 )
 _R_X86_64_IRELATIVE = 37
 SAMPLE_WINDOW = 64 << 10  # bytes decoded from one place; x86 decoding finds instruction boundaries within a few
+CPUID_SCAN = 256 << 20  # code searched whole for a CPUID instruction when the sample met none
+# What every x86-64 CPU runs (iced-x86's names; TZCNT is not counted: it runs as BSF): a sample that met
+# nothing else needs no search for a dispatch. A policy's own baseline may add to it (audits/policy).
+X86_64 = frozenset(
+    [
+        "INTEL8086",
+        "INTEL186",
+        "INTEL286",
+        "INTEL386",
+        "INTEL486",
+        "X64",
+        "CMOV",
+        "CX8",
+        "FPU",
+        "FPU287",
+        "FPU387",
+        "MMX",
+        "SSE",
+        "SSE2",
+        "FXSR",
+        "SYSCALL",
+        "CPUID",
+        "MULTIBYTENOP",
+        "PAUSE",
+        "CET_IBT",
+        "CET_SS",
+        "TSC",
+    ]
+)
+_SCAN_CHUNK = 4 << 20
+_CPUID = b"\x0f\xa2"
+_SYNC = 32  # bytes decoded before a candidate: x86 decoding falls into step with the instructions by then
+
+
+def _cpuid_anywhere(stream: BinaryIO, merged: list[tuple[int, int, int]]) -> str:
+    """A CPUID instruction anywhere in the code (the first CPUID_SCAN bytes): its bytes found by a byte
+    search, each candidate decoded from a little before it, so bytes 0f a2 inside another instruction do
+    not count. A library's dispatch (OpenBLAS's DYNAMIC_ARCH, libgcc's __cpu_indicator_init linked in
+    statically) runs once, from a few bytes a sample rarely meets."""
+    iced_x86, _ = iced()
+    left = CPUID_SCAN
+    for offset, size, address in merged:
+        pos = 0
+        while pos < size and left > 0:
+            start = max(0, pos - _SYNC)
+            n = min(size - start, _SCAN_CHUNK + _SYNC)
+            stream.seek(offset + start)
+            chunk = stream.read(n)
+            left -= len(chunk)
+            j = chunk.find(_CPUID, pos - start)
+            while j != -1:
+                lo = max(0, j - _SYNC)
+                want = address + start + j
+                for ins in iced_x86.Decoder(64, chunk[lo : j + 2], ip=address + start + lo):
+                    if ins.ip == want and ins.mnemonic == iced_x86.Mnemonic.CPUID:
+                        return f"executes cpuid ({ins} at {want:#x})"
+                    if ins.ip >= want:
+                        break
+                j = chunk.find(_CPUID, j + 1)
+            pos = start + len(chunk)
+    return ""
 
 
 def _irelative(elf: Any) -> bool:
@@ -156,7 +217,7 @@ def _sample_isa(stream: BinaryIO, ranges: list[tuple[int, int, str, int]], budge
         code = stream.read(size)
         sampled += len(code)
         for ins in iced_x86.Decoder(64, code, ip=address):
-            if ins.is_invalid:
+            if ins.is_invalid or ins.mnemonic == iced_x86.Mnemonic.TZCNT:  # tzcnt runs as bsf without BMI1
                 continue
             for f in ins.cpuid_features():
                 name = names.get(f, str(f))
@@ -165,6 +226,8 @@ def _sample_isa(stream: BinaryIO, ranges: list[tuple[int, int, str, int]], budge
                     first[name] = (ins.ip, str(ins))
     if not dispatch and "CPUID" in counts:
         dispatch = f"executes cpuid ({first['CPUID'][1]} at {first['CPUID'][0]:#x})"
+    if not dispatch and set(counts) - X86_64:
+        dispatch = _cpuid_anywhere(stream, merged)
     features = tuple((n, counts[n], first[n][0], first[n][1]) for n in sorted(counts))
     return IsaSample(total, sampled, features, dispatch)
 

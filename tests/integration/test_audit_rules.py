@@ -3,6 +3,7 @@ real kt-kernel wheel passes with zero errors."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from pathlib import Path
@@ -16,6 +17,7 @@ from audits.readers._cuda import find_cuobjdump
 from tests.wheelkit import compile_so, pure_wheel_members, read_members, retag, write_wheel
 
 POLICY = load_policy()
+THIRD = load_policy("third-party")
 LADDER = DEFAULT_POLICY.parent / "cpu_variants.json"  # a policy copied elsewhere names the ladder absolutely
 TAG = "manylinux_2_34_x86_64"
 AVX2_LOOP = """
@@ -762,3 +764,61 @@ def test_a_graft_that_dispatches_on_the_cpu_is_only_said(tmp_path: Path) -> None
     assert (f.rule, f.severity) == ("isa.graft-dispatch", "info")
     assert "chooses its code at run time (executes cpuid (cpuid at 0x" in f.message  # libgcc's CPU check, linked in
     assert "of its code decoded" in f.message
+
+
+def test_tzcnt_rdtsc_and_the_cet_hints_are_baseline(tmp_path: Path) -> None:
+    """What runs on every x86-64 CPU is not above the baseline, whatever feature the decoder names: tzcnt runs
+    as bsf without BMI1 (GCC emits it for __builtin_ctz at -march=x86-64), rdtsc is TSC, endbr64 and rdssp
+    are NOPs without CET (libgcc's unwinder executes them). Real grafts (libgcc_s, libzmq) had these only."""
+    src = (
+        "unsigned kt_graft(unsigned long long x) {\n"
+        "  unsigned long long t = __builtin_ia32_rdtsc();\n"
+        "  unsigned long long s; __asm__ volatile ('rdsspq %0' : '=r'(s) : '0'(0ULL));\n"
+        "  return (unsigned) __builtin_ctzll(x | t | s | 1); }\n"
+    ).replace("'", '"')
+    res = audit_wheel(_graft_wheel(tmp_path, src, "-march=x86-64", "-mtune=generic", "-fcf-protection"), THIRD)
+    assert [f for f in res.findings if f.rule.startswith("isa.graft")] == []
+
+
+def _avx_blob(functions: int) -> str:
+    """`functions` AVX2 functions, more code than one sample window: what OpenBLAS's kernels look like."""
+    return "".join(
+        f'__attribute__((target("avx2"), noinline)) void kt_k{i}(float *a, int n) '
+        f"{{ for (int j = 0; j < n; j++) a[j] = a[j] * {i}.5f + (float) j; }}\n"
+        for i in range(functions)
+    )
+
+
+def test_a_dispatch_the_sample_misses_is_found_by_its_cpuid(tmp_path: Path) -> None:
+    """OpenBLAS (DYNAMIC_ARCH) and libgfortran choose their kernels once, in a few bytes a sample rarely meets
+    (libgcc's __cpu_indicator_init linked in: no dynamic symbol names it). With the sample two windows that
+    miss the CPU check, the CPUID found anywhere in the code still makes it a dispatch, never a warning."""
+    src = (  # the CPU check first, then more than two windows of kernels (sampled: .init, then mid-kernels)
+        "static int kt_has_avx2(void) { unsigned a, b, c, d;\n"
+        '  __asm__ volatile ("cpuid" : "=a"(a), "=b"(b), "=c"(c), "=d"(d) : "a"(7), "c"(0));\n'
+        "  return (b >> 5) & 1; }\n"
+        + _avx_blob(2400)
+        + "unsigned kt_graft(unsigned long long x) { float a[64] = {0};\n"
+        "  if (kt_has_avx2()) kt_k0(a, (int) x);\n"
+        "  return (unsigned) a[1]; }\n"
+    )
+    two_windows = dataclasses.replace(THIRD, library_sample_bytes=128 << 10, wheel_sample_bytes=128 << 10)
+    res = audit_wheel(_graft_wheel(tmp_path, src, "-O2", "-march=x86-64", "-fno-toplevel-reorder"), two_windows)
+    (f,) = [f for f in res.findings if f.rule.startswith("isa.graft")]
+    assert (f.rule, f.severity) == ("isa.graft-dispatch", "info"), f.message
+    assert "executes cpuid (cpuid at 0x" in f.message
+    assert "of its code decoded" in f.message  # a sample, and said so
+
+
+def test_cpuid_bytes_inside_another_instruction_are_no_dispatch(tmp_path: Path) -> None:
+    """Bytes 0f a2 inside an immediate are not a CPUID instruction: the library that uses AVX2 unconditionally
+    stays a warning."""
+    src = _avx_blob(8) + (
+        "unsigned kt_graft(unsigned long long x) { float a[64] = {0}; kt_k0(a, (int) x);\n"
+        "  return (unsigned) a[1] + (unsigned) (x * 0x11a20f11u); }\n"
+    )
+    graft = _graft_wheel(tmp_path, src, "-O2", "-march=x86-64")
+    assert b"\x0f\xa2" in read_members(graft)["pkg.libs/libgraft-1a2b3c4d.so"]
+    res = audit_wheel(graft, THIRD)  # all of its code decoded, then searched for cpuid
+    (f,) = [f for f in res.findings if f.rule.startswith("isa.graft")]
+    assert (f.rule, f.severity) == ("isa.graft-above-baseline", "warning")

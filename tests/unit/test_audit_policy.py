@@ -52,3 +52,23 @@ def test_waiver_for_an_unknown_rule_is_refused(tmp_path: Path) -> None:
     text = DEFAULT_POLICY.read_text().replace('rule = "wheel.requires-python"', 'rule = "wheel.requires-pyhton"')
     with pytest.raises(PolicyError, match=r"did you mean 'wheel\.requires-python'"):
         load_policy(_write(tmp_path, text))
+
+
+def test_the_isa_names_are_the_disassemblers() -> None:
+    """Every feature the policy names is one iced-x86 reports: a misspelt one ("RDTSC" for TSC) would
+    silently allow nothing."""
+    import iced_x86
+
+    from audits import load_policy
+
+    known = {k for k, v in vars(iced_x86.CpuidFeature).items() if not k.startswith("_") and isinstance(v, int)}
+    from audits.readers._elf import X86_64
+
+    assert known >= X86_64
+    for name in ("default", "third-party"):
+        policy = load_policy(name)
+        assert policy.baseline >= X86_64  # a policy adds to what every x86-64 CPU runs, never less
+        assert set(policy.baseline) <= known, sorted(set(policy.baseline) - known)
+        assert set(policy.loader_guarded) <= known, sorted(set(policy.loader_guarded) - known)
+        for v in policy.variants:
+            assert set(v.features) <= known, (v.name, sorted(set(v.features) - known))
