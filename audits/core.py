@@ -84,6 +84,7 @@ def read_options(policy: Policy, dist_name: str = "", tags: frozenset[str] = fro
         # a wheel for baseline x86-64 (no _v2.._v4 tag): its libraries' code is sampled for what they run
         isa_budget=policy.library_sample_bytes if _baseline_x86_64(tags) else 0,
         isa_budget_wheel=policy.wheel_sample_bytes if _baseline_x86_64(tags) else 0,
+        isa_baseline=policy.baseline,
     )
 
 

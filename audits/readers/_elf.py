@@ -95,34 +95,6 @@ _DISPATCH_NAMES = (
 _R_X86_64_IRELATIVE = 37
 SAMPLE_WINDOW = 64 << 10  # bytes decoded from one place; x86 decoding finds instruction boundaries within a few
 CPUID_SCAN = 256 << 20  # code searched whole for a CPUID instruction when the sample met none
-# What every x86-64 CPU runs (iced-x86's names; TZCNT is not counted: it runs as BSF): a sample that met
-# nothing else needs no search for a dispatch. A policy's own baseline may add to it (audits/policy).
-X86_64 = frozenset(
-    [
-        "INTEL8086",
-        "INTEL186",
-        "INTEL286",
-        "INTEL386",
-        "INTEL486",
-        "X64",
-        "CMOV",
-        "CX8",
-        "FPU",
-        "FPU287",
-        "FPU387",
-        "MMX",
-        "SSE",
-        "SSE2",
-        "FXSR",
-        "SYSCALL",
-        "CPUID",
-        "MULTIBYTENOP",
-        "PAUSE",
-        "CET_IBT",
-        "CET_SS",
-        "TSC",
-    ]
-)
 _SCAN_CHUNK = 4 << 20
 _CPUID = b"\x0f\xa2"
 _SYNC = 32  # bytes decoded before a candidate: x86 decoding falls into step with the instructions by then
@@ -182,8 +154,11 @@ def iced() -> tuple[Any, dict[int, str]]:
     return iced_x86, names
 
 
-def _sample_isa(stream: BinaryIO, ranges: list[tuple[int, int, str, int]], budget: int, dispatch: str) -> IsaSample:
-    """At most `budget` bytes of the executable ranges decoded, in windows spread evenly over them."""
+def _sample_isa(
+    stream: BinaryIO, ranges: list[tuple[int, int, str, int]], budget: int, dispatch: str, baseline: frozenset[str]
+) -> IsaSample:
+    """At most `budget` bytes of the executable ranges decoded, in windows spread evenly over them; where
+    they met a feature outside `baseline` (the policy's) and no dispatch, the code searched for cpuid."""
     stream.seek(0, io.SEEK_END)
     end = stream.tell()
     merged: list[tuple[int, int, int]] = []  # (offset, size, address), each byte once
@@ -226,7 +201,7 @@ def _sample_isa(stream: BinaryIO, ranges: list[tuple[int, int, str, int]], budge
                     first[name] = (ins.ip, str(ins))
     if not dispatch and "CPUID" in counts:
         dispatch = f"executes cpuid ({first['CPUID'][1]} at {first['CPUID'][0]:#x})"
-    if not dispatch and set(counts) - X86_64:
+    if not dispatch and set(counts) - baseline:
         dispatch = _cpuid_anywhere(stream, merged)
     features = tuple((n, counts[n], first[n][0], first[n][1]) for n in sorted(counts))
     return IsaSample(total, sampled, features, dispatch)
@@ -401,13 +376,15 @@ def read_elf_stream(
     exports: bool = True,
     forbidden: frozenset[str] = frozenset(),
     isa_budget: int = 0,
+    isa_baseline: frozenset[str] = frozenset(),
 ) -> ElfFacts:
     """Facts about the ELF file on a seekable stream; bounded reads only. Without `code`, the
     executable sections and the symbol table are skipped (large CUDA binaries: the dynamic
     section, versions and segments are all the rules need); without `exports`, the dynamic
     symbol table is not walked (hundreds of thousands of symbols in libtorch). With `isa_budget`, an
     x86-64 library that is no Python extension has at most that many bytes of its code decoded for
-    its instruction set (IsaSample), without holding its code.
+    its instruction set (IsaSample), without holding its code; `isa_baseline`: the features that need no
+    search for a dispatch (the policy's baseline).
 
     Raises ValueError for any file pyelftools cannot walk: on a damaged ELF it raises ELFError,
     struct and construct errors, KeyError, IndexError, TypeError, OverflowError, RecursionError...
@@ -488,7 +465,7 @@ def read_elf_stream(
         if isa_budget and not code and not py_ext and not interp and elf["e_machine"] == "EM_X86_64" and exec_ranges:
             named = [n for n in _DISPATCH_NAMES if strings is not None and b"\0" + n.encode() + b"\0" in strings]
             dispatch = f"calls {named[0]}" if named else ("has ifunc relocations" if _irelative(elf) else "")
-            sample = _sample_isa(stream, exec_ranges, isa_budget, dispatch)
+            sample = _sample_isa(stream, exec_ranges, isa_budget, dispatch, isa_baseline)
         fatbin: Any = by_name.get(".nv_fatbin")
         table = by_name.get(".symtab") or dynsym
         syms: list[tuple[int, str]] = []

@@ -68,6 +68,7 @@ class ReadOptions:
     # bytes of code sampled per x86-64 library for its instruction set, and per wheel (0: none sampled)
     isa_budget: int = 0
     isa_budget_wheel: int = 0
+    isa_baseline: frozenset[str] = frozenset()  # what needs no search for a dispatch (the policy's baseline)
 
 
 @dataclass(frozen=True)
@@ -308,7 +309,13 @@ def _read_member(
             program = ".data/scripts/" in info.filename  # run, never loaded by another ELF: not sampled
             budget = 0 if code or program else min(opts.isa_budget, isa_left[0])
             elf = read_elf_stream(
-                info.filename, stream, code=code, exports=opts.exports, forbidden=opts.forbidden, isa_budget=budget
+                info.filename,
+                stream,
+                code=code,
+                exports=opts.exports,
+                forbidden=opts.forbidden,
+                isa_budget=budget,
+                isa_baseline=opts.isa_baseline,
             )
             if elf.isa_sample is not None:
                 isa_left[0] -= elf.isa_sample.sampled_bytes
