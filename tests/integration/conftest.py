@@ -20,6 +20,7 @@ from base import paths
 from locks import indexes
 from maint import ci_local
 from tests.conftest import ROOT
+from verify.venv import venv_env
 
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
 
@@ -43,10 +44,8 @@ class Venv:
         prefix: tuple[str, ...] = (),
         timeout: float = 900,
     ) -> subprocess.CompletedProcess[str]:
-        # as verify's venvs: bytecode written (uv installs none), so later runs import what the first compiled
-        full_env = {
-            k: v for k, v in os.environ.items() if not k.startswith("KT_KERNEL_") and k != "PYTHONDONTWRITEBYTECODE"
-        }
+        # as verify's venvs (bytecode written: uv installs none), without the caller's kt_kernel settings
+        full_env = {k: v for k, v in venv_env().items() if not k.startswith("KT_KERNEL_")}
         full_env.update(env or {})
         proc = subprocess.run(
             [*prefix, str(self.python), *args],
