@@ -21,7 +21,6 @@ previous one's written pages are flushed (sync), so no run pays for another's wr
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import platform
@@ -68,7 +67,7 @@ def fetch_kt() -> list[Path]:
     out = []
     for e in entries:
         path = CACHE / e["file"]
-        if not path.is_file() or _sha256(path) != e["sha256"]:
+        if not path.is_file() or file_sha256(path) != e["sha256"]:
             say(f"downloading {e['file']} ...")
             tmp = swap.part(path)
             try:
@@ -77,17 +76,12 @@ def fetch_kt() -> list[Path]:
             except OSError as exc:
                 tmp.unlink(missing_ok=True)
                 raise Unreachable(f"cannot download {e['url']}: {exc}; the comparison needs PyPI") from None
-            if _sha256(tmp) != e["sha256"]:
+            if file_sha256(tmp) != e["sha256"]:
                 tmp.unlink(missing_ok=True)
                 raise BenchError(f"{e['file']}: the download's sha256 is not {e['sha256']} ({WHEELS.name})")
             tmp.replace(path)
         out.append(path)
     return out
-
-
-def _sha256(path: Path) -> str:
-    with path.open("rb") as fh:
-        return hashlib.file_digest(fh, "sha256").hexdigest()
 
 
 # The installed runtime module run by its path, so neither side pays for importing torch:

@@ -27,6 +27,7 @@ import tomllib
 from audits import audit_wheel, load_policy
 from audits.readers._cuda import find_cuobjdump, read_cuda
 from base import paths, swap
+from base.keys import file_sha256
 from locks import indexes
 
 pytestmark = pytest.mark.network
@@ -34,14 +35,6 @@ ROOT = Path(__file__).resolve().parents[2]
 CORPUS = tomllib.loads((Path(__file__).with_name("audit_corpus.toml")).read_text())["wheel"]
 CACHE = paths.CACHE / "corpus"  # by sha256: the tests session shares it between checkouts
 THIRD = load_policy("third-party")
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as fh:
-        while chunk := fh.read(1 << 20):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def fetch(entry: dict[str, Any]) -> Path:
@@ -60,7 +53,7 @@ def fetch(entry: dict[str, Any]) -> Path:
             with urllib.request.urlopen(entry["url"], timeout=120) as src, part.open("wb") as dst:  # noqa: S310
                 shutil.copyfileobj(src, dst, 1 << 20)
             part.rename(path)
-    digest = _sha256(path)
+    digest = file_sha256(path)
     if digest != entry["sha256"]:
         path.unlink() if path.parent == CACHE else None
         pytest.fail(f"{entry['file']}: sha256 {digest}, the corpus pins {entry['sha256']}")
@@ -76,7 +69,7 @@ def auditwheel_show(wheel: Path) -> dict[str, Any]:
     before. Ours is computed on every run; a new auditwheel or another wheel asks it again."""
     key = hashlib.sha256(
         json.dumps(
-            [_sha256(wheel), importlib.metadata.version("auditwheel"), sys.version_info[:2], platform.machine()]
+            [file_sha256(wheel), importlib.metadata.version("auditwheel"), sys.version_info[:2], platform.machine()]
         ).encode()
     ).hexdigest()
     kept = CACHE.parent / "auditwheel-show" / f"{key}.json"
