@@ -16,6 +16,7 @@ import hashlib
 import io
 import json
 import os
+import re
 import shutil
 import tarfile
 import tempfile
@@ -239,6 +240,7 @@ def _frame(
     return target, described
 
 
+_ARCHIVE_NAME = re.compile(r"archive-[0-9a-f]{64}\.tar\.zst")
 ARCHIVES_KEPT = 4  # whole archives kept in the cache, the most recently used (each kernel change makes one)
 
 
@@ -247,6 +249,8 @@ def _prune_archives(cache: Path, keep: Path) -> None:
     concatenation of frames, made again in seconds)."""
     found = []
     for p in cache.glob("archive-*.tar.zst"):
+        if not _ARCHIVE_NAME.fullmatch(p.name):  # only the names build_archive writes
+            continue
         try:
             found.append((p.stat().st_mtime, p))
         except FileNotFoundError:  # another assembly pruned it meanwhile

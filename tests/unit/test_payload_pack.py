@@ -147,13 +147,16 @@ def test_the_cache_keeps_the_most_recently_used_archives(tmp_path: Path, monkeyp
     """Each kernel change makes a new whole archive; the cache (shared between checkouts by the tests)
     keeps ARCHIVES_KEPT of them, the most recently used, and every frame."""
     monkeypatch.setattr(payload, "_describe", lambda entries: {n: {} for n in entries})
+    theirs = tmp_path / "archive-backup.tar.zst"  # a name build_archive never writes
+    theirs.write_bytes(b"a user's file")
     made = []
     for i in range(payload.ARCHIVES_KEPT + 2):
         made.append(payload.build_archive({f"kt_kernel/lib{i}.so": bytes([i]) * 1000}, 3, 20, tmp_path).path)
-    assert sorted(tmp_path.glob("archive-*.tar.zst")) == sorted(made[-payload.ARCHIVES_KEPT :])
+    assert sorted(tmp_path.glob("archive-*.tar.zst")) == sorted([theirs, *made[-payload.ARCHIVES_KEPT :]])
     payload.build_archive({"kt_kernel/lib0.so": bytes([0]) * 1000}, 3, 20, tmp_path)  # the oldest, made again
-    kept = sorted(tmp_path.glob("archive-*.tar.zst"))
+    kept = sorted(p for p in tmp_path.glob("archive-*.tar.zst") if p != theirs)
     assert len(kept) == payload.ARCHIVES_KEPT
+    assert theirs.read_bytes() == b"a user's file"
     assert made[0] in kept
     assert made[-payload.ARCHIVES_KEPT] not in kept
     assert len(list(tmp_path.glob("frame-*.zst"))) == payload.ARCHIVES_KEPT + 2
