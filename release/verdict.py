@@ -211,8 +211,10 @@ def audit_items(audit: Mapping[str, Any]) -> list[Item]:
     return [Item("audit", "passed")]
 
 
-def vulnerability_items(data: Any) -> list[Item]:
-    """dist/vulnerabilities.json: each unwaived vulnerability fails, each unchecked pin is missing."""
+def vulnerability_items(data: Any, today: datetime.date | None = None) -> list[Item]:
+    """dist/vulnerabilities.json: each unwaived vulnerability fails, each unchecked pin is missing. A waiver
+    is judged on the day of judging (`today`, UTC), not the day the audit ran: one that has expired since
+    (or records no valid date) waives nothing, so publish re-judging old evidence fails it."""
     if not isinstance(data, dict):
         return [Item("vulnerabilities", "missing", "not run for these wheels (nox -s audit)")]
     if isinstance(data.get("not_checked"), str):
@@ -226,6 +228,19 @@ def vulnerability_items(data: Any) -> list[Item]:
         )
         for f in data.get("found", [])
     ]
+    today = today or datetime.datetime.now(datetime.UTC).date()
+    for w in data.get("waived", []):
+        until = _date(w.get("expires"))
+        if until is None or until < today:
+            items.append(
+                Item(
+                    f"vulnerability:{w['package']}=={w['version']}:{w['id']}",
+                    "failed",
+                    f"{w['id']} in {w['package']} {w['version']}: its waiver "
+                    + (f"expired {until.isoformat()}" if until else f"has no valid date ({w.get('expires')!r})")
+                    + "; upgrade it in the lock (nox -s lock), or renew the waiver in the policy and audit again",
+                )
+            )
     unchecked = data.get("not_checked", {})
     items += [Item(f"vulnerabilities:{pin}", "missing", f"NOT CHECKED: {why}") for pin, why in unchecked.items()]
     source = data.get("source", {})
@@ -233,6 +248,13 @@ def vulnerability_items(data: Any) -> list[Item]:
     checked = int(data.get("asked", 0)) - len(unchecked)
     items.append(Item("vulnerabilities", "passed", f"{checked} pins checked{via}"))
     return items
+
+
+def _date(value: object) -> datetime.date | None:
+    try:
+        return datetime.date.fromisoformat(str(value))
+    except ValueError:
+        return None
 
 
 NOT_THIS_BUILD = "not verified for this build"
@@ -280,15 +302,23 @@ def resolution_items(
     return items
 
 
-def python_items(pythons: Sequence[str], evidence: Mapping[str, Mapping[str, Any]]) -> list[Item]:
+def python_items(
+    pythons: Sequence[str], evidence: Mapping[str, Mapping[str, Any]], key: str | None = None
+) -> list[Item]:
     """`python:3.N`: the release exercised on CPython 3.N's own interpreter (its evidence names which: path,
-    exact version, how it was found), or NOT VERIFIED naming the sources tried and how to provide one."""
+    exact version, how it was found), or NOT VERIFIED naming the sources tried and how to provide one. The
+    interpreter's record counts only for the build it was found for (`key`, its `dist_sha256`): another
+    build's evidence is missing, as every other item's is."""
     items = []
     for python in pythons:
         found = evidence.get(python, {}).get("interpreter")
         name = f"python:{python}"
+        how = f"nox -s verify_install -- --python {python}"
         if not isinstance(found, Mapping):
-            items.append(Item(name, "missing", f"not run (nox -s verify_install -- --python {python})"))
+            items.append(Item(name, "missing", f"not run ({how})"))
+            continue
+        if key is None or found.get("dist_sha256") != key:
+            items.append(Item(name, "missing", f"{NOT_THIS_BUILD} (the interpreter was found for other wheels; {how})"))
             continue
         i = found.get("interpreter")
         if isinstance(i, Mapping):

@@ -110,7 +110,8 @@ def judged(dist: Path, evidence_dir: Path, *, record: bool = True) -> Any:
     published = {(f.profile, f.python): f for f in manifest.install or () if f.format == "requirements"}
     for python in manifest.pythons:
         found = {
-            "interpreter": {"version": f"{python}.0", "source": "PATH", "path": f"/usr/bin/python{python}", "root": ""}
+            "interpreter": {"version": f"{python}.0", "source": "PATH", "path": f"/usr/bin/python{python}", "root": ""},
+            "dist_sha256": key,
         }
         evidence.update(python, build=evidence_dir, interpreter=found)
         for profile, on in venv_runs([python]):

@@ -160,7 +160,7 @@ class Verification:
             print(f"{tag} CPython {python}: NOT VERIFIED: {found.why_none()}", flush=True)
         else:
             print(f"{tag} CPython {i.version} from {i.source}: {i.path} ({i.how})", flush=True)
-        self._evidence(python, interpreter=found.as_dict())
+        self._evidence(python, interpreter={**found.as_dict(), "dist_sha256": self.key})  # for this build only
         return found
 
     def _record(self, python: str, section: str, name: str, result: dict[str, Any], code: int) -> None:

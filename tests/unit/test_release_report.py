@@ -36,7 +36,7 @@ def _results(
     """CPython `python`'s evidence (base.evidence) in `evidence_dir`: each result obtained on exactly these
     wheels (their key), and the interpreter it ran on."""
     key = distdir.key(dist)
-    evidence.update(python, build=evidence_dir, interpreter=INTERPRETER)
+    evidence.update(python, build=evidence_dir, interpreter={**INTERPRETER, "dist_sha256": key})
     for name, r in results.items():
         evidence.update(python, build=evidence_dir, section="profiles", name=name, result={"dist_sha256": key, **r})
     for name, r in (resolution or {}).items():

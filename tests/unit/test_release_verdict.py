@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import json
 from pathlib import Path
 from typing import Any
 
@@ -25,9 +26,18 @@ CLEAN = {"asked": 2, "found": [], "waived": [], "not_checked": {}, "source": {"k
 def _found(version: str | None) -> dict[str, Any]:
     """base.interpreters.Found.as_dict() of an interpreter of `version` (None: none found)."""
     if version is None:
-        return {"interpreter": None, "tried": [], "searched": ["PATH: 0 python3.13", "pyenv: 0 CPython 3.13"]}
+        return {
+            "interpreter": None,
+            "tried": [],
+            "searched": ["PATH: 0 python3.13", "pyenv: 0 CPython 3.13"],
+            "dist_sha256": "k",
+        }
     path = f"/usr/bin/python{version.rsplit('.', 1)[0]}"
-    return {"interpreter": {"version": version, "source": "PATH", "path": path, "root": ""}, "tried": []}
+    return {
+        "interpreter": {"version": version, "source": "PATH", "path": path, "root": ""},
+        "tried": [],
+        "dist_sha256": "k",
+    }
 
 
 def _evidence(cp313: str | None = "3.13.1") -> dict[str, Any]:
@@ -51,7 +61,7 @@ def _items(vulnerabilities: object = CLEAN, cp313: str | None = "3.13.1") -> lis
         *v.vulnerability_items(vulnerabilities),
         *v.verify_items([("sft-cpu", "3.11")], ev, "k"),
         *v.resolution_items([("sft", "3.11")], ev, "k"),
-        *v.python_items(["3.13"], ev),
+        *v.python_items(["3.13"], ev, "k"),
     ]
 
 
@@ -60,7 +70,7 @@ def test_everything_checked_and_passed_is_passed() -> None:
     assert judged.verdict == v.PASSED
     assert judged.publishable
     assert judged.lines() == ["release verdict: PASSED (7 of 7 checks passed)"]
-    assert v.python_items(["3.13"], _evidence())[0].detail == "CPython 3.13.1 from PATH: /usr/bin/python3.13"
+    assert v.python_items(["3.13"], _evidence(), "k")[0].detail == "CPython 3.13.1 from PATH: /usr/bin/python3.13"
 
 
 def test_a_pin_not_checked_or_an_interpreter_not_verified_is_incomplete_and_names_its_flag() -> None:
@@ -123,6 +133,41 @@ def test_a_failure_is_never_accepted() -> None:
     assert judged.verdict == v.FAILED
     assert not judged.publishable
     assert "FAILED vulnerability:urllib3==1.24.1:PYSEC-2019-132: PYSEC-2019-132 in urllib3 1.24.1" in judged.lines()[1]
+
+
+def test_a_waiver_is_judged_on_the_day_of_judging_not_the_day_of_the_audit() -> None:
+    """The audit waived PYSEC-1 until 2026-12-05; judged that day it waives, judged 30 days later (publish
+    re-judging the same evidence) the vulnerability fails, naming the expiry; a waiver without a date never
+    waives."""
+    waived = {"package": "urllib3", "version": "1.24.1", "id": "PYSEC-1", "reason": "r", "expires": "2026-12-05"}
+    data = {**CLEAN, "waived": [waived]}
+    then = v.Verdict(v.vulnerability_items(data, datetime.date(2026, 12, 5)))
+    assert then.verdict == v.PASSED
+    later = v.Verdict(v.vulnerability_items(data, datetime.date(2027, 1, 4)))
+    assert later.verdict == v.FAILED
+    assert [i.name for i in later.failed] == ["vulnerability:urllib3==1.24.1:PYSEC-1"]
+    assert "its waiver expired 2026-12-05" in later.failed[0].detail
+    undated = {**CLEAN, "waived": [{**waived, "expires": "someday"}]}
+    assert v.Verdict(v.vulnerability_items(undated, datetime.date(2026, 1, 1))).verdict == v.FAILED
+
+
+def test_an_expired_vulnerability_waiver_is_refused_at_publish(tmp_path: Path) -> None:
+    """The stored verdict passed on the waiver's last day; publish judges again today and refuses."""
+    dist, evidence = _judged_dist(tmp_path)
+    waived = {"package": "urllib3", "version": "1.24.1", "id": "PYSEC-1", "reason": "r", "expires": "2020-01-01"}
+    (dist / "vulnerabilities.json").write_text(json.dumps({**CLEAN, "waived": [waived]}))
+    with pytest.raises(PublishError, match="PYSEC-1 in urllib3 1.24.1: its waiver expired 2020-01-01"):
+        _releasable(dist, evidence)
+
+
+def test_the_interpreter_counts_only_for_the_build_it_was_found_for() -> None:
+    """`python:3.13` from another build's evidence (or a record without a build) is missing, not passed."""
+    for key in ("other", None):
+        ev = _evidence()
+        ev["3.13"]["interpreter"]["dist_sha256"] = key
+        item = v.python_items(["3.13"], ev, "k")[0]
+        assert (item.state, item.detail.split(" (")[0]) == ("missing", v.NOT_THIS_BUILD)
+    assert v.python_items(["3.13"], _evidence(), None)[0].state == "missing"
 
 
 def test_a_skipped_or_absent_vulnerability_check_is_missing() -> None:
