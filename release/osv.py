@@ -5,8 +5,9 @@ or one JSON file holding an advisory or a list of them. Read as OSV means it (os
 
 - ``versions`` lists affected versions, compared as PEP 440 versions (``2013b`` is ``2013b0``, ``1.0`` is
   ``1.0.0``);
-- an ``ECOSYSTEM`` range's events (``introduced``, ``fixed``, ``last_affected``, ``limit``) are PyPI's
-  PEP 440 versions, evaluated in version order;
+- an ``ECOSYSTEM`` range's events (``introduced``, ``fixed``, ``last_affected``) are PyPI's PEP 440 versions,
+  evaluated in version order; its ``limit`` events are upper bounds beside them (a version is affected only
+  below one of them; ``*`` is none), never read as ``fixed``;
 - a pin's local label is left out for matching, as pip matches ``torch==2.1.2`` to ``2.1.2+cu121``;
 - a ``GIT`` range is described by the advisory's ``versions`` (OSV's exporters enumerate them); without
   them, a ``SEMVER`` range (no PyPI ordering), a range of another type, or a bound or listed version that
@@ -35,7 +36,11 @@ from packaging.version import InvalidVersion, Version
 
 from .errors import ReleaseError
 
-_MEMBER_LIMIT = 64 << 20  # one advisory's JSON: far below this; a larger member is refused, not read
+_MEMBER_LIMIT = 16 << 20  # one advisory's JSON: far below this; a larger member is refused, not read
+# The whole: OSV's PyPI export holds about 20,000 advisories in under 200 MiB of JSON. Data beyond these is
+# refused before anything is inflated (a 125 KiB zip of many members once cost 1.3 GiB and 5 s).
+_COUNT_LIMIT = 500_000
+_TOTAL_LIMIT = 1 << 30
 _FIX = "give OSV's PyPI export (https://osv-vulnerabilities.storage.googleapis.com/PyPI/all.zip) or OSV JSON files"
 _BOUNDS = ("introduced", "fixed", "last_affected", "limit")
 
@@ -43,16 +48,16 @@ _BOUNDS = ("introduced", "fixed", "last_affected", "limit")
 def _records(path: Path) -> Iterator[tuple[str, bytes]]:
     """(where, JSON bytes) of every advisory document in `path`."""
     if path.is_dir():
-        for f in sorted(path.rglob("*.json")):
+        files = sorted(path.rglob("*.json"))
+        _bounded(path, [(str(f), f.stat().st_size) for f in files])
+        for f in files:
             yield str(f), f.read_bytes()
     elif zipfile.is_zipfile(path):
         try:
             with zipfile.ZipFile(path) as zf:
-                for info in zf.infolist():
-                    if info.is_dir() or not info.filename.endswith(".json"):
-                        continue
-                    if info.file_size > _MEMBER_LIMIT:
-                        raise ReleaseError(f"{path}: {info.filename} declares {info.file_size} bytes; not an advisory")
+                members = [i for i in zf.infolist() if not i.is_dir() and i.filename.endswith(".json")]
+                _bounded(path, [(i.filename, i.file_size) for i in members])
+                for info in members:
                     try:
                         data = zf.read(info)
                     except (zipfile.BadZipFile, zlib.error, EOFError, OSError) as exc:
@@ -63,7 +68,25 @@ def _records(path: Path) -> Iterator[tuple[str, bytes]]:
         except zipfile.BadZipFile as exc:
             raise ReleaseError(f"{path}: a damaged zip ({exc}); download the advisory data again") from None
     else:
+        size = path.stat().st_size
+        if size > _TOTAL_LIMIT:
+            raise ReleaseError(f"{path}: {size / 2**30:.1f} GiB, more than any OSV export's advisories; {_FIX}")
         yield str(path), path.read_bytes()
+
+
+def _bounded(path: Path, members: list[tuple[str, int]]) -> None:
+    """ReleaseError unless the advisory documents are within the bounds of any OSV export: each member, their
+    count and their total size (as declared: a zip member is never inflated past its declared size)."""
+    big = next(((n, size) for n, size in members if size > _MEMBER_LIMIT), None)
+    if big is not None:
+        raise ReleaseError(f"{path}: {big[0]} declares {big[1]} bytes; not an advisory ({_FIX})")
+    if len(members) > _COUNT_LIMIT:
+        raise ReleaseError(f"{path}: {len(members)} documents, more than any OSV export's {_COUNT_LIMIT}; {_FIX}")
+    total = sum(size for _, size in members)
+    if total > _TOTAL_LIMIT:
+        raise ReleaseError(
+            f"{path}: {total / 2**30:.1f} GiB of advisories, more than any OSV export's {_TOTAL_LIMIT >> 30} GiB; {_FIX}"
+        )
 
 
 def _shape_error(where: str, ident: object, at: str, what: str) -> ReleaseError:
@@ -144,26 +167,34 @@ class _Unevaluable(Exception):
 
 
 def _in_range(v: Version, events: Sequence[dict[str, Any]]) -> bool:
-    """OSV's range evaluation over events ordered by version: after an `introduced` at or below `v`, until a
-    `fixed`/`limit` at or below it (exclusive) or a `last_affected` below it (inclusive of itself)."""
+    """OSV's range evaluation: over the `introduced`, `fixed` and `last_affected` events ordered by version,
+    after an `introduced` at or below `v`, until a `fixed` at or below it (exclusive) or a `last_affected`
+    below it (inclusive of itself). A `limit` is no `fixed`: where a range has limits, `v` is affected only
+    if it is also below at least one of them (several limits are several upper bounds; `*` is no bound)."""
     keyed: list[tuple[Version, int, str]] = []
+    limits: list[Version | None] = []  # None: "*", infinity
     for ev in events:
         for kind in _BOUNDS:
             if kind not in ev:
                 continue
             raw = ev[kind]
-            if kind == "introduced" and raw == "0":
-                at: Version | None = Version("0")
+            if (kind == "introduced" and raw == "0") or (kind == "limit" and raw == "*"):
+                at: Version | None = None if kind == "limit" else Version("0")
             else:
                 at = _version(raw)
-            if at is None:
-                raise _Unevaluable(f"its {kind} bound {raw!r} is no PEP 440 version")
-            keyed.append((_public(at), _BOUNDS.index(kind), kind))
+                if at is None:
+                    raise _Unevaluable(f"its {kind} bound {raw!r} is no PEP 440 version")
+            if kind == "limit":
+                limits.append(None if at is None else _public(at))
+            elif at is not None:
+                keyed.append((_public(at), _BOUNDS.index(kind), kind))
+    if limits and not any(limit is None or v < limit for limit in limits):
+        return False
     affected = False
     for at, _, kind in sorted(keyed):
         if kind == "introduced" and v >= at:
             affected = True
-        elif (kind in ("fixed", "limit") and v >= at) or (kind == "last_affected" and v > at):
+        elif (kind == "fixed" and v >= at) or (kind == "last_affected" and v > at):
             affected = False
     return affected
 

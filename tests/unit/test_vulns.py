@@ -240,6 +240,38 @@ def _state(data: osv.Advisories, version: str) -> str:
             "clean",
         ),
         ({"ranges": [{"type": "ECOSYSTEM", "events": [{"introduced": "1.0"}, {"limit": "1.5"}]}]}, "1.4.9", "affected"),
+        ({"ranges": [{"type": "ECOSYSTEM", "events": [{"introduced": "1.0"}, {"limit": "1.5"}]}]}, "1.5", "clean"),
+        # several limits are several upper bounds: below a later one is affected (read as `fixed`, it was clean)
+        (
+            {
+                "ranges": [
+                    {"type": "ECOSYSTEM", "events": [{"introduced": "1.0"}, {"limit": "2.0"}, {"limit": "5.0"}]}
+                ]
+            },
+            "3.0",
+            "affected",
+        ),
+        (
+            {
+                "ranges": [
+                    {"type": "ECOSYSTEM", "events": [{"introduced": "1.0"}, {"limit": "2.0"}, {"limit": "5.0"}]}
+                ]
+            },
+            "5.0",
+            "clean",
+        ),
+        ({"ranges": [{"type": "ECOSYSTEM", "events": [{"introduced": "1.0"}, {"limit": "*"}]}]}, "99", "affected"),
+        (
+            {"ranges": [{"type": "ECOSYSTEM", "events": [{"introduced": "1.0"}, {"fixed": "1.2"}, {"limit": "*"}]}]},
+            "1.3",
+            "clean",
+        ),
+        # a limit below an introduced bounds it too: the version is past every limit
+        (
+            {"ranges": [{"type": "ECOSYSTEM", "events": [{"introduced": "0"}, {"limit": "1.0"}, {"introduced": "2.0"}]}]},
+            "2.5",
+            "clean",
+        ),
         (
             {
                 "ranges": [
@@ -351,6 +383,38 @@ def test_deeply_nested_json_and_a_damaged_zip_are_refused_by_name(tmp_path: Path
     bad.write_bytes(bytes(raw))
     with pytest.raises(ReleaseError, match=rf"{info.filename} is damaged .*download the advisory data again"):
         osv.load(bad)
+
+
+def test_advisory_archives_are_bounded_in_count_and_total_before_anything_is_inflated(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A small zip of many members, each within the one-member bound, that inflates past the whole's bound is
+    refused from its directory alone (no member read), as is one with more members than any export holds."""
+    import time
+    import zipfile
+
+    monkeypatch.setattr(osv, "_TOTAL_LIMIT", 64 << 20)  # the real bound is 1 GiB: the same check, made quickly
+    bomb = tmp_path / "bomb.zip"
+    doc = b'{"id": "X"' + b" " * (1 << 20) + b"}"  # valid OSV of 1 MiB; deflates to ~1 KiB
+    with zipfile.ZipFile(bomb, "w", zipfile.ZIP_DEFLATED) as zf:
+        for n in range(130):  # 130 MiB declared
+            zf.writestr(f"X-{n}.json", doc)
+    assert bomb.stat().st_size < 1 << 20
+    read: list[object] = []
+    monkeypatch.setattr(zipfile.ZipFile, "read", lambda *a, **k: read.append(a) or b"")
+    t0 = time.perf_counter()
+    with pytest.raises(ReleaseError, match=r"bomb.zip: 0.1 GiB of advisories, more than any OSV export's"):
+        osv.load(bomb)
+    assert time.perf_counter() - t0 < 2 and not read
+    monkeypatch.setattr(osv, "_COUNT_LIMIT", 100)
+    with pytest.raises(ReleaseError, match="130 documents, more than any OSV export's 100"):
+        osv.load(bomb)
+    folder = tmp_path / "folder"
+    folder.mkdir()
+    for n in range(101):
+        (folder / f"X-{n}.json").write_text('{"id": "X"}')
+    with pytest.raises(ReleaseError, match="101 documents"):
+        osv.load(folder)
 
 
 @pytest.mark.parametrize(
