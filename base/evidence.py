@@ -15,9 +15,14 @@ that could not be checked here `{"not_verified": ...}`: neither is ever read as 
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
+import os
 import re
 import threading
+import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +47,87 @@ def _empty(python: str) -> dict[str, Any]:
     return {"schema_version": SCHEMA_VERSION, "python": python, "interpreter": None, "profiles": {}, "resolution": {}}
 
 
+# The members the verdict and the report read, with their types: a dict is an object of these members
+# (optional, or required where the name ends in "!"; others are kept unread), a one-item list a list of that, a tuple any of its types. A member of
+# another type is the file's error, named, never a traceback in release_report or publish.
+_NUMBER = (int, float)
+_RESULT: dict[str, Any] = {
+    "dist_sha256": str,
+    "installs_from_dist": bool,
+    "produced": str,
+    "outcome": str,
+    "error": str,
+    "problems": list,
+    "not_verified": str,
+    "ok": bool,
+    "simulated": bool,
+    "install_file": {"file!": str, "sha256!": str},
+    "interpreter": dict,
+    "torch": (str, {"before": (str, type(None)), "after": (str, type(None))}),
+    "doctor_run": {"checks": dict, "seconds!": _NUMBER, "deep_seconds": _NUMBER},
+    "doctor": {"checks": dict, "seconds!": _NUMBER, "deep_seconds": _NUMBER},
+    "tokenizer": {
+        "native_equal!": bool,
+        "ids_compared!": _NUMBER,
+        "corpus_texts!": _NUMBER,
+        "special_tokens!": _NUMBER,
+    },
+    "json_schema": {"accepted!": _NUMBER, "rejected!": _NUMBER, "strict_thinking!": (str, bool)},
+    "distributions": dict,
+    "seconds": _NUMBER,
+}
+_FOUND: dict[str, Any] = {
+    "python": str,
+    "interpreter": (
+        type(None),
+        {"python": str, "path!": str, "version!": str, "source!": str, "how": str, "root": str},
+    ),
+    "tried": [{"source": str, "path": str, "problem": str, "fix": str}],
+    "searched": [str],
+    "dist_sha256": str,
+}
+_NAMES = {str: "a string", bool: "true or false", int: "a number", float: "a number", type(None): "null"}
+
+
+def _shape(value: Any, spec: Any, where: str) -> str:
+    """Where `value` differs from `spec` (the member's dotted path and what it should be), or ""."""
+    if isinstance(spec, tuple):
+        wrong = [_shape(value, s, where) for s in spec]
+        if all(wrong):
+            alternatives = " or ".join(dict.fromkeys(_name(s) for s in spec))
+            return next((w for w in wrong if w.startswith(f"`{where}.")), f"`{where}` is not {alternatives}")
+        return ""
+    if isinstance(spec, dict):
+        if not isinstance(value, dict):
+            return f"`{where}` is not an object"
+        for k, s in spec.items():
+            name = k.rstrip("!")
+            if name not in value:
+                if k.endswith("!"):
+                    return f"`{where}` has no `{name}`"
+                continue
+            if wrong := _shape(value[name], s, f"{where}.{name}"):
+                return wrong
+        return ""
+    if isinstance(spec, list):
+        if not isinstance(value, list):
+            return f"`{where}` is not a list"
+        return next((w for i, v in enumerate(value) if (w := _shape(v, spec[0], f"{where}[{i}]"))), "")
+    if spec is bool or spec is type(None):
+        ok = isinstance(value, spec)
+    else:
+        ok = isinstance(value, spec) and not isinstance(value, bool)
+    return "" if ok else f"`{where}` is not {_name(spec)}"
+
+
+def _name(spec: Any) -> str:
+    if isinstance(spec, dict) or spec is dict:
+        return "an object"
+    if isinstance(spec, list) or spec is list:
+        return "a list"
+    return _NAMES.get(spec, "a number") if not isinstance(spec, tuple) else "a number"
+
+
 def load(file: Path) -> dict[str, Any]:
     """One evidence file, its shape checked; EvidenceError naming what is wrong and the fix."""
     fix = "run nox -s verify_install again (it rewrites the file), or remove it"
@@ -58,10 +144,19 @@ def load(file: Path) -> dict[str, Any]:
         raise EvidenceError(f"{file}: holds CPython {data['python']}'s evidence under another Python's name; {fix}")
     for section in SECTIONS:
         value = data.get(section)
-        if not isinstance(value, dict) or not all(isinstance(v, dict) for v in value.values()):
+        if not isinstance(value, dict):
             raise EvidenceError(f"{file}: `{section}` is not an object of results; {fix}")
+        for name, result in value.items():
+            if not isinstance(result, dict):
+                raise EvidenceError(f"{file}: `{section}.{name}` is not an object (a result); {fix}")
     if data.get("interpreter") is not None and not isinstance(data["interpreter"], dict):
         raise EvidenceError(f"{file}: `interpreter` is not an object; {fix}")
+    wrong = _shape(data["interpreter"], _FOUND, "interpreter") if data.get("interpreter") is not None else ""
+    for section in SECTIONS:
+        for name, result in data[section].items():
+            wrong = wrong or _shape(result, _RESULT, f"{section}.{name}")
+    if wrong:
+        raise EvidenceError(f"{file}: {wrong}; {fix}")
     return data
 
 
@@ -73,6 +168,33 @@ def load_all(build: Path | None = None) -> dict[str, dict[str, Any]]:
             data = load(file)
             out[data["python"]] = data
     return out
+
+
+LOCK_TIMEOUT_S = 120.0
+
+
+@contextlib.contextmanager
+def _exclusive(folder: Path) -> Iterator[None]:
+    """The evidence folder locked against every other process's read-modify-replace of an evidence file (two
+    verify runs for one Python each keep the other's results): an flock on the folder itself, so no lock file
+    is left behind; EvidenceError after LOCK_TIMEOUT_S."""
+    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        deadline = time.monotonic() + LOCK_TIMEOUT_S
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise EvidenceError(
+                        f"{folder}: another process has held the evidence lock for {LOCK_TIMEOUT_S:.0f} s; "
+                        "wait for the other verify_install to finish, or stop it"
+                    ) from None
+                time.sleep(0.05)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
 
 
 def update(
@@ -87,7 +209,8 @@ def update(
     """Record the interpreter found for `python`, or one result (`section` "profiles" or "resolution",
     `name` the profile); the file is replaced whole (written beside it, then renamed)."""
     file = path(python, build)
-    with _LOCK:
+    file.parent.mkdir(parents=True, exist_ok=True)
+    with _LOCK, _exclusive(file.parent):
         data = load(file) if file.exists() else _empty(python)
         if interpreter is not None:
             data["interpreter"] = interpreter
@@ -98,7 +221,6 @@ def update(
                 data[section].pop(name, None)
             else:
                 data[section][name] = result
-        file.parent.mkdir(parents=True, exist_ok=True)
         tmp = swap.part(file, str(threading.get_ident()))
         tmp.write_text(json.dumps(data, indent=2) + "\n")
         tmp.replace(file)

@@ -141,3 +141,29 @@ def test_the_python_tag_and_the_install_file_are_named_in_one_place() -> None:
     assert [python_tag(v) for v in ("3.11", "3.13")] == ["cp311", "cp313"]
     assert sorted(["3.13", "3.9", "3.11"], key=python_key) == ["3.9", "3.11", "3.13"]
     assert install_name("sft", "3.12") == "install/sft-cp312.txt"
+
+
+def _writer(build: str, who: str, n: int) -> None:
+    from base import evidence
+
+    for i in range(n):
+        evidence.update("3.12", build=Path(build), section="profiles", name=f"{who}-{i}", result={"dist_sha256": "k"})
+
+
+def test_two_processes_recording_one_python_s_evidence_keep_each_other_s_results(tmp_path: Path) -> None:
+    """Two verify runs for one Python, each replacing the file after reading it: without the lock across
+    processes each lost results the other had written in between."""
+    import multiprocessing
+
+    from base import evidence
+
+    ctx = multiprocessing.get_context("fork")
+    procs = [ctx.Process(target=_writer, args=(str(tmp_path), who, 60)) for who in ("a", "b")]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(60)
+        assert p.exitcode == 0
+    got = evidence.load(evidence.path("3.12", tmp_path))["profiles"]
+    assert sorted(got) == sorted(f"{w}-{i}" for w in ("a", "b") for i in range(60))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["verify-cp312.json"]  # no lock file, no part left

@@ -312,3 +312,62 @@ def test_the_vulnerability_check_is_shown_and_unchecked_is_never_a_pass(
     (dist / "vulnerabilities.json").write_text(json.dumps({"not_checked": "--no-vulnerabilities"}))
     release_report.main(["--dist", str(dist), "--evidence", str(tmp_path / "none")])
     assert "vulnerabilities: NOT CHECKED (--no-vulnerabilities)" in capsys.readouterr().out
+
+
+def _members(value: object, at: tuple[object, ...] = ()) -> list[tuple[object, ...]]:
+    """Every member path of a JSON value (keys and list indexes), deepest last."""
+    out: list[tuple[object, ...]] = []
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else []
+    for k, v in items:
+        out.append((*at, k))
+        out += _members(v, (*at, k))
+    return out
+
+
+def _wrong(value: object) -> object:
+    """A value of another JSON type than `value`."""
+    return [] if isinstance(value, str | bool | int | float) or value is None else "x"
+
+
+def test_evidence_with_any_member_of_the_wrong_type_or_missing_is_one_error_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Every member of a real evidence file (interpreter, results, the serving and doctor details) given another
+    type, or removed, one at a time: release_report either reads it or says `error:` once, naming the file and
+    the member; never a traceback. publish --plan reads the evidence through the same loader."""
+    dist = _candidate(tmp_path, audit_passed=True)
+    doctor = {"checks": {"cpu": "ok"}, "seconds": 8.1, "deep_seconds": 9.0}
+    serve = {
+        "tokenizer": {"native_equal": True, "corpus_texts": 15, "ids_compared": 892, "special_tokens": 256},
+        "json_schema": {"accepted": 1, "rejected": 3, "strict_thinking": "ok"},
+        "doctor_run": doctor,
+        "torch": {"before": "2.9.1", "after": "2.14.1"},
+        "install_file": {"file": "install/serve-cp311.txt", "sha256": "0" * 64},
+        "problems": [],
+        "distributions": {"peft": "peft-kt"},
+    }
+    verify = _results(dist, tmp_path / "ev", {"serve": serve}, {"serve": {"ok": True, "simulated": False}})
+    file = verify / "verify-cp311.json"
+    good = json.loads(file.read_text())
+    paths = [p for p in _members(good) if p[0] in ("interpreter", "profiles", "resolution")]
+    assert len(paths) > 30
+    for path in paths:
+        for how in ("type", "remove"):
+            data = json.loads(json.dumps(good))
+            parent = data
+            for k in path[:-1]:
+                parent = parent[k]
+            if how == "type":
+                parent[path[-1]] = _wrong(parent[path[-1]])
+            elif isinstance(parent, dict):
+                del parent[path[-1]]
+            else:
+                continue
+            file.write_text(json.dumps(data))
+            code = release_report.main(["--dist", str(dist), "--evidence", str(verify), ACCEPT_ALL])
+            err = capsys.readouterr().err
+            if code == 1 and "error:" in err:
+                lines = [ln for ln in err.splitlines() if ln.startswith("error:")]
+                assert len(lines) == 1, (path, how, err)
+                assert str(file) in lines[0], (path, how, err)
+                assert "`" + ".".join(map(str, path[:2])) in lines[0] or path[0] == "interpreter", (path, how, err)
