@@ -145,7 +145,9 @@ def parse_given(values: Iterable[str], environ: Mapping[str, str] | None = None)
                     f"{origin} {value!r}: give the CPython version and the interpreter's path, "
                     "e.g. --interpreter 3.12=/usr/bin/python3.12"
                 )
-            out[python.strip()] = path.strip()
+            given = path.strip()
+            # a relative path is made absolute here, once: venvs and links are made from other directories
+            out[python.strip()] = given if "/" not in given else os.path.abspath(given)
     return out
 
 
@@ -228,7 +230,8 @@ def _path_candidates(python: str, environ: Mapping[str, str], pyenv: Path | None
     shims: list[str] = []
     seen: set[str] = set()
     for d in environ.get("PATH", "").split(os.pathsep):
-        exe = Path(d or ".") / f"python{python}"
+        # absolute before use: a relative PATH entry ("", "bin") names another file from another directory
+        exe = Path(os.path.abspath(Path(d or ".") / f"python{python}"))
         if not (exe.is_file() and os.access(exe, os.X_OK)):
             continue
         real = str(exe.resolve())
@@ -297,7 +300,10 @@ def find(
         return None
 
     if "given" in sources and python in given:
-        got = outcome(_candidate(python, "given", given[python], "named explicitly"))
+        named = given[python]
+        if "/" not in named:  # a bare name: the file PATH gives it, by its absolute path
+            named = shutil.which(named, path=environ.get("PATH")) or named
+        got = outcome(_candidate(python, "given", named, "named explicitly"))
         return Found(python, got, tuple(tried), ("given: the interpreter named for it is the only one asked",))
     searched.append("given: none named")
     pyenv = _pyenv_root(environ)

@@ -21,6 +21,8 @@ VERSION_FILE = KERNEL / "python" / "kt_kernel" / "_version.py"
 # e.g. one folder shared by every checkout on a machine (`nox -s tests` does, as ccache is shared).
 CACHE_ENV = "KT_CACHE_DIR"
 CACHE = Path(os.environ.get(CACHE_ENV) or BUILD / "cache")
+INPUTS_CACHE = CACHE / "inputs"  # the carriers' downloaded inputs (KT_RELEASE_CACHE puts them elsewhere)
+WHEEL_MEMO = "wheel-memo"  # the wheel memo's folder, inside the inputs cache folder (whichever is named)
 KERNEL_BUILD = BUILD / "kt-kernel"  # kernel/tools/build_wheel.py's tree (it names the same folder)
 KERNEL_OUT = KERNEL_BUILD / "out"  # the release's kernel input: only build_cpu/build_cuda write it
 KERNEL_SCRATCH = tuple(KERNEL_BUILD / n for n in ("raw", "repaired", "shards"))
@@ -51,6 +53,10 @@ BENCH_JSON = {
     "ab": BUILD / "bench-ab.json",
 }
 MUTANTS_JSON = BUILD / "mutants.json"
+PUBLISH_WORK = BUILD / "publish"  # nox -s publish's snapshot of dist/ (swept by name when a run was killed)
+# Folders outside the build tree a stage stages into (a bundle's --out): one absolute path a line, so the sweep
+# and `nox -s clean` find a killed run's staging tree wherever --out pointed (base.swap.remember).
+STAGING_PLACES = BUILD / "staging-places.txt"
 
 # What `nox -s clean` removes (downloads in CACHE and dist/ stay), and with `--all`.
 LEFTOVERS = (
@@ -60,6 +66,7 @@ LEFTOVERS = (
     LOCKS_FOR_INSTALL,
     LOCK_WORK,
     AUDIT_REPORTS,
+    PUBLISH_WORK,
     *BENCH_SCRATCH,
     BENCH_KERNEL,
     BENCH_RELEASE,

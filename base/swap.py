@@ -22,6 +22,7 @@ import ctypes
 import ctypes.util
 import errno
 import fnmatch
+import glob
 import os
 import re
 import shutil
@@ -137,6 +138,9 @@ def _cache_folders() -> Iterator[Path]:
     yield paths.CACHE
     if paths.CACHE.is_dir():
         yield from (p for p in paths.CACHE.iterdir() if p.is_dir() and not p.name.startswith((".", "debian-")))
+    inputs = Path(os.environ.get("KT_RELEASE_CACHE") or paths.INPUTS_CACHE)
+    yield inputs
+    yield inputs / paths.WHEEL_MEMO
 
 
 TEMPORARY: tuple[Temporary, ...] = (
@@ -149,7 +153,33 @@ TEMPORARY: tuple[Temporary, ...] = (
     Temporary("build_cpu, build_cuda: the kernel wheel", lambda: [paths.KERNEL_OUT]),
     Temporary("verify_install: each Python's evidence", lambda: [paths.BUILD], names=lambda: ["verify-cp3*.json"]),
     Temporary("verify_install: the pip its resolutions run", lambda: [paths.VERIFY_WORK]),
+    Temporary("publish: its snapshot of dist/", lambda: [paths.PUBLISH_WORK], names=lambda: ["snapshot"]),
+    Temporary(
+        "bundle: its staging tree beside --out",
+        lambda: sorted({p.parent for p in remembered()}),
+        names=lambda: sorted({glob.escape(p.name) for p in remembered()}),
+    ),
 )
+
+
+def remember(dest: Path) -> None:
+    """Record `dest` (a folder outside the build tree that a stage stages beside) before staging there: the
+    sweep and `nox -s clean` then find a killed run's `.NAME.kt-PID.part` beside it, wherever it is."""
+    dest = Path(os.path.abspath(dest))
+    if dest in remembered():
+        return
+    paths.STAGING_PLACES.parent.mkdir(parents=True, exist_ok=True)
+    with open(paths.STAGING_PLACES, "a", encoding="utf-8") as fh:  # one short line: appended whole
+        fh.write(f"{dest}\n")
+
+
+def remembered() -> list[Path]:
+    """The places `remember` recorded (absolute paths only; anything else in the file is passed over)."""
+    try:
+        lines = paths.STAGING_PLACES.read_text(encoding="utf-8").splitlines()
+    except OSError:
+        return []
+    return [Path(ln) for ln in dict.fromkeys(lines) if ln.startswith("/") and "\0" not in ln]
 
 
 def _matches(entry: Temporary, name: str) -> bool:

@@ -85,6 +85,7 @@ def build(dist: Path, profile: str, python: str, out: Path, *, index_url: str = 
             f"{install.name} pins {', '.join(missing)} by a sha256 no wheel in {dist} has: the install file and the "
             "wheels are from different builds; rebuild the release (nox -s build_all)"
         )
+    swap.remember(out)  # a killed bundle's staging tree is then known to the sweep and nox -s clean
     swap.sweep_beside(out)  # a killed bundle into the same --out left its staging tree beside it
     staging = swap.part(out)
     shutil.rmtree(staging, ignore_errors=True)

@@ -14,7 +14,7 @@ from pathlib import Path
 from packaging.utils import canonicalize_name, parse_wheel_filename
 from packaging.version import Version
 
-from base import paths, progress, stagecache, swap
+from base import cachedir, paths, progress, stagecache, swap
 from base.version import python_tag
 from locks.read import parse_lock
 from locks.targets import download, serves
@@ -42,7 +42,7 @@ sha256 = stagecache.file_sha256  # the hex sha256 of a file (its one owner is ba
 
 def default_cache() -> Path:
     """Where downloaded inputs are kept (KT_RELEASE_CACHE, else build/cache/inputs)."""
-    return Path(os.environ.get(CACHE_ENV) or paths.CACHE / "inputs")
+    return Path(os.environ.get(CACHE_ENV) or paths.INPUTS_CACHE)
 
 
 def locked_pins(lock: Path = LOCK) -> dict[str, tuple[str, tuple[str, ...]]]:
@@ -67,7 +67,9 @@ def fetch(name: str, lock: Path = LOCK, cache: Path | None = None, *, python: st
     if key not in pins:
         raise InputError(f"{lock}: {name} is not locked; add it to lockfiles/carrier-inputs.in and run `nox -s lock`")
     version, hashes = pins[key]
-    cache = cache or default_cache()
+    cache = cachedir.owned(cache or default_cache(), "inputs cache")
+    if (cache / key).is_dir():
+        cachedir.owned(cache / key, "inputs cache")
     for cached in sorted((cache / key).glob("*.whl")) if (cache / key).is_dir() else []:
         if parse_wheel_filename(cached.name)[1] == Version(version) and serves(cached.name, python):
             digest = sha256(cached)
@@ -98,8 +100,7 @@ def fetch(name: str, lock: Path = LOCK, cache: Path | None = None, *, python: st
                 f"({', '.join(hashes)}) in {lock.name}. The index served different bytes than were locked; "
                 "nothing was written to dist/. Re-lock (nox -s lock) only if the new file is expected."
             )
-        (cache / key).mkdir(parents=True, exist_ok=True)
-        dest = cache / key / wheels[0].name
+        dest = cachedir.owned(cache / key, "inputs cache") / wheels[0].name
         # Into the cache under a name of its own, then renamed: another process (a second test worker)
         # never reads a half-copied entry, even where the temporary folder is another file system.
         staged = swap.part(dest)

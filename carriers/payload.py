@@ -30,7 +30,7 @@ from packaging.utils import parse_wheel_filename
 
 from audits.platforms import glibc_of
 from audits.readers import cuobjdump_tool, list_archs
-from base import distdir, swap
+from base import cachedir, distdir, swap
 
 from . import licensing, sbom, wheelio
 from .draft import Draft
@@ -246,18 +246,8 @@ ARCHIVES_KEPT = 4  # whole archives kept in the cache, the most recently used (e
 
 def _prune_archives(cache: Path, keep: Path) -> None:
     """All but the ARCHIVES_KEPT most recently used archives go (their frames stay: any archive is a
-    concatenation of frames, made again in seconds)."""
-    found = []
-    for p in cache.glob("archive-*.tar.zst"):
-        if not _ARCHIVE_NAME.fullmatch(p.name):  # only the names build_archive writes
-            continue
-        try:
-            found.append((p.stat().st_mtime, p))
-        except FileNotFoundError:  # another assembly pruned it meanwhile
-            continue
-    for _, p in sorted(found, reverse=True)[ARCHIVES_KEPT:]:
-        if p != keep:
-            p.unlink(missing_ok=True)
+    concatenation of frames, made again in seconds); only the names build_archive writes."""
+    cachedir.prune(cache, _ARCHIVE_NAME, keep=[keep], max_count=ARCHIVES_KEPT)
 
 
 def build_archive(entries: Mapping[str, bytes], level: int, window: int, cache: Path) -> Archive:

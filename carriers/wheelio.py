@@ -10,6 +10,7 @@ import csv
 import hashlib
 import io
 import os
+import re
 import time
 import zipfile
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -150,45 +151,51 @@ ENCODING = "kt-wheel-1"  # bump when write_to's output changes for the same memb
 MEMO_LIMIT = 3 << 30  # the memo keeps the newest-used wheels up to this many bytes
 
 
+MEMO_NAME = re.compile(r"(?P<key>[0-9a-f]{64})-(?P<sha256>[0-9a-f]{64})\.whl")  # the only names the memo writes
+
+
 class Memo:
-    """Encoded wheels by content key, `KEY-SHA256.whl` in one folder: an entry is used only if its bytes
-    still hash to the sha256 in its name (a corrupted one is deleted and the wheel encoded again), and
-    the folder is pruned, least recently used first, to `limit` bytes."""
+    """Encoded wheels by content key, `KEY-SHA256.whl` in one folder of the running user's own
+    (base.cachedir.owned): an entry is used only if its bytes still hash to the sha256 in its name (a
+    corrupted one is deleted and the wheel encoded again), and the folder is pruned, least recently used
+    first, to `limit` bytes, of those names only (base.cachedir.prune): a user's wheel beside them stays."""
 
     def __init__(self, root: Path, limit: int | None = None) -> None:
         self.root = root
         self.limit = MEMO_LIMIT if limit is None else limit
-        self.hits = self.misses = 0
+        self.hits = self.misses = self.dropped = 0
 
     def get(self, key: str) -> bytes | None:
-        for path in self.root.glob(f"{key}-*.whl"):
+        from base import cachedir
+
+        if not self.root.is_dir():
+            self.misses += 1
+            return None
+        cachedir.owned(self.root, "wheel memo")
+        for path in sorted(self.root.glob(f"{key}-*.whl")):
+            m = MEMO_NAME.fullmatch(path.name)
+            if m is None or m["key"] != key:
+                continue
             try:
                 data = path.read_bytes()
             except FileNotFoundError:  # another assembly pruned it meanwhile
                 continue
-            if hashlib.sha256(data).hexdigest() == path.stem.split("-", 1)[1]:
+            if hashlib.sha256(data).hexdigest() == m["sha256"]:
                 os.utime(path)  # recently used: pruned last
                 self.hits += 1
                 return data
             path.unlink(missing_ok=True)
+            self.dropped += 1
         self.misses += 1
         return None
 
     def put(self, key: str, data: bytes) -> None:
-        self.root.mkdir(parents=True, exist_ok=True)
+        from base import cachedir
+
+        cachedir.owned(self.root, "wheel memo")
         path = self.root / f"{key}-{hashlib.sha256(data).hexdigest()}.whl"
         write_bytes(path, data)
-        stats = []
-        for entry in self.root.glob("*.whl"):
-            try:  # another assembly may prune or replace entries meanwhile
-                stats.append((entry.stat(), entry))
-            except FileNotFoundError:
-                continue
-        total = 0
-        for st, entry in sorted(stats, key=lambda x: x[0].st_mtime, reverse=True):
-            total += st.st_size
-            if total > self.limit and entry != path:
-                entry.unlink(missing_ok=True)
+        cachedir.prune(self.root, MEMO_NAME, keep=[path], max_bytes=self.limit)
 
 
 _MEMO: contextvars.ContextVar[Memo | None] = contextvars.ContextVar("wheel_memo", default=None)

@@ -74,7 +74,7 @@ def snapshot(dist: Path, work: Path | None = None) -> Iterator[distdir.Release]:
         raise PublishError(
             f"{dist / distdir.MANIFEST} is missing: {dist} holds no release; build it (nox -s build_all)"
         )
-    work = work or paths.BUILD / "publish"
+    work = work or paths.PUBLISH_WORK
     work.mkdir(parents=True, exist_ok=True)
     snap = swap.part(work / "snapshot")
     shutil.rmtree(snap, ignore_errors=True)

@@ -166,3 +166,19 @@ def test_the_key_names_the_interpreter_s_bytes(tmp_path: Path) -> None:
     exe.write_text(exe.read_text() + "# rebuilt\n")
     assert found.interpreter.key()["sha256"] != before["sha256"]
     assert (before["version"], before["source"]) == ("3.12.7", "PATH")
+
+
+def test_a_relative_path_entry_or_given_path_is_made_absolute_before_use(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """PATH=bin (relative) finds bin/python3.12 from this directory; the interpreter recorded (and linked by
+    ci_local's setup-python from another directory) is its absolute path, as is a given relative path or name."""
+    exe = fake(tmp_path / "bin" / "python3.12")
+    monkeypatch.chdir(tmp_path)
+    found = interpreters.find("3.12", environ={"PATH": "bin", "HOME": str(tmp_path)}, sources=("PATH",))
+    assert found.interpreter is not None
+    assert found.interpreter.path == str(exe)
+    assert interpreters.parse_given(["3.12=bin/python3.12"], {}) == {"3.12": str(exe)}
+    named = interpreters.find("3.12", {"3.12": "python3.12"}, environ={"PATH": str(exe.parent), "HOME": str(tmp_path)})
+    assert named.interpreter is not None
+    assert named.interpreter.path == str(exe)

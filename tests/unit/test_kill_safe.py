@@ -173,3 +173,30 @@ def test_a_killed_bundle_s_staging_beside_its_out_is_swept_by_the_next(tmp_path:
     assert swap.sweep_beside(out, say=False) == [dead]
     assert live.is_dir()
     assert other.is_dir()
+
+
+def test_a_publish_snapshot_and_a_bundle_s_staging_left_by_a_kill_are_swept_wherever_out_pointed(
+    dist: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """publish stopped by SIGTERM leaves build/publish/.snapshot.kt-PID.part; a bundle killed with --out anywhere
+    (inside the checkout too) leaves .OUT.kt-PID.part beside it. Both are the sweep's (and so nox -s clean's);
+    a user's names beside them stay."""
+    monkeypatch.setattr(paths, "PUBLISH_WORK", tmp_path / "build/publish")
+    monkeypatch.setattr(paths, "STAGING_PLACES", tmp_path / "build/staging-places.txt")
+    snap = paths.PUBLISH_WORK / ".snapshot.kt-999999999.part"
+    (snap / "sub").mkdir(parents=True)
+    mine = paths.PUBLISH_WORK / ".snapshot-20261205"
+    mine.mkdir()
+    out = tmp_path / "checkout" / "my bundle [cp311]"
+    out.parent.mkdir()
+    swap.remember(out)
+    swap.remember(out)  # once is enough
+    staging = out.parent / f".{out.name}.kt-999999999.part"
+    staging.mkdir()
+    user = out.parent / ".my bundle [cp311].backup"
+    user.mkdir()
+    assert paths.STAGING_PLACES.read_text().splitlines() == [str(out)]
+    removed = swap.sweep(say=False)
+    assert sorted(removed) == sorted([snap, staging])
+    assert mine.is_dir() and user.is_dir()
+    assert paths.BUILD / "publish" in paths.LEFTOVERS

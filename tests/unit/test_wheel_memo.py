@@ -130,3 +130,64 @@ def test_concurrent_writers_of_one_path_never_share_a_temporary_file(tmp_path: P
     assert errors == []
     assert target.read_bytes() in blobs
     assert [p.name for p in tmp_path.iterdir()] == ["entry.whl"]  # no temporary file left behind
+
+
+def test_pruning_takes_only_the_memo_s_own_names(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A user's wheels beside the memo's entries (the folder was once X/../wheels, a folder nobody named) are
+    never pruned, whatever their age or size; only KEY-SHA256.whl entries are."""
+    users = {"torch-2.9.1-cp311-cp311-linux_x86_64.whl": 3 << 20, "mine.whl": 10, f"{'a' * 64}-backup.whl": 10}
+    for name, size in users.items():
+        (tmp_path / name).write_bytes(b"u" * size)
+        os.utime(tmp_path / name, (1, 1))  # older than anything the memo writes
+    monkeypatch.setattr(wheelio, "MEMO_LIMIT", 1)  # nothing of the memo's fits: all but the newest go
+    with wheelio.memo(tmp_path):
+        for i in range(3):
+            _encode({**MEMBERS, "pkg/__init__.py": f"x = {i}\n".encode()})
+    left = sorted(p.name for p in tmp_path.iterdir())
+    assert [n for n in left if n in users] == sorted(users)
+    assert len([n for n in left if wheelio.MEMO_NAME.fullmatch(n)]) == 1
+
+
+def test_the_memo_lives_inside_the_inputs_cache_named(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """KT_RELEASE_CACHE=X puts the memo in X/wheel-memo, never in X/../wheels beside a folder of the user's."""
+    from base import paths
+    from carriers import assemble
+
+    seen: list[Path | None] = []
+
+    class Seen(Exception):
+        pass
+
+    def memo(root: Path | None) -> object:
+        seen.append(root)
+        raise Seen
+
+    monkeypatch.setattr(wheelio, "memo", memo)
+    cache = tmp_path / "inputs"
+    with pytest.raises(Seen):
+        assemble.build_set(None, tmp_path / "kernel.whl", tmp_path / "out", cache=cache)  # type: ignore[arg-type]
+    assert seen == [cache / paths.WHEEL_MEMO]
+
+
+def test_a_memo_folder_others_can_write_or_own_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Another user's bytes are never taken for an encoded wheel: a memo folder writable by others, owned by
+    another user, or a symbolic link is refused with the fix, and nothing in it is read or deleted."""
+    from base.cachedir import CacheError
+
+    root = tmp_path / "memo"
+    with wheelio.memo(root):
+        _encode(MEMBERS)
+    (entry,) = root.glob("*.whl")
+    os.chmod(root, 0o777)
+    with wheelio.memo(root), pytest.raises(CacheError, match=r"memo: the wheel memo is writable by others .*chmod go-w"):
+        _encode(MEMBERS)
+    os.chmod(root, 0o755)
+    monkeypatch.setattr(os, "geteuid", lambda: 4242)
+    with wheelio.memo(root), pytest.raises(CacheError, match=r"belongs to .* not to the running user uid 4242"):
+        _encode(MEMBERS)
+    monkeypatch.undo()
+    link = tmp_path / "link"
+    link.symlink_to(root)
+    with wheelio.memo(link), pytest.raises(CacheError, match="is a symbolic link"):
+        _encode(MEMBERS)
+    assert entry.exists()
