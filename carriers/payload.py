@@ -198,23 +198,59 @@ def _tar_header(name: str, size: int) -> bytes:
     return info.tobuf(tarfile.PAX_FORMAT, "utf-8", "surrogateescape")
 
 
+def _tools() -> dict[str, str]:
+    """Every tool that shapes a frame: the compressor (python-zstandard and the zstd it bundles) and the
+    cuobjdump whose description of each binary ships in the payload's manifest (its version line)."""
+    import zstandard
+
+    tool = cuobjdump_tool(allow_path=False)
+    return {
+        "zstandard": f"{zstandard.__version__} (zstd {zstandard.ZSTD_VERSION})",
+        "cuobjdump": tool.version if tool else "none",
+    }
+
+
+def _reuse(target: Path, desc: Path, key: str) -> dict[str, Any] | None:
+    """The frame's description, if its record and bytes verify: the record names this key and the frame's
+    sha256, and the frame still hashes to it. Anything else is dropped (said once) and made again."""
+    if not (target.is_file() and desc.is_file()):
+        return None
+    try:
+        record = json.loads(desc.read_text())
+        ok = isinstance(record, dict) and record.get("key") == key and isinstance(record.get("files"), dict)
+    except (OSError, ValueError):
+        ok = False
+    if ok:
+        with target.open("rb") as fh:
+            if hashlib.file_digest(fh, "sha256").hexdigest() == record.get("sha256"):
+                files: dict[str, Any] = record["files"]
+                return files
+    say(f"frame {key[:16]}: {target.name} does not match its record in {desc.name}; dropped, made again")
+    target.unlink(missing_ok=True)
+    desc.unlink(missing_ok=True)
+    return None
+
+
 def _frame(
     group: str, entries: Mapping[str, bytes], level: int, window: int, cache: Path
 ) -> tuple[Path, dict[str, Any]]:
     """One zstd frame holding the tar blocks of one top-level directory's files (no end marker),
-    cached by their content: a change elsewhere in the archive never recompresses this one."""
+    cached by their content and the tools that shape it: a change elsewhere in the archive never recompresses
+    this one. A cached frame is used only when its bytes hash to the sha256 its record claims."""
     files = {n: hashlib.sha256(d).hexdigest() for n, d in sorted(entries.items())}
-    ident = json.dumps({"format": FORMAT, "level": level, "window": window, "files": files}, sort_keys=True)
+    ident = json.dumps(
+        {"format": FORMAT, "level": level, "window": window, "files": files, "tools": _tools()}, sort_keys=True
+    )
     key = hashlib.sha256(ident.encode()).hexdigest()
     target, desc = cache / f"frame-{key}.zst", cache / f"frame-{key}.json"
-    if target.is_file() and desc.is_file():
-        say(f"{group}/: {len(entries)} files, frame {key[:16]} reused from {cache}")
-        described: dict[str, Any] = json.loads(desc.read_text())
-        return target, described
+    reused = _reuse(target, desc, key)
+    if reused is not None:
+        say(f"{group}/: {len(entries)} files, frame {key[:16]} reused from {cache} (sha256 verified)")
+        return target, reused
     total = sum(len(d) for d in entries.values())
     say(f"{group}/: describing {len(entries)} files ({total / 2**20:.0f} MiB) with cuobjdump")
     described = _describe(entries)
-    cache.mkdir(parents=True, exist_ok=True)
+    cachedir.owned(cache, "payload cache")
     tmp = swap.part(target)
     t0 = time.perf_counter()
     say(
@@ -222,7 +258,14 @@ def _frame(
         f"matching, {os.cpu_count()} threads)"
     )
     done = 0
-    with tmp.open("wb") as raw, _compressor(level, window).stream_writer(raw, closefd=False) as zw:
+    digest = hashlib.sha256()
+
+    class _Hashed:  # the frame's sha256 as it is written, for its record
+        def write(self, data: bytes) -> int:
+            digest.update(data)
+            return raw.write(data)
+
+    with tmp.open("wb") as raw, _compressor(level, window).stream_writer(_Hashed(), closefd=False) as zw:
         for name, data in sorted(entries.items()):
             zw.write(_tar_header(name, len(data)))
             zw.write(data)
@@ -232,10 +275,11 @@ def _frame(
                 f"  {name} ({len(data) / 2**20:.1f} MiB): {100 * done / max(total, 1):.0f}% after "
                 f"{time.perf_counter() - t0:.0f}s"
             )
+    record = {"key": key, "sha256": digest.hexdigest(), "files": described}
     desc_tmp = swap.part(desc)  # the cache may be shared (KT_CACHE_DIR): a reader never sees half a file
-    desc_tmp.write_text(json.dumps(described, indent=1) + "\n")
-    desc_tmp.replace(desc)
+    desc_tmp.write_text(json.dumps(record, indent=1) + "\n")
     tmp.replace(target)
+    desc_tmp.replace(desc)
     say(f"{group}/: {target.stat().st_size / 2**20:.1f} MiB in {time.perf_counter() - t0:.1f}s")
     return target, described
 
@@ -263,6 +307,21 @@ def build_archive(entries: Mapping[str, bytes], level: int, window: int, cache: 
     for path, _ in frames:
         digest.update(path.name.encode())
     target = cache / f"archive-{digest.hexdigest()}.tar.zst"
+    # What the archive must hash to: its verified frames and the end marker, in order. A cached archive with
+    # other bytes is dropped and made again from them; never shipped.
+    expected = hashlib.sha256()
+    for path, _ in frames:
+        with path.open("rb") as src:
+            while chunk := src.read(1 << 20):
+                expected.update(chunk)
+    expected.update(end)
+    if target.is_file():
+        with target.open("rb") as fh:
+            if hashlib.file_digest(fh, "sha256").hexdigest() == expected.hexdigest():
+                os.utime(target)  # recently used: pruned last
+            else:
+                say(f"{target.name} does not hash to its frames' sha256; dropped, made again")
+                target.unlink()
     if not target.is_file():
         tmp = swap.part(target)
         with tmp.open("wb") as out:
@@ -272,12 +331,8 @@ def build_archive(entries: Mapping[str, bytes], level: int, window: int, cache: 
             out.write(end)
         tmp.replace(target)
         _prune_archives(cache, keep=target)
-    else:
-        os.utime(target)  # recently used: pruned last
-    with target.open("rb") as fh:
-        sha = hashlib.file_digest(fh, "sha256")
     files = {n: f for _, described in frames for n, f in described.items()}
-    return Archive(target, sha.hexdigest(), target.stat().st_size, window, dict(sorted(files.items())))
+    return Archive(target, expected.hexdigest(), target.stat().st_size, window, dict(sorted(files.items())))
 
 
 def plan_parts(archive_size: int, bases: list[tuple[str, int]], budget: int, headroom: int) -> list[int]:

@@ -160,3 +160,46 @@ def test_the_cache_keeps_the_most_recently_used_archives(tmp_path: Path, monkeyp
     assert made[0] in kept
     assert made[-payload.ARCHIVES_KEPT] not in kept
     assert len(list(tmp_path.glob("frame-*.zst"))) == payload.ARCHIVES_KEPT + 2
+
+
+def test_a_cached_frame_or_archive_with_other_bytes_is_dropped_and_made_again(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Other bytes under a frame's name (or its record's) never become the release's CUDA archive: the frame is
+    checked against the sha256 its record claims before use, the archive against its frames."""
+    entries = {"sgl_kernel/x.so": bytes(range(256)) * 400, "kt_kernel/y.so": b"y" * 5000}
+    clean = payload.build_archive(entries, 3, 20, tmp_path / "clean")
+    cache = tmp_path / "cache"
+    first = payload.build_archive(entries, 3, 20, cache)
+    assert first.sha256 == clean.sha256
+    frame = sorted(cache.glob("frame-*.zst"))[0]
+    planted = payload._compressor(3, 20).compress(b"someone else's bytes".ljust(512, b"\0"))
+    frame.write_bytes(planted)
+    capsys.readouterr()
+    again = payload.build_archive(entries, 3, 20, cache)
+    out = capsys.readouterr().out
+    assert out.count("does not match its record") == 1
+    assert again.sha256 == clean.sha256
+    assert hashlib.sha256(again.path.read_bytes()).hexdigest() == clean.sha256
+    again.path.write_bytes(b"tampered" + again.path.read_bytes()[8:])
+    third = payload.build_archive(entries, 3, 20, cache)
+    assert "does not hash to its frames' sha256" in capsys.readouterr().out
+    assert hashlib.sha256(third.path.read_bytes()).hexdigest() == third.sha256 == clean.sha256
+    record = sorted(cache.glob("frame-*.json"))[0]
+    record.write_text("{not json")
+    assert payload.build_archive(entries, 3, 20, cache).sha256 == clean.sha256
+
+
+def test_every_tool_that_shapes_a_frame_is_in_its_key(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A new cuobjdump (or compressor) makes the frame again: the old tool's SASS/PTX description never ships."""
+    monkeypatch.setattr(payload, "_describe", lambda entries: {n: {"by": tools["cuobjdump"]} for n in entries})
+    tools = {"zstandard": "z", "cuobjdump": "cuobjdump 13.0"}
+    monkeypatch.setattr(payload, "_tools", lambda: dict(tools))
+    entries = {"sgl_kernel/x.so": b"x" * 1000}
+    assert payload.build_archive(entries, 3, 20, tmp_path).files["sgl_kernel/x.so"]["by"] == "cuobjdump 13.0"
+    tools["cuobjdump"] = "cuobjdump 13.1"
+    assert payload.build_archive(entries, 3, 20, tmp_path).files["sgl_kernel/x.so"]["by"] == "cuobjdump 13.1"
+    tools["zstandard"] = "z2"
+    before = set(tmp_path.glob("frame-*.zst"))
+    payload.build_archive(entries, 3, 20, tmp_path)
+    assert len(set(tmp_path.glob("frame-*.zst")) - before) == 1
