@@ -8,8 +8,10 @@ For CPython 3.N the sources are asked in order, and the first interpreter that p
    is passed over and said so: the pyenv source looks at its installed versions itself);
 3. ``pyenv``: pyenv's installed versions (``$PYENV_ROOT``, ``pyenv root``, or ``~/.pyenv``), newest patch first;
 4. ``uv``: a uv-managed Python (``uv python find --managed-python``; never a download);
-5. ``debian``: python3.N in a Debian root under the build cache (made by verify_install with debootstrap
-   where the machine allows it and no other source found one), run with chroot; the last resort.
+5. ``debian``: python3.N in a Debian root of the running user's (``base.paths.DEBIAN_ROOTS``, never a shared
+   cache; made by verify_install with debootstrap where the machine allows it and no other source found one),
+   run with chroot only when the root and the path to its interpreter are the running user's alone; the last
+   resort.
 
 A candidate proves itself by running ``base/interpreter_probe.py``: CPython, exactly 3.N, not a
 free-threaded build, able to make a venv. One that fails is kept with its problem and the fix (``tried``)
@@ -25,6 +27,7 @@ import os
 import platform
 import re
 import shutil
+import stat
 import subprocess
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
@@ -190,11 +193,13 @@ def _judge(python: str, data: dict[str, object]) -> tuple[str, str]:
 def _candidate(python: str, source: str, path: str, how: str, root: str = "") -> Interpreter | Attempt:
     """Probe one candidate: the Interpreter, or the Attempt that says why not."""
     if root:
+        from .cachedir import CacheError, owned
+
         inside = Path(root) / "kt-probe" / PROBE.name
         try:
-            inside.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(PROBE, inside)
-        except OSError as exc:
+            owned(inside.parent, "probe folder")  # a symlink planted as kt-probe would have root write elsewhere
+            _copy_nofollow(PROBE, inside)
+        except (OSError, CacheError) as exc:
             return Attempt(source, path, f"the probe cannot be copied into {root}: {exc}", "check the root")
         data, failure = _probe(["chroot", root, path, f"/kt-probe/{PROBE.name}"])
     else:
@@ -207,6 +212,15 @@ def _candidate(python: str, source: str, path: str, how: str, root: str = "") ->
     if problem:
         return Attempt(source, path, problem, fix)
     return Interpreter(python, path, str(data["version"]), source, how, root)
+
+
+def _copy_nofollow(src: Path, dest: Path) -> None:
+    """`src` copied to `dest`, replacing it, never through a symbolic link at `dest` (O_NOFOLLOW)."""
+    if os.path.islink(dest):
+        os.unlink(dest)
+    fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
+    with os.fdopen(fd, "wb") as out:
+        out.write(src.read_bytes())
 
 
 def _pyenv_root(environ: Mapping[str, str]) -> Path | None:
@@ -273,10 +287,31 @@ def _uv_candidate(python: str, environ: Mapping[str, str]) -> tuple[str | None, 
     return got.stdout.strip().splitlines()[-1], ""
 
 
-def debian_root(python: str, cache: Path | None = None) -> Path | None:
-    """Where the Debian root holding CPython `python` lives (made or not); None: no suite ships it."""
+def debian_root(python: str, where: Path | None = None) -> Path | None:
+    """Where the Debian root holding CPython `python` lives (made or not), in `where` (default: the running
+    user's paths.DEBIAN_ROOTS, never a shared cache); None: no suite ships it."""
     suite = DEBIAN_SUITES.get(python)
-    return None if suite is None else (cache or paths.CACHE) / f"debian-{suite}"
+    return None if suite is None else (where or paths.DEBIAN_ROOTS) / suite
+
+
+def root_problem(root: Path, python: str) -> str:
+    """Why the Debian root may not be run as the running user ("" when it may): the folder that holds it, the
+    root, the folders down to the interpreter and the interpreter itself must each be the running user's (root's,
+    for root) and writable by nobody else, none of them a symbolic link. A root someone else could write would
+    have root run their program."""
+    from .cachedir import problem
+
+    exe = root / "usr" / "bin" / f"python{python}"
+    for p in (root.parent, root, root / "usr", root / "usr" / "bin"):
+        if wrong := problem(p):
+            return f"{p} {wrong}"
+    try:
+        st = os.lstat(exe)
+    except OSError as exc:
+        return f"{exe} cannot be read ({exc.strerror or exc})"
+    if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        return f"{exe} is not a file of the running user's that only it can write (mode {stat.filemode(st.st_mode)})"
+    return ""
 
 
 def find(
@@ -284,7 +319,7 @@ def find(
     given: Mapping[str, str] | None = None,
     *,
     environ: Mapping[str, str] | None = None,
-    cache: Path | None = None,
+    roots: Path | None = None,
     sources: Sequence[str] = SOURCES,
 ) -> Found:
     """The interpreter for CPython `python`, asking `sources` in order (module docstring)."""
@@ -328,13 +363,22 @@ def find(
         if exe_uv and (got := outcome(_candidate(python, "uv", exe_uv, "uv python find --managed-python"))):
             return Found(python, got, tuple(tried), tuple(searched))
     if "debian" in sources:
-        root = debian_root(python, cache)
+        root = debian_root(python, roots)
         if root is None:
             searched.append(f"debian: no Debian suite known for CPython {python} (known: {sorted(DEBIAN_SUITES)})")
         elif not (root / "usr" / "bin" / f"python{python}").exists():
             searched.append(f"debian: no root made at {root}")
         elif os.geteuid() != 0 or shutil.which("chroot") is None:
             searched.append(f"debian: {root} needs root and chroot to run")
+        elif wrong := root_problem(root, python):
+            tried.append(
+                Attempt(
+                    "debian",
+                    str(root),
+                    f"not run: {wrong}",
+                    f"remove {root} (verify_install makes it again), or make it yours alone (chown -R, chmod go-w)",
+                )
+            )
         else:
             searched.append(f"debian: {root}")
             how = f"Debian {DEBIAN_SUITES[python]} root {root}"

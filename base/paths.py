@@ -21,6 +21,12 @@ VERSION_FILE = KERNEL / "python" / "kt_kernel" / "_version.py"
 # e.g. one folder shared by every checkout on a machine (`nox -s tests` does, as ccache is shared).
 CACHE_ENV = "KT_CACHE_DIR"
 CACHE = Path(os.environ.get(CACHE_ENV) or BUILD / "cache")
+# Debian roots (verify's last-resort interpreters, run as root with chroot) never live in a cache that may be
+# shared: they are the running user's, under XDG_DATA_HOME (KT_DEBIAN_ROOTS puts them elsewhere); kept by clean.
+DEBIAN_ROOTS = Path(
+    os.environ.get("KT_DEBIAN_ROOTS")
+    or Path(os.environ.get("XDG_DATA_HOME") or Path.home() / ".local" / "share") / "kt-release" / "debian"
+)
 INPUTS_CACHE = CACHE / "inputs"  # the carriers' downloaded inputs (KT_RELEASE_CACHE puts them elsewhere)
 WHEEL_MEMO = "wheel-memo"  # the wheel memo's folder, inside the inputs cache folder (whichever is named)
 KERNEL_BUILD = BUILD / "kt-kernel"  # kernel/tools/build_wheel.py's tree (it names the same folder)

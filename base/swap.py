@@ -137,7 +137,7 @@ class Temporary:
 def _cache_folders() -> Iterator[Path]:
     yield paths.CACHE
     if paths.CACHE.is_dir():
-        yield from (p for p in paths.CACHE.iterdir() if p.is_dir() and not p.name.startswith((".", "debian-")))
+        yield from (p for p in paths.CACHE.iterdir() if p.is_dir() and not p.name.startswith("."))
     inputs = Path(os.environ.get("KT_RELEASE_CACHE") or paths.INPUTS_CACHE)
     yield inputs
     yield inputs / paths.WHEEL_MEMO
@@ -153,6 +153,7 @@ TEMPORARY: tuple[Temporary, ...] = (
     Temporary("build_cpu, build_cuda: the kernel wheel", lambda: [paths.KERNEL_OUT]),
     Temporary("verify_install: each Python's evidence", lambda: [paths.BUILD], names=lambda: ["verify-cp3*.json"]),
     Temporary("verify_install: the pip its resolutions run", lambda: [paths.VERIFY_WORK]),
+    Temporary("verify_install: a Debian root being made", lambda: [paths.DEBIAN_ROOTS]),
     Temporary("publish: its snapshot of dist/", lambda: [paths.PUBLISH_WORK], names=lambda: ["snapshot"]),
     Temporary(
         "bundle: its staging tree beside --out",

@@ -27,7 +27,7 @@ from base import distdir, evidence, interpreters, stagecache
 from base.cli import dist_option, fresh_option
 from base.errors import StageError, report
 from base.interpreters import Found, Interpreter
-from base.paths import CACHE, VERIFY_PUBLISHED_JSON, VERIFY_WORK
+from base.paths import VERIFY_PUBLISHED_JSON, VERIFY_WORK
 from base.version import python_tag
 
 from . import cached, debian, lf, registry, resolution
@@ -147,7 +147,7 @@ class Verification:
         found = interpreters.find(python, self.given)
         if found.interpreter is None and python not in self.given and interpreters.debian_root(python) is not None:
             try:
-                debian.make_root(python, CACHE)
+                debian.make_root(python)
             except StageError as exc:  # Unavailable (not root, no debootstrap) or a failed debootstrap
                 found = Found(python, None, found.tried, (*found.searched, f"debian: {exc}"))
             else:

@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from base import distdir, interpreters, swap
+from base import cachedir, distdir, interpreters, swap
 from base.interpreters import Interpreter
 from base.version import python_tag
 
@@ -31,9 +31,10 @@ class Unavailable(VerifyError):
     so with the fix; never a pass."""
 
 
-def make_root(python: str, cache: Path) -> Path:
-    """A minimal Debian root holding python<python> (made once, then reused); Unavailable or VerifyError."""
-    root = interpreters.debian_root(python, cache)
+def make_root(python: str, where: Path | None = None) -> Path:
+    """A minimal Debian root holding python<python> in `where` (default: base.paths.DEBIAN_ROOTS, the running
+    user's, never a shared cache), made once, then reused; Unavailable or VerifyError."""
+    root = interpreters.debian_root(python, where)
     if root is None:
         known = sorted(interpreters.DEBIAN_SUITES)
         raise Unavailable(f"no Debian suite ships CPython {python} (known: {known})")
@@ -44,6 +45,10 @@ def make_root(python: str, cache: Path) -> Path:
     if shutil.which("debootstrap") is None:
         raise Unavailable("debootstrap is not installed: apt-get install debootstrap (it fetches Debian's packages)")
     suite = interpreters.DEBIAN_SUITES[python]
+    try:
+        cachedir.owned(root.parent, "Debian roots folder")  # nobody else may plant a root that root then runs
+    except cachedir.CacheError as exc:
+        raise Unavailable(str(exc)) from None
     tmp = swap.part(root)  # base.swap.sweep removes a killed one
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.parent.mkdir(parents=True, exist_ok=True)
@@ -157,8 +162,11 @@ def exercise_published(dist: Path, interpreter: Interpreter, profile: str) -> di
     release = distdir.open_release(dist)
     published, digest = release.install_file(profile, python)
     box = _Root(interpreter, f"{profile}-{python_tag(python)}")
+    if box.host.is_symlink():  # never followed: root would write where the link points
+        box.host.unlink()
     shutil.rmtree(box.host, ignore_errors=True)
-    (box.host / "wheels").mkdir(parents=True)
+    cachedir.owned(box.host, "work folder in the Debian root")
+    (box.host / "wheels").mkdir()
     ours = {w.name for w in release.manifest.wheels}
     for w in release.wheels_for(python):
         shutil.copyfile(dist / w.filename, box.host / "wheels" / w.filename)

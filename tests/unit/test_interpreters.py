@@ -124,7 +124,7 @@ def test_a_given_interpreter_is_the_only_one_asked(tmp_path: Path) -> None:
 
 
 def test_no_interpreter_anywhere_names_every_source_and_how_to_provide_one(tmp_path: Path) -> None:
-    found = interpreters.find("3.12", environ=env(tmp_path), cache=tmp_path / "cache")
+    found = interpreters.find("3.12", environ=env(tmp_path), roots=tmp_path / "roots")
     assert found.interpreter is None
     why = found.why_none()
     for source in ("given: none named", "PATH: 0 python3.12", "pyenv: 0 CPython 3.12", "uv: uv is not on PATH"):
@@ -136,13 +136,56 @@ def test_no_interpreter_anywhere_names_every_source_and_how_to_provide_one(tmp_p
 
 
 def test_a_debian_root_is_the_last_resort_and_needs_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    root = tmp_path / "cache" / "debian-trixie"
+    root = tmp_path / "roots" / "trixie"
     (root / "usr" / "bin").mkdir(parents=True)
     (root / "usr" / "bin" / "python3.13").write_text("")
     monkeypatch.setattr("os.geteuid", lambda: 1000)
-    found = interpreters.find("3.13", environ=env(tmp_path), cache=tmp_path / "cache")
+    found = interpreters.find("3.13", environ=env(tmp_path), roots=tmp_path / "roots")
     assert found.interpreter is None
     assert f"debian: {root} needs root and chroot to run" in found.why_none()
+
+
+def test_debian_roots_never_live_in_the_shared_cache(monkeypatch: pytest.MonkeyPatch) -> None:
+    from base import paths
+
+    root = interpreters.debian_root("3.13")
+    assert root is not None
+    assert paths.CACHE not in root.parents
+    assert root.parent == paths.DEBIAN_ROOTS
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a Debian root runs with chroot, as root only; CI runs as root")
+def test_a_debian_root_others_can_write_is_never_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Another user plants usr/bin/python3.13 in a root they can write (or a root that is theirs): it is refused
+    with the path, the problem and the fix, never run as root, never recorded as an interpreter; a symbolic link
+    planted as kt-probe is never written through."""
+    roots = tmp_path / "roots"
+    root = roots / "trixie"
+    ran = tmp_path / "ran"
+    planted = fake(root / "usr" / "bin" / "python3.13", version="3.13.5", major_minor="3.13")
+    planted.write_text(f"#!/bin/sh\ntouch {ran}\n")
+    planted.chmod(0o755)
+    for p in (roots, root, root / "usr", root / "usr" / "bin"):
+        p.chmod(0o755)
+    os.chmod(root / "usr" / "bin", 0o777)
+    found = interpreters.find("3.13", environ=env(tmp_path), roots=roots, sources=("debian",))
+    assert found.interpreter is None
+    (attempt,) = found.tried
+    assert f"{root / 'usr' / 'bin'} is writable by others" in attempt.problem
+    assert "chmod go-w" in attempt.fix
+    os.chmod(root / "usr" / "bin", 0o755)
+    os.chmod(planted, 0o777)
+    found = interpreters.find("3.13", environ=env(tmp_path), roots=roots, sources=("debian",))
+    assert found.interpreter is None and "python3.13 is not a file of the running user's" in found.tried[0].problem
+    assert not ran.exists()
+    os.chmod(planted, 0o755)
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (root / "kt-probe").symlink_to(outside)
+    got = interpreters._candidate("3.13", "debian", "/usr/bin/python3.13", "test", str(root))
+    assert isinstance(got, interpreters.Attempt)
+    assert "is a symbolic link" in got.problem
+    assert list(outside.iterdir()) == []
 
 
 @pytest.mark.parametrize("value", ["3.12", "3.12=", "=/usr/bin/python3", "python3.12=/usr/bin/python3.12", "3=/x"])

@@ -20,14 +20,14 @@ def test_no_debootstrap_is_not_verified_with_the_fix(tmp_path: Path, monkeypatch
     monkeypatch.setattr("shutil.which", lambda name: None)
     monkeypatch.setattr("os.geteuid", lambda: 0)
     with pytest.raises(debian.Unavailable, match="apt-get install debootstrap"):
-        debian.make_root("3.13", tmp_path / "cache")
-    assert not (tmp_path / "cache" / "debian-trixie").exists()
+        debian.make_root("3.13", tmp_path / "roots")
+    assert not (tmp_path / "roots" / "trixie").exists()
 
 
 def test_not_root_cannot_make_a_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr("os.geteuid", lambda: 1000)
     with pytest.raises(debian.Unavailable, match="need root"):
-        debian.make_root("3.13", tmp_path / "cache")
+        debian.make_root("3.13", tmp_path / "roots")
 
 
 def test_a_python_no_debian_suite_ships_is_unavailable_there(tmp_path: Path) -> None:
