@@ -94,30 +94,32 @@ _DISPATCH_NAMES = (
 )
 _R_X86_64_IRELATIVE = 37
 SAMPLE_WINDOW = 64 << 10  # bytes decoded from one place; x86 decoding finds instruction boundaries within a few
-CPUID_SCAN = 256 << 20  # code searched whole for a CPUID instruction when the sample met none
+CPUID_SCAN = 256 << 20  # code searched for a CPUID instruction when the sample met none (candidates: in budget)
 _SCAN_CHUNK = 4 << 20
 _CPUID = b"\x0f\xa2"
 _SYNC = 32  # bytes decoded before a candidate: x86 decoding falls into step with the instructions by then
 
 
-def _cpuid_anywhere(stream: BinaryIO, merged: list[tuple[int, int, int]]) -> str:
+def _cpuid_anywhere(stream: BinaryIO, merged: list[tuple[int, int, int]], budget: int) -> str:
     """A CPUID instruction anywhere in the code (the first CPUID_SCAN bytes): its bytes found by a byte
     search, each candidate decoded from a little before it, so bytes 0f a2 inside another instruction do
     not count. A library's dispatch (OpenBLAS's DYNAMIC_ARCH, libgcc's __cpu_indicator_init linked in
-    statically) runs once, from a few bytes a sample rarely meets."""
+    statically) runs once, from a few bytes a sample rarely meets. The candidates decoded are inside the
+    sample's `budget` (bytes decoded), so code crafted of 0f a2 pairs costs no more than the sample does."""
     iced_x86, _ = iced()
     left = CPUID_SCAN
     for offset, size, address in merged:
         pos = 0
-        while pos < size and left > 0:
+        while pos < size and left > 0 and budget > 0:
             start = max(0, pos - _SYNC)
             n = min(size - start, _SCAN_CHUNK + _SYNC)
             stream.seek(offset + start)
             chunk = stream.read(n)
             left -= len(chunk)
             j = chunk.find(_CPUID, pos - start)
-            while j != -1:
+            while j != -1 and budget > 0:
                 lo = max(0, j - _SYNC)
+                budget -= j + 2 - lo
                 want = address + start + j
                 for ins in iced_x86.Decoder(64, chunk[lo : j + 2], ip=address + start + lo):
                     if ins.ip == want and ins.mnemonic == iced_x86.Mnemonic.CPUID:
@@ -129,12 +131,22 @@ def _cpuid_anywhere(stream: BinaryIO, merged: list[tuple[int, int, int]]) -> str
     return ""
 
 
-def _irelative(elf: Any) -> bool:
-    """Whether any dynamic relocation is R_X86_64_IRELATIVE (an ifunc: the loader picks an implementation)."""
-    for sec in elf.iter_sections():
-        if sec["sh_type"] != "SHT_RELA" or sec["sh_entsize"] != 24:
+def _irelative(stream: BinaryIO, rela: list[tuple[int, int]]) -> bool:
+    """Whether any dynamic relocation is R_X86_64_IRELATIVE (an ifunc: the loader picks an implementation).
+    Each byte of the file is read at most once, whatever the section headers say (65535 headers over one
+    relocation table once re-read it 65535 times): the tables' ranges are merged first, each entry aligned to
+    its own table's start. `rela`: (file offset, size) of each SHT_RELA section of 24-byte entries."""
+    stream.seek(0, io.SEEK_END)
+    end = stream.tell()
+    covered = 0
+    for offset, size in sorted(rela):
+        start, stop = max(offset, covered), min(offset + size, end)
+        if start >= stop:
             continue
-        data = sec.data()
+        start += -(start - offset) % 24  # the first whole entry of this table not read yet
+        stream.seek(start)
+        data = stream.read(max(0, stop - start))
+        covered = max(covered, stop)
         types = data[8::24]  # the low byte of each entry's r_info (its type's), one C-level slice
         j = types.find(_R_X86_64_IRELATIVE)
         while j != -1:
@@ -202,7 +214,7 @@ def _sample_isa(
     if not dispatch and "CPUID" in counts:
         dispatch = f"executes cpuid ({first['CPUID'][1]} at {first['CPUID'][0]:#x})"
     if not dispatch and set(counts) - baseline:
-        dispatch = _cpuid_anywhere(stream, merged)
+        dispatch = _cpuid_anywhere(stream, merged, budget)
     features = tuple((n, counts[n], first[n][0], first[n][1]) for n in sorted(counts))
     return IsaSample(total, sampled, features, dispatch)
 
@@ -408,12 +420,15 @@ def read_elf_stream(
         # hash tables alone cost milliseconds each).
         needs: list[tuple[str, tuple[str, ...]]] = []
         exec_ranges: list[tuple[int, int, str, int]] = []  # (file offset, size, name, address) of code
+        rela: list[tuple[int, int]] = []  # (file offset, size) of relocation tables with addends
         by_name: dict[str, object] = {}
         for sec in elf.iter_sections():
             if sec.name in (".dynsym", ".symtab", ".dynstr", ".gnu.hash", ".hash", ".nv_fatbin"):
                 by_name.setdefault(sec.name, sec)
             if sec["sh_flags"] & SHF_EXECINSTR and sec["sh_type"] == "SHT_PROGBITS" and sec["sh_size"]:
                 exec_ranges.append((sec["sh_offset"], sec["sh_size"], sec.name, sec["sh_addr"]))
+            if sec["sh_type"] == "SHT_RELA" and sec["sh_entsize"] == 24 and sec["sh_size"]:
+                rela.append((sec["sh_offset"], sec["sh_size"]))
             if isinstance(sec, GNUVerNeedSection):
                 for verneed, auxs in sec.iter_versions():
                     needs.append((str(verneed.name), tuple(str(a.name) for a in auxs)))
@@ -464,7 +479,7 @@ def read_elf_stream(
         sample = None
         if isa_budget and not code and not py_ext and not interp and elf["e_machine"] == "EM_X86_64" and exec_ranges:
             named = [n for n in _DISPATCH_NAMES if strings is not None and b"\0" + n.encode() + b"\0" in strings]
-            dispatch = f"calls {named[0]}" if named else ("has ifunc relocations" if _irelative(elf) else "")
+            dispatch = f"calls {named[0]}" if named else ("has ifunc relocations" if _irelative(stream, rela) else "")
             sample = _sample_isa(stream, exec_ranges, isa_budget, dispatch, isa_baseline)
         fatbin: Any = by_name.get(".nv_fatbin")
         table = by_name.get(".symtab") or dynsym

@@ -7,6 +7,7 @@ from __future__ import annotations
 import io
 import json
 import struct
+import time
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -321,3 +322,71 @@ def test_overlapping_code_sections_are_merged_not_repeated() -> None:
         (".d", 0, 96),
     ]
     assert sum(len(d) for _, _, d in got) == 1024 + 512 + 96  # every byte once, nothing past the file's end
+
+
+class _Counted(io.BytesIO):
+    """A stream that counts the bytes read from it."""
+
+    read_bytes = 0
+
+    def read(self, n: int | None = -1) -> bytes:
+        data = super().read(n)
+        self.read_bytes += len(data)
+        return data
+
+
+def _elf_with(code: bytes, rela: bytes, rela_headers: int) -> bytes:
+    """An x86-64 shared object: one .text over `code`, and `rela_headers` SHT_RELA headers all over `rela`."""
+    ehsize, phsize, shsize = 64, 56, 64
+    shstr = b"\0.text\0.shstrtab\0.rela\0"
+    code_off = ehsize + phsize
+    rela_off = code_off + len(code)
+    str_off = rela_off + len(rela)
+    sh_off = (str_off + len(shstr) + 7) // 8 * 8
+    count = rela_headers + 3
+    ident = b"\x7fELF" + bytes([2, 1, 1, 0]) + bytes(8)
+    fields = (3, 62, 1, 0, ehsize, sh_off, 0, ehsize, phsize, 1, shsize, count if count < 0xFF00 else 0, 1)
+    head = ident + struct.pack("<HHIQQQIHHHHHH", *fields)
+    phdr = struct.pack("<IIQQQQQQ", 1, 5, 0, 0, 0, str_off, str_off, 0x1000)
+    sections = [struct.pack("<IIQQQQIIQQ", 0, 0, 0, 0, 0, count if count >= 0xFF00 else 0, 0, 0, 0, 0)]
+    sections.append(struct.pack("<IIQQQQIIQQ", 7, 3, 0, 0, str_off, len(shstr), 0, 0, 1, 0))
+    sections.append(struct.pack("<IIQQQQIIQQ", 1, 1, 0x6, code_off, code_off, len(code), 0, 0, 16, 0))
+    sections += [struct.pack("<IIQQQQIIQQ", 17, 4, 0x2, 0, rela_off, len(rela), 0, 0, 8, 24)] * rela_headers
+    body = head + phdr + code + rela + shstr
+    return body + bytes(sh_off - len(body)) + b"".join(sections)
+
+
+def test_65535_relocation_headers_over_one_table_are_read_once_by_the_ifunc_scan() -> None:
+    """The ISA sample's ifunc scan read every relocation section's bytes per header (a 10 KiB wheel: 8 s); each
+    byte is read once now, and an IRELATIVE entry behind the repeated headers is still found."""
+    from audits.readers._elf import read_elf_stream
+
+    code = bytes.fromhex("c5fd58c1") * 1024  # AVX: above the baseline, so the sample looks for a dispatch
+    plain = struct.pack("<QQq", 0x1000, 8, 0) * 2000  # R_X86_64_RELATIVE entries, 48 KB
+    irelative = plain + struct.pack("<QQq", 0x2000, 37, 0)
+    for rela, dispatch in ((plain, ""), (irelative, "has ifunc relocations")):
+        data = _elf_with(code, rela, 65535)
+        stream = _Counted(data)
+        t0 = time.perf_counter()
+        facts = read_elf_stream("lib/libx.so", stream, code=False, exports=False, isa_budget=1 << 20)
+        assert time.perf_counter() - t0 < 20
+        assert facts.isa_sample is not None
+        assert facts.isa_sample.dispatch.startswith(dispatch)
+        assert stream.read_bytes < 3 * len(data), "each byte read a bounded number of times, not per header"
+
+
+def test_the_cpuid_search_decodes_inside_the_sample_budget() -> None:
+    """Code crafted of `0f a2` pairs inside immediates (mov eax, 0xa20f) made the cpuid search decode every
+    pair outside any budget (about 12 minutes for one crafted library); its candidates count against the
+    sample budget now, and a real cpuid within it is still found."""
+    from audits.readers._elf import read_elf_stream
+
+    avx = bytes.fromhex("c5fd58c1") * 64 + b"\x90" * 32  # above the baseline: the sample asks for a dispatch
+    decoy = bytes.fromhex("b80fa20000") * ((8 << 20) // 5)  # 8 MiB, 1.7 million candidates, no cpuid
+    t0 = time.perf_counter()
+    facts = read_elf_stream("lib/libx.so", io.BytesIO(_elf_with(avx + decoy, b"", 0)), code=False, isa_budget=64 << 10)
+    assert time.perf_counter() - t0 < 5
+    assert facts.isa_sample is not None and facts.isa_sample.dispatch == ""
+    real = avx + decoy[:5000] + bytes.fromhex("0fa2") + decoy
+    found = read_elf_stream("lib/libx.so", io.BytesIO(_elf_with(real, b"", 0)), code=False, isa_budget=64 << 10)
+    assert found.isa_sample is not None and found.isa_sample.dispatch.startswith("executes cpuid")
