@@ -14,6 +14,7 @@ so it is a trust boundary:
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import stat
@@ -45,26 +46,25 @@ def problem(path: Path) -> str:
     except OSError as exc:
         return f"cannot be read ({exc.strerror or exc})"
     if stat.S_ISLNK(st.st_mode):
-        return f"is a symbolic link (to {os.readlink(path)})"
+        return f"is a symbolic link (to {Path(path).readlink()})"
     if not stat.S_ISDIR(st.st_mode):
         return "is not a directory"
     if st.st_uid != os.geteuid():
         return f"belongs to {_who(st.st_uid)}, not to the running user {_who(os.geteuid())}"
     if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-        return f"is writable by {'others' if st.st_mode & stat.S_IWOTH else 'its group'} (mode {stat.filemode(st.st_mode)})"
+        who = "others" if st.st_mode & stat.S_IWOTH else "its group"
+        return f"is writable by {who} (mode {stat.filemode(st.st_mode)})"
     return ""
 
 
 def owned(folder: Path, what: str = "cache folder") -> Path:
     """`folder`, made if absent (mode 0700 for the last component), once it is a directory of the running user's
     that nobody else can write; CacheError naming the path, the problem and the fix otherwise."""
-    folder = Path(os.path.abspath(folder))
+    folder = Path(os.path.abspath(folder))  # noqa: PTH100 (resolve() would follow the link this judges)
     if not os.path.lexists(folder):
         folder.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            os.mkdir(folder, 0o700)
-        except FileExistsError:  # made meanwhile by another process: judged below like any other
-            pass
+        with contextlib.suppress(FileExistsError):  # made meanwhile by another process: judged below like any other
+            folder.mkdir(0o700)
     wrong = problem(folder)
     if wrong:
         raise CacheError(

@@ -48,8 +48,9 @@ def _empty(python: str) -> dict[str, Any]:
 
 
 # The members the verdict and the report read, with their types: a dict is an object of these members
-# (optional, or required where the name ends in "!"; others are kept unread), a one-item list a list of that, a tuple any of its types. A member of
-# another type is the file's error, named, never a traceback in release_report or publish.
+# (optional, or required where the name ends in "!"; others are kept unread), a one-item list a list of
+# that, a tuple any of its types. A member of another type is the file's error, named, never a traceback in
+# release_report or publish.
 _NUMBER = (int, float)
 _RESULT: dict[str, Any] = {
     "dist_sha256": str,
@@ -89,7 +90,7 @@ _FOUND: dict[str, Any] = {
 _NAMES = {str: "a string", bool: "true or false", int: "a number", float: "a number", type(None): "null"}
 
 
-def _shape(value: Any, spec: Any, where: str) -> str:
+def _shape(value: Any, spec: Any, where: str) -> str:  # noqa: PLR0911 (one answer per kind of spec)
     """Where `value` differs from `spec` (the member's dotted path and what it should be), or ""."""
     if isinstance(spec, tuple):
         wrong = [_shape(value, s, where) for s in spec]
@@ -106,8 +107,8 @@ def _shape(value: Any, spec: Any, where: str) -> str:
                 if k.endswith("!"):
                     return f"`{where}` has no `{name}`"
                 continue
-            if wrong := _shape(value[name], s, f"{where}.{name}"):
-                return wrong
+            if found := _shape(value[name], s, f"{where}.{name}"):
+                return found
         return ""
     if isinstance(spec, list):
         if not isinstance(value, list):

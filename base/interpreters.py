@@ -150,7 +150,7 @@ def parse_given(values: Iterable[str], environ: Mapping[str, str] | None = None)
                 )
             given = path.strip()
             # a relative path is made absolute here, once: venvs and links are made from other directories
-            out[python.strip()] = given if "/" not in given else os.path.abspath(given)
+            out[python.strip()] = given if "/" not in given else os.path.abspath(given)  # noqa: PTH100 (no link followed)
     return out
 
 
@@ -216,8 +216,8 @@ def _candidate(python: str, source: str, path: str, how: str, root: str = "") ->
 
 def _copy_nofollow(src: Path, dest: Path) -> None:
     """`src` copied to `dest`, replacing it, never through a symbolic link at `dest` (O_NOFOLLOW)."""
-    if os.path.islink(dest):
-        os.unlink(dest)
+    if dest.is_symlink():
+        dest.unlink()
     fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
     with os.fdopen(fd, "wb") as out:
         out.write(src.read_bytes())
@@ -245,7 +245,7 @@ def _path_candidates(python: str, environ: Mapping[str, str], pyenv: Path | None
     seen: set[str] = set()
     for d in environ.get("PATH", "").split(os.pathsep):
         # absolute before use: a relative PATH entry ("", "bin") names another file from another directory
-        exe = Path(os.path.abspath(Path(d or ".") / f"python{python}"))
+        exe = Path(os.path.abspath(Path(d or ".") / f"python{python}"))  # noqa: PTH100 (a shim is judged by its link)
         if not (exe.is_file() and os.access(exe, os.X_OK)):
             continue
         real = str(exe.resolve())

@@ -166,11 +166,11 @@ TEMPORARY: tuple[Temporary, ...] = (
 def remember(dest: Path) -> None:
     """Record `dest` (a folder outside the build tree that a stage stages beside) before staging there: the
     sweep and `nox -s clean` then find a killed run's `.NAME.kt-PID.part` beside it, wherever it is."""
-    dest = Path(os.path.abspath(dest))
+    dest = Path(os.path.abspath(dest))  # noqa: PTH100 (the name given, links not followed)
     if dest in remembered():
         return
     paths.STAGING_PLACES.parent.mkdir(parents=True, exist_ok=True)
-    with open(paths.STAGING_PLACES, "a", encoding="utf-8") as fh:  # one short line: appended whole
+    with paths.STAGING_PLACES.open("a", encoding="utf-8") as fh:  # one short line: appended whole
         fh.write(f"{dest}\n")
 
 

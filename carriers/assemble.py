@@ -157,8 +157,9 @@ def build_set(
     matrix, cs.pythons). given: upstream name -> wheel path(s) (verified against the lock). `kernel`: the
     kt-kernel wheel(s): one abi3 wheel serves every Python; each carries the same archive part, as every
     wheel of a per-Python part carrier (sglang-kt) does. `memo`: a wheel derived or encoded before from
-    exactly the same content is written from the wheel memo (paths.WHEEL_MEMO in the inputs cache; False: everything anew)."""
-    root = (cache or inputs.default_cache()) / paths.WHEEL_MEMO  # inside the cache folder named, never beside it
+    exactly the same content is written from the wheel memo (paths.WHEEL_MEMO in the inputs cache; False:
+    everything anew)."""
+    root = (cache or inputs.default_cache()) / paths.WHEEL_MEMO  # inside the folder named, never beside it
     with wheelio.memo(root if memo else None) as m:
         built = _build_set(cs, kernel, out, lock=lock, cache=cache, given=given, only=only, pythons=pythons)
     if m is not None and m.hits:

@@ -85,7 +85,8 @@ def _bounded(path: Path, members: list[tuple[str, int]]) -> None:
     total = sum(size for _, size in members)
     if total > _TOTAL_LIMIT:
         raise ReleaseError(
-            f"{path}: {total / 2**30:.1f} GiB of advisories, more than any OSV export's {_TOTAL_LIMIT >> 30} GiB; {_FIX}"
+            f"{path}: {total / 2**30:.1f} GiB of advisories, more than any OSV export's "
+            f"{_TOTAL_LIMIT >> 30} GiB; {_FIX}"
         )
 
 

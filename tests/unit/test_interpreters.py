@@ -167,18 +167,19 @@ def test_a_debian_root_others_can_write_is_never_run(tmp_path: Path, monkeypatch
     planted.chmod(0o755)
     for p in (roots, root, root / "usr", root / "usr" / "bin"):
         p.chmod(0o755)
-    os.chmod(root / "usr" / "bin", 0o777)
+    (root / "usr" / "bin").chmod(0o777)
     found = interpreters.find("3.13", environ=env(tmp_path), roots=roots, sources=("debian",))
     assert found.interpreter is None
     (attempt,) = found.tried
     assert f"{root / 'usr' / 'bin'} is writable by others" in attempt.problem
     assert "chmod go-w" in attempt.fix
-    os.chmod(root / "usr" / "bin", 0o755)
-    os.chmod(planted, 0o777)
+    (root / "usr" / "bin").chmod(0o755)
+    planted.chmod(0o777)
     found = interpreters.find("3.13", environ=env(tmp_path), roots=roots, sources=("debian",))
-    assert found.interpreter is None and "python3.13 is not a file of the running user's" in found.tried[0].problem
+    assert found.interpreter is None
+    assert "python3.13 is not a file of the running user's" in found.tried[0].problem
     assert not ran.exists()
-    os.chmod(planted, 0o755)
+    planted.chmod(0o755)
     outside = tmp_path / "outside"
     outside.mkdir()
     (root / "kt-probe").symlink_to(outside)

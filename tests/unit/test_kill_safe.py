@@ -198,5 +198,6 @@ def test_a_publish_snapshot_and_a_bundle_s_staging_left_by_a_kill_are_swept_wher
     assert paths.STAGING_PLACES.read_text().splitlines() == [str(out)]
     removed = swap.sweep(say=False)
     assert sorted(removed) == sorted([snap, staging])
-    assert mine.is_dir() and user.is_dir()
+    assert mine.is_dir()
+    assert user.is_dir()
     assert paths.BUILD / "publish" in paths.LEFTOVERS

@@ -192,8 +192,8 @@ def test_a_cached_frame_or_archive_with_other_bytes_is_dropped_and_made_again(
 
 def test_every_tool_that_shapes_a_frame_is_in_its_key(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A new cuobjdump (or compressor) makes the frame again: the old tool's SASS/PTX description never ships."""
-    monkeypatch.setattr(payload, "_describe", lambda entries: {n: {"by": tools["cuobjdump"]} for n in entries})
     tools = {"zstandard": "z", "cuobjdump": "cuobjdump 13.0"}
+    monkeypatch.setattr(payload, "_describe", lambda entries: {n: {"by": tools["cuobjdump"]} for n in entries})
     monkeypatch.setattr(payload, "_tools", lambda: dict(tools))
     entries = {"sgl_kernel/x.so": b"x" * 1000}
     assert payload.build_archive(entries, 3, 20, tmp_path).files["sgl_kernel/x.so"]["by"] == "cuobjdump 13.0"

@@ -243,20 +243,12 @@ def _state(data: osv.Advisories, version: str) -> str:
         ({"ranges": [{"type": "ECOSYSTEM", "events": [{"introduced": "1.0"}, {"limit": "1.5"}]}]}, "1.5", "clean"),
         # several limits are several upper bounds: below a later one is affected (read as `fixed`, it was clean)
         (
-            {
-                "ranges": [
-                    {"type": "ECOSYSTEM", "events": [{"introduced": "1.0"}, {"limit": "2.0"}, {"limit": "5.0"}]}
-                ]
-            },
+            {"ranges": [{"type": "ECOSYSTEM", "events": [{"introduced": "1.0"}, {"limit": "2.0"}, {"limit": "5.0"}]}]},
             "3.0",
             "affected",
         ),
         (
-            {
-                "ranges": [
-                    {"type": "ECOSYSTEM", "events": [{"introduced": "1.0"}, {"limit": "2.0"}, {"limit": "5.0"}]}
-                ]
-            },
+            {"ranges": [{"type": "ECOSYSTEM", "events": [{"introduced": "1.0"}, {"limit": "2.0"}, {"limit": "5.0"}]}]},
             "5.0",
             "clean",
         ),
@@ -268,7 +260,11 @@ def _state(data: osv.Advisories, version: str) -> str:
         ),
         # a limit below an introduced bounds it too: the version is past every limit
         (
-            {"ranges": [{"type": "ECOSYSTEM", "events": [{"introduced": "0"}, {"limit": "1.0"}, {"introduced": "2.0"}]}]},
+            {
+                "ranges": [
+                    {"type": "ECOSYSTEM", "events": [{"introduced": "0"}, {"limit": "1.0"}, {"introduced": "2.0"}]}
+                ]
+            },
             "2.5",
             "clean",
         ),
@@ -401,11 +397,17 @@ def test_advisory_archives_are_bounded_in_count_and_total_before_anything_is_inf
             zf.writestr(f"X-{n}.json", doc)
     assert bomb.stat().st_size < 1 << 20
     read: list[object] = []
-    monkeypatch.setattr(zipfile.ZipFile, "read", lambda *a, **k: read.append(a) or b"")
+
+    def reading(*args: object, **kwargs: object) -> bytes:
+        read.append(args)
+        return b""
+
+    monkeypatch.setattr(zipfile.ZipFile, "read", reading)
     t0 = time.perf_counter()
     with pytest.raises(ReleaseError, match=r"bomb.zip: 0.1 GiB of advisories, more than any OSV export's"):
         osv.load(bomb)
-    assert time.perf_counter() - t0 < 2 and not read
+    assert time.perf_counter() - t0 < 2
+    assert not read
     monkeypatch.setattr(osv, "_COUNT_LIMIT", 100)
     with pytest.raises(ReleaseError, match="130 documents, more than any OSV export's 100"):
         osv.load(bomb)

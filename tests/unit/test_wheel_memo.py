@@ -178,10 +178,10 @@ def test_a_memo_folder_others_can_write_or_own_is_refused(tmp_path: Path, monkey
     with wheelio.memo(root):
         _encode(MEMBERS)
     (entry,) = root.glob("*.whl")
-    os.chmod(root, 0o777)
-    with wheelio.memo(root), pytest.raises(CacheError, match=r"memo: the wheel memo is writable by others .*chmod go-w"):
+    root.chmod(0o777)
+    with wheelio.memo(root), pytest.raises(CacheError, match=r"the wheel memo is writable by others .*chmod go-w"):
         _encode(MEMBERS)
-    os.chmod(root, 0o755)
+    root.chmod(0o755)
     monkeypatch.setattr(os, "geteuid", lambda: 4242)
     with wheelio.memo(root), pytest.raises(CacheError, match=r"belongs to .* not to the running user uid 4242"):
         _encode(MEMBERS)
