@@ -4,17 +4,22 @@ only. The publish plan reads the target index with it; normal resolution reads p
 tell whether an index serves the public index's projects itself.
 
 Over http(s) only (no file:, ftp: or data: handler, for the page, its redirects and the files it names),
-each body bounded in size (MAX_PAGE) and time (DEADLINE_S); a page that is not what the API says (malformed
+each body bounded in size (MAX_PAGE) and each request in time, whole (DEADLINE_S: connecting, headers and
+body, however slowly the bytes come; READ_S per read); a page that is not what the API says (malformed
 JSON, a file entry of the wrong shape, a file served by another scheme) is refused naming the URL."""
 
 from __future__ import annotations
 
+import contextlib
+import http.client
 import json
+import socket
+import threading
 import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -33,7 +38,9 @@ from .read import LockError
 ACCEPT = "application/vnd.pypi.simple.v1+json, text/html;q=0.01"
 MAX_PAGE = 64 << 20  # the largest project pages (PyPI's torch, JSON) are a few MiB
 MAX_FILE = 8 << 30  # a file read to hash it: the index's own 1 GiB limit, well inside this
-DEADLINE_S = 300.0  # one page or file, whole
+DEADLINE_S = 300.0  # one page, whole: connecting, headers and body
+FILE_DEADLINE_S = 3600.0  # one file read to hash it, whole (8 GiB at 2.4 MB/s)
+READ_S = 60.0  # one read of the socket
 SCHEMES = ("http", "https")
 
 
@@ -93,13 +100,82 @@ class _SameOrigin(urllib.request.HTTPRedirectHandler):
         return super().redirect_request(req, fp, code, msg, headers, newurl)
 
 
+# The deadline covers a request whole: connecting, the status line and headers, and the body. A socket's own
+# timeout bounds one read only, so a server that drips a byte a second would hold a read for ever; a timer
+# shuts every socket of the request down at the deadline instead (a blocked read then returns at once).
+_LOCAL = threading.local()
+
+
+def _register(sock: socket.socket) -> None:
+    sockets = getattr(_LOCAL, "sockets", None)
+    if sockets is not None:
+        sockets.append(sock)
+
+
+class _Connection(http.client.HTTPConnection):
+    def connect(self) -> None:
+        super().connect()
+        _register(self.sock)
+
+
+class _SecureConnection(http.client.HTTPSConnection):
+    def connect(self) -> None:
+        super().connect()
+        _register(self.sock)
+
+
+class _Plain(urllib.request.HTTPHandler):
+    def http_open(self, req: Any) -> Any:
+        return self.do_open(_Connection, req)
+
+
+class _Secure(urllib.request.HTTPSHandler):
+    def https_open(self, req: Any) -> Any:
+        return self.do_open(_SecureConnection, req, context=self._context)  # type: ignore[attr-defined]
+
+
+class _Expired(Exception):
+    """The request's deadline passed (its sockets were shut down)."""
+
+
+@contextlib.contextmanager
+def _deadline(url: str, seconds: float) -> Iterator[None]:
+    """Within the block, every connection opened is shut down `seconds` after it began; IndexPageError then."""
+    sockets: list[socket.socket] = []
+    fired = threading.Event()
+
+    def expire() -> None:
+        fired.set()
+        for sock in sockets:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+
+    _LOCAL.sockets = sockets
+    timer = threading.Timer(seconds, expire)
+    timer.daemon = True
+    timer.start()
+    try:
+        yield
+    except (OSError, http.client.HTTPException, _Expired, ValueError):
+        if fired.is_set():
+            raise IndexPageError(
+                f"{url}: not read whole within {seconds:.0f} s (the index answers too slowly)"
+            ) from None
+        raise
+    finally:
+        timer.cancel()
+        _LOCAL.sockets = None
+    if fired.is_set():
+        raise IndexPageError(f"{url}: not read whole within {seconds:.0f} s (the index answers too slowly)")
+
+
 def _opener(redirects: urllib.request.HTTPRedirectHandler) -> urllib.request.OpenerDirector:
     """An opener with the http(s) handlers alone: a file:, ftp: or data: URL (or a redirect to one) fails."""
     opener = urllib.request.OpenerDirector()
     for handler in (
         urllib.request.ProxyHandler(),
-        urllib.request.HTTPHandler(),
-        urllib.request.HTTPSHandler(),
+        _Plain(),
+        _Secure(),
         urllib.request.HTTPDefaultErrorHandler(),
         redirects,
         urllib.request.HTTPErrorProcessor(),
@@ -120,17 +196,21 @@ def http_only(url: str) -> str:
     return url
 
 
-def read_bounded(resp: Any, limit: int, url: str, sink: Any = None) -> bytes:
-    """A response body, at most `limit` bytes and DEADLINE_S seconds (into `sink` when given: nothing kept)."""
-    deadline = time.monotonic() + DEADLINE_S
+def read_bounded(resp: Any, limit: int, url: str, sink: Any = None, *, deadline_s: float | None = None) -> bytes:
+    """A response body, at most `limit` bytes and `deadline_s` (DEADLINE_S) seconds (into `sink` when given:
+    nothing kept)."""
+    deadline_s = DEADLINE_S if deadline_s is None else deadline_s
+    deadline = time.monotonic() + deadline_s
     chunks: list[bytes] = []
     total = 0
-    while chunk := resp.read(1 << 20):
+    # read1: what has arrived (at most 1 MiB), so the deadline is checked after every read however slowly the
+    # bytes come (read(1 MiB) waited for a whole MiB)
+    while chunk := resp.read1(1 << 20):
         total += len(chunk)
         if total > limit:
             raise IndexPageError(f"{url}: more than {limit / 2**20:.0f} MiB; not what an index serves here")
         if time.monotonic() > deadline:
-            raise IndexPageError(f"{url}: not read whole within {DEADLINE_S:.0f} s")
+            raise IndexPageError(f"{url}: not read whole within {deadline_s:.0f} s")
         if sink is not None:
             sink(chunk)
         else:
@@ -140,7 +220,7 @@ def read_bounded(resp: Any, limit: int, url: str, sink: Any = None) -> bytes:
 
 def _get(url: str, accept: str = ACCEPT, method: str = "GET", *, anywhere: bool = False) -> tuple[bytes, str, Any]:
     request = urllib.request.Request(http_only(url), headers={"Accept": accept}, method=method)  # noqa: S310
-    with (_ANYWHERE if anywhere else _OPENER).open(request, timeout=60) as resp:
+    with _deadline(url, DEADLINE_S), (_ANYWHERE if anywhere else _OPENER).open(request, timeout=READ_S) as resp:
         body = read_bounded(resp, MAX_PAGE, url) if method == "GET" else b""
         return body, resp.headers.get_content_type(), resp.headers
 
@@ -152,9 +232,9 @@ def file_sha256(url: str) -> str:
     digest = hashlib.sha256()
     request = urllib.request.Request(http_only(url))  # noqa: S310 - the operator's index
     try:
-        with _ANYWHERE.open(request, timeout=120) as resp:
-            read_bounded(resp, MAX_FILE, url, digest.update)
-    except (urllib.error.URLError, OSError) as exc:
+        with _deadline(url, FILE_DEADLINE_S), _ANYWHERE.open(request, timeout=READ_S) as resp:
+            read_bounded(resp, MAX_FILE, url, digest.update, deadline_s=FILE_DEADLINE_S)
+    except (urllib.error.URLError, OSError, http.client.HTTPException) as exc:
         raise IndexPageError(f"cannot download {url}: {getattr(exc, 'reason', exc)}") from None
     return digest.hexdigest()
 

@@ -217,3 +217,69 @@ def test_pages_are_read_over_http_only_and_bounded(index: Index, monkeypatch: py
     index.raw["kt-kernel"] = b'{"files": []}' + b" " * 5000
     with pytest.raises(IndexPageError, match="more than 0 MiB"):
         project_state(index.url, "kt-kernel")
+
+
+class _Drip:
+    """A server on 127.0.0.1 that sends its answer one byte every `pause` seconds: the headers (`headers`) or
+    the body only."""
+
+    def __init__(self, headers: bool, pause: float = 0.2) -> None:
+        import socket
+
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}/simple/"
+        self.stop = threading.Event()
+        head = b"HTTP/1.1 200 OK\r\nContent-Type: text/html\r\nContent-Length: 100000\r\nX-Pad: " + b"a" * 5000
+        self.slow = head + b"\r\n\r\n" + b"x" * 100000 if headers else b"x" * 100000
+        self.fast = b"" if headers else head + b"\r\n\r\n"
+        self.pause = pause
+        threading.Thread(target=self.serve, daemon=True).start()
+
+    def serve(self) -> None:
+        import time
+
+        self.sock.settimeout(0.2)
+        while not self.stop.is_set():
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                continue
+            with conn:
+                try:
+                    conn.recv(65536)
+                    conn.sendall(self.fast)
+                    for b in self.slow:
+                        if self.stop.is_set():
+                            break
+                        conn.sendall(bytes([b]))
+                        time.sleep(self.pause)
+                except OSError:
+                    pass
+
+    def close(self) -> None:
+        self.stop.set()
+        self.sock.close()
+
+
+@pytest.mark.parametrize("headers", [False, True], ids=["body", "headers"])
+def test_an_index_that_drips_its_page_is_given_up_at_the_deadline(
+    monkeypatch: pytest.MonkeyPatch, headers: bool
+) -> None:
+    """A byte every 0.2 s is within any per-read timeout, and read(1 MiB) waited for a whole MiB: publish and
+    --plan hung. The deadline covers the whole request now, headers and body, and is said."""
+    import time
+
+    from locks import simple
+    from locks.simple import IndexPageError, file_sha256
+
+    monkeypatch.setattr(simple, "DEADLINE_S", 1.5)
+    monkeypatch.setattr(simple, "FILE_DEADLINE_S", 1.5)
+    drip = _Drip(headers)
+    try:
+        for call in (lambda: project_state(drip.url, "kt-kernel"), lambda: file_sha256(drip.url + "f.whl")):
+            t0 = time.monotonic()
+            with pytest.raises(IndexPageError, match=r"not read whole within 2 s"):
+                call()
+            assert time.monotonic() - t0 < 5
+    finally:
+        drip.close()
