@@ -50,3 +50,36 @@ def test_a_remembered_policy_is_still_refused_once_edited(tmp_path: Path, monkey
     good.write_text(good.read_text() + "[size]\nwheel_budget_mib = 'big'\n")
     with pytest.raises(PolicyError, match="wheel_budget_mib"):
         load_policy(good)
+
+
+def test_a_marker_in_a_folder_others_can_write_never_passes_a_check(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A shared KT_AUDIT_CACHE where another user planted the marker of a check: the check runs (and fails),
+    and no marker is written there; in a folder of one's own the pass is remembered as before."""
+    import os
+
+    root = tmp_path / "shared"
+    monkeypatch.setenv("KT_AUDIT_CACHE", str(root))
+    runs: list[int] = []
+
+    def failing() -> str:
+        runs.append(1)
+        return "wrong"
+
+    assert _memo.checked("k", [b"a"], ("jsonschema",), lambda: "") == ""  # remembered: a marker now exists
+    (marker,) = (root / "k").iterdir()
+    assert _memo.checked("k", [b"a"], ("jsonschema",), failing) == ""  # our own marker: trusted
+    (root / "k").chmod(0o777)
+    assert _memo.checked("k", [b"a"], ("jsonschema",), failing) == "wrong"
+    (root / "k").chmod(0o700)
+    marker.chmod(0o666)
+    assert _memo.checked("k", [b"a"], ("jsonschema",), failing) == "wrong"
+    marker.unlink()
+    marker.symlink_to(tmp_path)
+    assert _memo.checked("k", [b"a"], ("jsonschema",), failing) == "wrong"
+    assert len(runs) == 3
+    monkeypatch.setattr(os, "geteuid", lambda: 4242)
+    (root / "k" / marker.name).unlink()
+    assert _memo.checked("k", [b"b"], ("jsonschema",), lambda: "") == ""
+    assert list((root / "k").iterdir()) == []  # not ours: nothing written
