@@ -250,7 +250,6 @@ def _frame(
     total = sum(len(d) for d in entries.values())
     say(f"{group}/: describing {len(entries)} files ({total / 2**20:.0f} MiB) with cuobjdump")
     described = _describe(entries)
-    cachedir.owned(cache, "payload cache")
     tmp = swap.part(target)
     t0 = time.perf_counter()
     say(
@@ -298,6 +297,9 @@ def build_archive(entries: Mapping[str, bytes], level: int, window: int, cache: 
     """The deterministic tar.zst of `entries`: one zstd frame per top-level directory (sorted
     members, fixed metadata), then a frame with the tar end marker. Frames are built once per
     content hash, so a kernel-only change never recompresses sglang's 1.1 GB."""
+    # A frame and its record are read only from a folder nobody else can write: whoever could plant both
+    # could make them agree with each other.
+    cachedir.owned(cache, "payload cache")
     groups: dict[str, dict[str, bytes]] = {}
     for name, data in entries.items():
         groups.setdefault(name.split("/", 1)[0], {})[name] = data

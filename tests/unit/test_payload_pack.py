@@ -203,3 +203,15 @@ def test_every_tool_that_shapes_a_frame_is_in_its_key(tmp_path: Path, monkeypatc
     before = set(tmp_path.glob("frame-*.zst"))
     payload.build_archive(entries, 3, 20, tmp_path)
     assert len(set(tmp_path.glob("frame-*.zst")) - before) == 1
+
+
+def test_a_payload_cache_others_can_write_is_refused(tmp_path: Path) -> None:
+    """Whoever can write the folder can plant a frame and a record that agree: such a folder is never read."""
+    from base.cachedir import CacheError
+
+    cache = tmp_path / "payload"
+    cache.mkdir(mode=0o777)
+    cache.chmod(0o777)
+    with pytest.raises(CacheError, match=r"payload: the payload cache is writable by others"):
+        payload.build_archive({"sgl_kernel/x.so": b"x" * 1000}, 3, 20, cache)
+    assert list(cache.iterdir()) == []
