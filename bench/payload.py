@@ -27,7 +27,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from base import distdir, paths
+from base import cachedir, distdir, paths
 from base.cli import dist_option
 from base.errors import StageError, report
 from base.keys import file_sha256
@@ -212,12 +212,14 @@ def audit_numbers(dist: Path) -> dict[str, Any]:
 
 def assembly_numbers(kernel: Path) -> dict[str, Any]:
     """A cold and a warm assembly of the carriers around `kernel`, timed."""
-    cache = paths.CACHE / "payload"
+    cache = paths.INPUTS_CACHE / paths.PAYLOAD_FRAMES
     out: dict[str, Any] = {}
     with tempfile.TemporaryDirectory() as tmp:
         for label in ("cold", "warm"):
-            if label == "cold":
-                shutil.rmtree(cache, ignore_errors=True)
+            if label == "cold":  # the assembly's own frames and archives only: never a user's file there
+                from carriers.payload import OWN_NAMES
+
+                cachedir.prune(cache, OWN_NAMES, max_count=0)
             t, _ = timed(
                 lambda: subprocess.run(
                     [

@@ -13,7 +13,8 @@ from typing import Any
 
 from packaging.utils import parse_wheel_filename
 
-from base import distdir, paths, progress, stagecache, stages, swap
+from base import distdir, progress, stagecache, stages, swap
+from base.paths import PAYLOAD_FRAMES, WHEEL_MEMO
 from locks.targets import serves
 
 from . import consistency, inputs, install, licensing, payload, transform, wheelio
@@ -157,9 +158,9 @@ def build_set(
     matrix, cs.pythons). given: upstream name -> wheel path(s) (verified against the lock). `kernel`: the
     kt-kernel wheel(s): one abi3 wheel serves every Python; each carries the same archive part, as every
     wheel of a per-Python part carrier (sglang-kt) does. `memo`: a wheel derived or encoded before from
-    exactly the same content is written from the wheel memo (paths.WHEEL_MEMO in the inputs cache; False:
+    exactly the same content is written from the wheel memo (WHEEL_MEMO in the inputs cache; False:
     everything anew)."""
-    root = (cache or inputs.default_cache()) / paths.WHEEL_MEMO  # inside the folder named, never beside it
+    root = (cache or inputs.default_cache()) / WHEEL_MEMO  # inside the folder named, never beside it
     with wheelio.memo(root if memo else None) as m:
         built = _build_set(cs, kernel, out, lock=lock, cache=cache, given=given, only=only, pythons=pythons)
     if m is not None and m.hits:
@@ -233,7 +234,7 @@ def _build_set(
             archived,
             versions,
             [i.path for i in sources[provider.name]],
-            (cache or inputs.default_cache()).parent / "payload",
+            (cache or inputs.default_cache()) / PAYLOAD_FRAMES,  # inside the folder named, never beside it
             pol,
         )
         built[0].payload = payload.manifest_summary(summary)

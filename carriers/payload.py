@@ -284,6 +284,7 @@ def _frame(
 
 
 _ARCHIVE_NAME = re.compile(r"archive-[0-9a-f]{64}\.tar\.zst")
+OWN_NAMES = re.compile(r"(frame-[0-9a-f]{64}\.(zst|json)|archive-[0-9a-f]{64}\.tar\.zst)")  # all it writes
 ARCHIVES_KEPT = 4  # whole archives kept in the cache, the most recently used (each kernel change makes one)
 
 
