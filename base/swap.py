@@ -141,6 +141,7 @@ def _cache_folders() -> Iterator[Path]:
     inputs = Path(os.environ.get("KT_RELEASE_CACHE") or paths.INPUTS_CACHE)
     yield inputs
     yield inputs / paths.WHEEL_MEMO
+    yield inputs / paths.PAYLOAD_FRAMES
 
 
 TEMPORARY: tuple[Temporary, ...] = (
