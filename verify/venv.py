@@ -219,7 +219,14 @@ def run_summary(venv: Path, report: dict[str, Any]) -> dict[str, Any]:
     """The summary of a `kt-doctor --run --json` report, or VerifyError naming every conflict and problem."""
     problems = [f"{c['name']}: {c['detail']} (fix: {c['fix']})" for c in report["checks"] if c["state"] == "problem"]
     conflicts = [f"{p['package']}: {p['problem']}" for p in report["packages"] if p["state"] == "conflict"]
-    if problems or conflicts:
-        raise VerifyError(f"kt-doctor --run finds problems in {venv}:\n  " + "\n  ".join(conflicts + problems))
+    files = report.get("files") or {}
+    damaged = [
+        f"{d['distribution']} {d['version']}: {len(d['missing'])} missing, {len(d['changed'])} changed "
+        f"({', '.join((d['missing'] + d['changed'])[:3])}; repair: {d['repair']})"
+        for d in files.get("damaged", [])
+    ]
+    if problems or conflicts or damaged:
+        wrong = conflicts + damaged + problems
+        raise VerifyError(f"kt-doctor --run finds problems in {venv}:\n  " + "\n  ".join(wrong))
     checks = {c["name"]: c["state"] if c["state"] != "skipped" else f"skipped: {c['detail']}" for c in report["checks"]}
-    return {"checks": checks, "seconds": report["seconds"]}
+    return {"checks": checks, "seconds": report["seconds"], "files_checked": files.get("checked", 0)}

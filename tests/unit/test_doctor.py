@@ -29,7 +29,21 @@ def _dist(
     (site / di / "METADATA").write_text(meta)
     if upstream:
         (site / di / "kt_upstream.json").write_text(json.dumps({"carrier": name, "name": upstream, "version": version}))
-    (site / di / "RECORD").write_text("".join(f"{f},,\n" for f in [*files, f"{di}/METADATA", f"{di}/RECORD"]))
+    lines = []
+    for f in [*files, f"{di}/METADATA"]:
+        path = site / f
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if not path.exists():
+            path.write_text(f"# {f}\n")
+        lines.append(f"{f},{_hash(path)},{path.stat().st_size}\n")
+    (site / di / "RECORD").write_text("".join(lines) + f"{di}/RECORD,,\n")
+
+
+def _hash(path: Path) -> str:
+    import base64
+    import hashlib
+
+    return "sha256=" + base64.urlsafe_b64encode(hashlib.sha256(path.read_bytes()).digest()).rstrip(b"=").decode()
 
 
 @pytest.fixture
@@ -161,3 +175,47 @@ def test_the_loader_names_what_a_library_needs_and_cannot_find(tmp_path: Path) -
     assert run._major("libcudart.so.12") == ("libcudart.so", "12")
     assert run._major("libnvrtc.so.13.0.48") == ("libnvrtc.so", "13")
     assert run._major("libkt_cuda.so") is None
+
+
+def test_files_another_install_deleted_or_changed_are_named_with_their_repair(
+    healthy: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """pip uninstalled the previous kt-kernel after installing sgl-deep-gemm and deleted the deep_gemm/ files
+    both listed (pypa/pip#8509): the doctor names the distribution, the files and the command that restores
+    them, and exits 1. A KT distribution's file changed in place (same size) is found by its sha256; bytecode
+    Python rewrote is not a change."""
+    doctor = _doctor()
+    _dist(healthy, "sgl-deep-gemm", "0.2.3.post2", [f"deep_gemm/m{i}.py" for i in range(5)])
+    for i in range(4):
+        (healthy / f"deep_gemm/m{i}.py").unlink()
+    lora = healthy / "peft/tuners/lora.py"
+    lora.write_text(lora.read_text().replace("#", "!"))  # same size, other bytes
+    pyc = healthy / "peft/__pycache__/x.cpython-311.pyc"
+    pyc.parent.mkdir()
+    pyc.write_bytes(b"old")
+    record = next(healthy.glob("peft_kt-*.dist-info")) / "RECORD"
+    record.write_text(record.read_text() + "peft/__pycache__/x.cpython-311.pyc,sha256=AAAA,3\n")
+    pyc.write_bytes(b"recompiled")
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    assert doctor.main(["--site", str(healthy), "--find-links", str(wheels)]) == 1
+    out = capsys.readouterr().out
+    assert "files: 2 installed distribution(s) differ from their RECORD" in out
+    assert "sgl-deep-gemm 0.2.3.post2: 4 missing: deep_gemm/m0.py, deep_gemm/m1.py, deep_gemm/m2.py and 1 more" in out
+    assert "peft-kt 0.21.2: 1 changed: peft/tuners/lora.py" in out
+    assert (
+        f"repair: pip install --force-reinstall --no-deps --no-index --find-links {wheels} sgl-deep-gemm==0.2.3.post2"
+        in out
+    )
+    assert doctor.main(["--site", str(healthy), "--json"]) == 1
+    files = json.loads(capsys.readouterr().out)["files"]
+    assert [(d["distribution"], len(d["missing"]), d["changed"]) for d in files["damaged"]] == [
+        ("peft-kt", 0, ["peft/tuners/lora.py"]),
+        ("sgl-deep-gemm", 4, []),
+    ]
+    assert files["checked"] >= 12
+
+
+def test_a_healthy_environment_says_every_file_is_there(healthy: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert _doctor().main(["--site", str(healthy)]) == 0
+    assert "files: every installed distribution has the" in capsys.readouterr().out

@@ -132,6 +132,86 @@ def diagnose(packages: Iterable[str] = PACKAGES, site: Path | None = None, sourc
     return out
 
 
+@dataclass
+class Damage:
+    """One installed distribution whose files are not what its RECORD lists: missing, or changed."""
+
+    distribution: str
+    version: str
+    missing: list[str] = field(default_factory=list)
+    changed: list[str] = field(default_factory=list)
+    repair: str = ""
+
+
+def _is_kt(d: metadata.Distribution) -> bool:
+    return bool(d.read_text(UPSTREAM_FILE)) or _norm(d.metadata["Name"] or "") in ("kt-kernel", "ktransformers")
+
+
+def _record_hash(path: Path, algorithm: str) -> str | None:
+    import base64
+    import hashlib
+
+    try:
+        with path.open("rb") as fh:
+            digest = hashlib.file_digest(fh, algorithm).digest()
+    except (OSError, ValueError):
+        return None
+    return base64.urlsafe_b64encode(digest).rstrip(b"=").decode()
+
+
+def integrity(site: Path | None = None, source: str = "") -> tuple[list[Damage], int]:
+    """Every installed distribution's files against its RECORD: each listed file present with its size, and
+    for the KT stack's own distributions (the release's carriers and forks) its sha256 too; compiled
+    bytecode (.pyc), which Python rewrites at will, is passed over. pip deletes a file that changes owner
+    between two releases when it uninstalls the old owner after installing the new one (pypa/pip#8509):
+    the new owner then lacks it, and nothing else notices. Returns (the damaged distributions, files checked)."""
+    dists = list(metadata.distributions(path=[str(site)]) if site else metadata.distributions())
+    where = f" {source}" if source else ""
+    out: list[Damage] = []
+    checked = 0
+    for d in dists:
+        name = d.metadata["Name"]
+        if not name:
+            continue
+        try:
+            files = d.files or []
+        except (TypeError, ValueError):  # a RECORD pip cannot read either
+            continue
+        deep = _is_kt(d)
+        damage = Damage(name, d.version)
+        for f in files:
+            if f.suffix == ".pyc" or f.name == "RECORD" or (f.hash is None and f.size is None):
+                continue
+            checked += 1
+            path = Path(str(d.locate_file(f)))
+            try:
+                size = path.stat().st_size
+            except OSError:
+                damage.missing.append(str(f))
+                continue
+            resized = f.size is not None and size != f.size
+            if resized or (deep and f.hash is not None and _record_hash(path, f.hash.mode) != f.hash.value):
+                damage.changed.append(str(f))
+        if damage.missing or damage.changed:
+            damage.repair = f"pip install --force-reinstall --no-deps{where} {name}=={d.version}"
+            out.append(damage)
+    return sorted(out, key=lambda x: _norm(x.distribution)), checked
+
+
+def render_damage(damaged: list[Damage], checked: int) -> str:
+    """The damaged distributions, a few of their files each, and the command that restores each."""
+    if not damaged:
+        return f"files: every installed distribution has the {checked} files its RECORD lists"
+    lines = [f"files: {len(damaged)} installed distribution(s) differ from their RECORD ({checked} files checked)"]
+    for x in damaged:
+        for kind, names in (("missing", x.missing), ("changed", x.changed)):
+            if names:
+                shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+                lines.append(f"  {x.distribution} {x.version}: {len(names)} {kind}: {shown}")
+        lines.append(f"    repair: {x.repair}")
+    return "\n".join(lines)
+
+
 def render(report: list[Package]) -> str:
     """The table a person reads, and the repairs."""
     lines = [f"{'package':<14} {'state':<9} owner(s)"]
@@ -145,7 +225,8 @@ def render(report: list[Package]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """The kt-doctor command: 0 when every package has one right owner, 1 on a conflict."""
+    """The kt-doctor command: 0 when every package has one right owner and every file its RECORD lists, 1
+    otherwise."""
     p = argparse.ArgumentParser(prog="kt-doctor", description=__doc__.splitlines()[0])
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.add_argument("--site", type=Path, help="inspect this site-packages directory instead of this environment")
@@ -177,6 +258,7 @@ def main(argv: list[str] | None = None) -> int:
         source = f"--index-url {shlex.quote(args.index_url)}"
     report = diagnose(args.packages, args.site, source)
     conflicts = [r for r in report if r.state == "conflict"]
+    damaged, checked = integrity(args.site, source)
     checks = []
     if args.run:
         from . import _doctor_run
@@ -184,7 +266,11 @@ def main(argv: list[str] | None = None) -> int:
         checks = _doctor_run.run(deep=args.deep)
     problems = [c for c in checks if c.state == "problem"]
     if args.json:
-        out: dict[str, Any] = {"packages": [asdict(r) for r in report], "conflicts": len(conflicts)}
+        out: dict[str, Any] = {
+            "packages": [asdict(r) for r in report],
+            "conflicts": len(conflicts),
+            "files": {"checked": checked, "damaged": [asdict(x) for x in damaged]},
+        }
         if args.run:
             out["checks"] = [asdict(c) for c in checks]
             out["problems"] = len(problems)
@@ -192,6 +278,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         print(render(report))
         print(f"\n{len(conflicts)} conflict(s)" if conflicts else "\nno conflicts")
+        print(render_damage(damaged, checked))
         if args.run:
             from . import _doctor_run
 
@@ -201,7 +288,7 @@ def main(argv: list[str] | None = None) -> int:
                 if problems
                 else "\nevery check ran clean or was skipped (see why)"
             )
-    return 1 if conflicts or problems else 0
+    return 1 if conflicts or problems or damaged else 0
 
 
 if __name__ == "__main__":
