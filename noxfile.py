@@ -256,6 +256,11 @@ def release(session: nox.Session) -> None:
         help="accept a missing check (NOT VERIFIED, NOT CHECKED) by name or glob, with a reason",
     )
     p.add_argument("--advisories", help="OSV advisory data on disk for the vulnerability check (air-gapped sites)")
+    p.add_argument(
+        "--previous",
+        metavar="SPEC",
+        help="the previous release, for the release diff: an earlier dist/, a folder of wheels, or URL::NAME==V,...",
+    )
     args = p.parse_args(session.posargs)
     TIMINGS.mkdir(parents=True, exist_ok=True)
     (TIMINGS / ".release-start").write_text(f"{time.time()}\n")  # release_report prints this run's stages
@@ -263,7 +268,8 @@ def release(session: nox.Session) -> None:
     session.notify("build_all", fresh)
     session.notify("audit", fresh + (["--advisories", args.advisories] if args.advisories else []))
     session.notify("verify_install", fresh)
-    session.notify("release_report", [f"--accept={a}" for a in args.accept])
+    previous = [f"--previous={args.previous}"] if args.previous else []
+    session.notify("release_report", [f"--accept={a}" for a in args.accept] + previous)
 
 
 @nox.session(python=PYTHON, default=False)

@@ -228,6 +228,8 @@ class Policy:
     cuda_min_driver_ptx_isa: str = ""
     cuda_kernels: tuple[str, ...] = ()
     waivers: tuple[Waiver, ...] = ()
+    diff_warn_bytes: int = 1 << 20  # the release diff: a wheel that grew more than this, or than diff_warn_pct
+    diff_warn_pct: float = 5.0
     vulnerability_waivers: tuple[VulnerabilityWaiver, ...] = ()
     incomplete_acceptances: tuple[IncompleteAcceptance, ...] = ()
     payload: PayloadPolicy | None = None
@@ -435,6 +437,8 @@ def load_policy(path: Path | str | None = None) -> Policy:
             source=path,
             wheel_budget_bytes=int(float(size["wheel_budget_mib"]) * (1 << 20)),
             growth_threshold_pct=float(size["growth_threshold_pct"]),
+            diff_warn_bytes=int(float(size.get("diff_warn_mib", 1.0)) * (1 << 20)),
+            diff_warn_pct=float(size.get("diff_warn_pct", 5.0)),
             forbidden_needed=tuple(
                 ForbiddenNeeded(
                     f["pattern"], f["fix"], _str_list(f.get("members", ["*"]), "elf.forbidden_needed.members", path)

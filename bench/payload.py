@@ -15,6 +15,7 @@ import argparse
 import contextlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -217,9 +218,7 @@ def assembly_numbers(kernel: Path) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as tmp:
         for label in ("cold", "warm"):
             if label == "cold":  # the assembly's own frames and archives only: never a user's file there
-                from carriers.payload import OWN_NAMES
-
-                cachedir.prune(cache, OWN_NAMES, max_count=0)
+                cachedir.prune(cache, re.compile(paths.PAYLOAD_NAMES), max_count=0)
             t, _ = timed(
                 lambda: subprocess.run(
                     [

@@ -30,7 +30,7 @@ from packaging.utils import parse_wheel_filename
 
 from audits.platforms import glibc_of
 from audits.readers import cuobjdump_tool, list_archs
-from base import cachedir, distdir, swap
+from base import cachedir, distdir, paths, swap
 
 from . import licensing, sbom, wheelio
 from .draft import Draft
@@ -284,7 +284,7 @@ def _frame(
 
 
 _ARCHIVE_NAME = re.compile(r"archive-[0-9a-f]{64}\.tar\.zst")
-OWN_NAMES = re.compile(r"(frame-[0-9a-f]{64}\.(zst|json)|archive-[0-9a-f]{64}\.tar\.zst)")  # all it writes
+OWN_NAMES = re.compile(paths.PAYLOAD_NAMES)  # everything build_archive writes
 ARCHIVES_KEPT = 4  # whole archives kept in the cache, the most recently used (each kernel change makes one)
 
 

@@ -20,11 +20,13 @@ from typing import Any
 from audits.policy import load_policy
 from base import distdir, evidence, paths
 
+from . import diff
 from . import verdict as verdicts
 from .errors import ReleaseError
 
 AUDIT_REPORT = "audit-report.json"
 VULNERABILITIES = "vulnerabilities.json"
+DIFF = diff.DIFF  # dist/release-diff.json, with --previous
 
 
 @dataclass
@@ -37,6 +39,7 @@ class Evidence:
     audit_stale: bool = False  # a report exists but judged other wheels
     vulnerabilities: Any = None
     pythons: dict[str, dict[str, Any]] = field(default_factory=dict)  # base.evidence, by Python
+    diff: Any = None  # dist/release-diff.json (release.diff), where a predecessor was named
 
     def runs(self) -> dict[str, dict[str, Any]]:
         """Every venv run's result in the evidence (`sft-cp312` -> result), this build's or not, Python by
@@ -93,7 +96,9 @@ def collect(
     stale = bool(audit) and not audit_for_build(audit, manifest)
     audit = {} if stale else audit
     vulnerabilities = _json(dist / VULNERABILITIES) if audit else None  # the audit stage writes both
-    return Evidence(manifest, key, audit, stale, vulnerabilities, evidence.load_all(build or paths.BUILD))
+    ev = Evidence(manifest, key, audit, stale, vulnerabilities, evidence.load_all(build or paths.BUILD))
+    ev.diff = _json(dist / DIFF)
+    return ev
 
 
 def judge(ev: Evidence, accept: Iterable[str] = (), today: datetime.date | None = None) -> verdicts.Verdict:
@@ -113,6 +118,7 @@ def judge(ev: Evidence, accept: Iterable[str] = (), today: datetime.date | None 
         *verdicts.verify_items(venv_runs(pythons), ev.pythons, ev.key),
         *verdicts.resolution_items([(p, v) for v in pythons for p in install_profiles()], ev.pythons, ev.key),
         *verdicts.published_items(ev.manifest, current.values()),
+        *verdicts.diff_items(ev.diff, ev.key),
     ]
     accepted = verdicts.parse_accept(accept) + verdicts.from_policy(load_policy().incomplete_acceptances, today)
     return verdicts.Verdict(items, accepted)

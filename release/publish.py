@@ -82,7 +82,8 @@ def snapshot(dist: Path, work: Path | None = None) -> Iterator[distdir.Release]:
         try:
             listed = [name for _, name in distdir.read_sums(dist / distdir.SUMS)]
             names = [distdir.SUMS, distdir.MANIFEST, *listed]
-            names += [n for n in (judging.AUDIT_REPORT, judging.VULNERABILITIES) if (dist / n).is_file()]
+            evidence = (judging.AUDIT_REPORT, judging.VULNERABILITIES, judging.DIFF)
+            names += [n for n in evidence if (dist / n).is_file()]
             for name in names:
                 (snap / name).parent.mkdir(parents=True, exist_ok=True)
                 shutil.copyfile(dist / name, snap / name)

@@ -473,6 +473,12 @@ def _main(argv: list[str] | None) -> int:
     dist_option(p)
     p.add_argument("--evidence", type=Path, default=BUILD, help="where build/verify-cp3NN.json lie")
     p.add_argument("--baseline", type=Path, help="a previous release's manifest.json, for the size change per wheel")
+    p.add_argument(
+        "--previous",
+        metavar="SPEC",
+        help="the previous release for the release diff (dist/release-diff.json): an earlier dist/, a folder of "
+        "wheels, or INDEX_URL::NAME==VERSION,...",
+    )
     p.add_argument("--timings", type=Path, default=TIMINGS, help=argparse.SUPPRESS)
     p.add_argument("--stages", type=Path, default=STAGE_CACHE, help=argparse.SUPPRESS)
     p.add_argument("--kernel-out", type=Path, default=KERNEL_OUT, help=argparse.SUPPRESS)
@@ -488,6 +494,12 @@ def _main(argv: list[str] | None) -> int:
     manifest = distdir.read_manifest(args.dist / distdir.MANIFEST)  # read whole even when a file differs
     baseline = distdir.read_manifest(args.baseline) if args.baseline else None
     key = build_key(args.dist)  # every result shown must have been obtained on exactly these wheels
+    changes = None
+    if args.previous:
+        from . import diff
+
+        changes = diff.make(args.dist, args.previous)
+        diff.write(args.dist, changes)
     ev = judging.collect(args.dist, key, args.evidence, manifest)
     audit, vulnerabilities = ev.audit, ev.vulnerabilities
     notes = [] if key else [f"dist/ does not match its SHA256SUMS: nothing is {NOT_THIS_BUILD}; rebuild it"]
@@ -555,6 +567,12 @@ def _main(argv: list[str] | None) -> int:
         lines.append("verify_install: not run" if not stale else f"verify_install: {NOT_THIS_BUILD}")
     lines += notes
     md += [f"\n- {n}" for n in notes]
+    if changes is not None:
+        from . import diff
+
+        said = diff.summary(changes)
+        lines += ["", *said]
+        md += ["\n## Release diff\n", *(f"- {ln.strip()}" for ln in said)]
     since = release_start(args.timings)
     stages = stage_outcomes(args.stages, args.kernel_out, since)
     sizes = [(w.name, w.size) for w in manifest.wheels]

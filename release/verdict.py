@@ -260,6 +260,19 @@ def _date(value: object) -> datetime.date | None:
 NOT_THIS_BUILD = "not verified for this build"
 
 
+def diff_items(data: Any, key: str | None) -> list[Item]:
+    """dist/release-diff.json (release_report --previous): `diff` fails on a path that changes owner unsafely
+    for pip; a diff of other wheels is missing; no diff (no predecessor named) is no item, never a failure."""
+    if not isinstance(data, dict):
+        return []
+    if key is None or data.get("dist_sha256") != key:
+        return [Item("diff", "missing", f"{NOT_THIS_BUILD}: the release diff judged other wheels (--previous)")]
+    errors = [str(e) for e in data.get("errors") or []]
+    if errors:
+        return [Item("diff", "failed", "; ".join(errors))]
+    return [Item("diff", "passed", f"against {data.get('previous')}")]
+
+
 def _run_item(name: str, result: Mapping[str, Any] | None, key: str | None, how: str) -> Item:
     """One run's item from its evidence: obtained on this build (`key`), or missing with why."""
     if not isinstance(result, Mapping):

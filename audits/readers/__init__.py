@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from ._cuda import cuobjdump_tool, find_cuobjdump, list_archs
-    from ._elf import ElfFacts, read_elf
+    from ._elf import ElfFacts, read_elf, read_elf_stream
     from ._isa import FeatureUse, feature_uses
     from ._json import hint, unknown_keys
     from ._python import Lookup, find_lookups
@@ -20,6 +20,7 @@ if TYPE_CHECKING:
 _WHERE = {
     "ElfFacts": "_elf",
     "read_elf": "_elf",
+    "read_elf_stream": "_elf",
     "FeatureUse": "_isa",
     "feature_uses": "_isa",
     "Member": "_wheel",
@@ -46,6 +47,7 @@ __all__ = [
     "hint",
     "list_archs",
     "read_elf",
+    "read_elf_stream",
     "read_wheel",
     "unknown_keys",
 ]
