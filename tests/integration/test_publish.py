@@ -44,6 +44,7 @@ def _dist(tmp_path: Path, marker: str = "1", specs: dict[str, tuple[str, ...]] |
 def _evidence(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The verification evidence publish judges again, in the test's own build folder."""
     monkeypatch.setattr(paths, "BUILD", tmp_path / "build")
+    monkeypatch.setattr(paths, "PUBLISH_WORK", tmp_path / "build" / "publish")  # the snapshot's folder in it
 
 
 def test_order_is_computed_from_requirements(tmp_path: Path) -> None:
@@ -303,7 +304,7 @@ def test_what_goes_up_is_the_snapshot_that_was_judged(
     publish(dist, url, url + "simple/", wait_s=30, twine_args=KT)
     served = {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in packages.iterdir()}
     assert served == judged
-    assert not list((paths.BUILD / "publish").iterdir())  # the snapshot is gone afterwards
+    assert not list(paths.PUBLISH_WORK.iterdir())  # the snapshot is gone afterwards
 
 
 def test_the_plan_is_a_dry_run_whatever_the_verdict_and_needs_only_the_index(
