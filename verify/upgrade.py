@@ -1,0 +1,188 @@
+"""Upgrade verification: a venv holding the predecessor as its users have it, moved to this release the ways
+users move (pip and uv, by the published install file and by `install -U` from an index), then compared with
+a fresh install of this release.
+
+A move passes when the moved venv holds:
+- the same distributions at the same versions as the fresh install (the installers' own pip/setuptools aside);
+- every file of every distribution's RECORD, with its size, and the KT distributions' files with their
+  sha256 (kt-doctor's integrity check, kernel/python/kt_kernel/doctor.py, read by path);
+- no file of the predecessor that no installed distribution owns (bytecode caches aside);
+- a clean `pip check`.
+A difference names the files, their owner before and after, the move's command and the fix. pip deletes a
+file that changes owner when it uninstalls the old owner after installing the new one (pypa/pip#8509); uv
+does not; the release's rule for such moves is checked on the wheels by release/diff.py.
+
+    python -m verify.upgrade --previous-install 'pip install ...' --move 'pip install ...' --fresh '...'
+
+is not the interface: profiles call `check_move` with argv lists; the integration tests do the same with
+wheels they build (tests/integration/test_upgrade.py).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from base import paths
+
+from .venv import VerifyError, clean_env, fresh_venv, load_by_path
+
+DOCTOR = paths.KERNEL / "python" / "kt_kernel" / "doctor.py"
+SEEDS = frozenset({"pip", "setuptools", "wheel"})  # what venv/ensurepip put there, not the release's
+
+
+def _norm(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def site_packages(venv: Path) -> Path:
+    found = sorted(venv.glob("lib/python3*/site-packages"))
+    if not found:
+        raise VerifyError(f"{venv}: no lib/python3.N/site-packages; not a venv")
+    return found[0]
+
+
+@dataclass
+class State:
+    """What a venv holds: each distribution's version, the files no RECORD lists, and the damaged ones."""
+
+    dists: dict[str, str]
+    unowned: list[str]
+    damaged: list[dict[str, Any]]
+    owners: dict[str, str] = field(default_factory=dict)  # path (relative to site-packages) -> distribution
+
+
+def state(venv: Path) -> State:
+    """The venv's state, read from its RECORDs and its files (nothing in it is imported or run)."""
+    site = site_packages(venv)
+    doctor = load_by_path("kt_doctor_upgrade", DOCTOR)
+    damaged, _ = doctor.integrity(site)
+    dists: dict[str, str] = {}
+    owners: dict[str, str] = {}
+    for d in metadata.distributions(path=[str(site)]):
+        name = d.metadata["Name"]
+        if not name:
+            continue
+        dists[_norm(name)] = d.version
+        for f in d.files or []:
+            p = Path(os.path.normpath(site / str(f)))
+            owners[str(p.relative_to(site)) if p.is_relative_to(site) else str(p)] = _norm(name)
+    unowned = []
+    for root, dirs, files in os.walk(site):
+        dirs[:] = [x for x in dirs if x != "__pycache__"]
+        for fname in files:
+            rel = str((Path(root) / fname).relative_to(site))
+            if rel not in owners and not fname.endswith(".pyc"):
+                unowned.append(rel)
+    damage = [
+        {"distribution": x.distribution, "version": x.version, "missing": x.missing, "changed": x.changed}
+        for x in damaged
+    ]
+    return State(dists, sorted(unowned), damage, owners)
+
+
+def compare(moved: State, fresh: State, before: State, how: str) -> list[str]:
+    """What differs between the moved venv and a fresh install of the release, each naming the file, its owner
+    before and after, the command (`how`) and the fix; [] when the move leaves what a fresh install leaves."""
+    problems = []
+    a = {k: v for k, v in moved.dists.items() if k not in SEEDS}
+    b = {k: v for k, v in fresh.dists.items() if k not in SEEDS}
+    for name in sorted(set(a) | set(b)):
+        if a.get(name) != b.get(name):
+            problems.append(
+                f"{how}: {name} is {a.get(name) or 'absent'} after the move, {b.get(name) or 'absent'} in a fresh "
+                f"install; fix: pip uninstall or install it as the install file pins it"
+            )
+    for d in moved.damaged:
+        files = d["missing"] + d["changed"]
+        was = {before.owners.get(f, "nobody") for f in files}
+        problems.append(
+            f"{how}: {d['distribution']} {d['version']} lacks {len(d['missing'])} and has {len(d['changed'])} "
+            f"changed of its files (e.g. {files[0]}; owned before the move by {', '.join(sorted(was))}): pip "
+            f"deleted them uninstalling the previous owner after installing the new one (pypa/pip#8509); fix: the "
+            f"new owner must require the old owner's new version (see release/diff.py), and users repair it with "
+            f"pip install --force-reinstall --no-deps {d['distribution']}=={d['version']}"
+        )
+    left = sorted(set(moved.unowned) - set(fresh.unowned))
+    if left:
+        owned_before = sorted({before.owners.get(f, "nobody") for f in left})
+        problems.append(
+            f"{how}: {len(left)} files of the predecessor no installed distribution owns (e.g. {left[0]}; owned "
+            f"before by {', '.join(owned_before)}); fix: the release must replace or remove the distribution that "
+            "owned them"
+        )
+    return problems
+
+
+def run(argv: Sequence[str], what: str, env: Mapping[str, str] | None = None) -> float:
+    """`argv` run to completion; its seconds, or VerifyError naming the command and its output."""
+    t0 = time.perf_counter()
+    got = subprocess.run(list(argv), capture_output=True, text=True, check=False, env=dict(env or clean_env()))
+    if got.returncode != 0:
+        raise VerifyError(f"{what} failed (`{' '.join(argv)}`):\n{got.stdout[-1500:]}{got.stderr[-1500:]}")
+    return time.perf_counter() - t0
+
+
+def pip_check(venv: Path) -> str:
+    got = subprocess.run(
+        [str(venv / "bin" / "python"), "-m", "pip", "check"],
+        capture_output=True,
+        text=True,
+        check=False,
+        env=clean_env(),
+    )
+    return "" if got.returncode == 0 else (got.stdout + got.stderr).strip()
+
+
+@dataclass(frozen=True)
+class Move:
+    """One way users move: its name (`pip-file`, `uv-upgrade`, ...) and the command, `{python}` standing for
+    the venv's interpreter."""
+
+    name: str
+    argv: tuple[str, ...]
+
+    def command(self, venv: Path) -> list[str]:
+        python = str(venv / "bin" / "python")
+        return [a.replace("{python}", python) for a in self.argv]
+
+
+def check_move(
+    work: Path,
+    previous: Sequence[Sequence[str]],
+    move: Move,
+    fresh: State,
+    interpreter: Any = None,
+) -> dict[str, Any]:
+    """A venv with the predecessor installed (`previous`: commands, `{python}` the venv's interpreter), moved by
+    `move`, compared with `fresh` (a fresh install's state): {"move", "seconds", "problems", ...}."""
+    venv = fresh_venv(work / move.name, interpreter)
+    python = str(venv / "bin" / "python")
+    t0 = time.perf_counter()
+    for argv in previous:
+        run([a.replace("{python}", python) for a in argv], f"installing the predecessor ({move.name})")
+    before = state(venv)
+    cmd = move.command(venv)
+    run(cmd, f"the move {move.name}")
+    after = state(venv)
+    how = f"{move.name} (`{' '.join(cmd)}`)"
+    problems = compare(after, fresh, before, how)
+    if wrong := pip_check(venv):
+        problems.append(f"{how}: pip check: {wrong}")
+    result = {
+        "move": move.name,
+        "command": " ".join(cmd),
+        "seconds": round(time.perf_counter() - t0, 1),
+        "files_missing": sum(len(d["missing"]) for d in after.damaged),
+        "problems": problems,
+    }
+    shutil.rmtree(venv, ignore_errors=True)
+    return result
