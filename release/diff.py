@@ -26,12 +26,9 @@ build cache. The diff reads only zip directories, RECORD, METADATA, the manifest
 from __future__ import annotations
 
 import argparse
-import hashlib
 import io
 import json
 import re
-import subprocess
-import sys
 import zipfile
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -43,11 +40,14 @@ from packaging.tags import parse_tag
 from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
 from packaging.version import InvalidVersion, Version
 
-from base import distdir, paths
+from base import distdir
 from base.cli import dist_option
 from base.errors import StageError, report
+from locks.previous import PreviousError, previous_wheels
 
 from .errors import ReleaseError
+
+__all__ = ["DIFF", "Diff", "DiffError", "PreviousError", "compare", "make", "previous_wheels", "read_wheel", "summary"]
 
 DIFF = "release-diff.json"
 SCHEMA_VERSION = 1
@@ -58,7 +58,7 @@ BUILD_MANIFEST = "kt_kernel/_build.json"
 
 
 class DiffError(ReleaseError):
-    """A predecessor that cannot be read: the message names the file, the problem and the fix."""
+    """A wheel of the predecessor that cannot be read: the message names the file, the problem and the fix."""
 
 
 @dataclass(frozen=True)
@@ -197,68 +197,6 @@ def _payload_member() -> str:
 
     pl = load_policy().payload
     return pl.manifest_member if pl is not None else ""
-
-
-# --- the predecessor -------------------------------------------------------------------------------------
-
-
-def previous_wheels(spec: str, cache: Path | None = None) -> tuple[list[Path], str]:
-    """The predecessor's wheels and how they were found: a folder (an earlier dist/: the wheels its
-    SHA256SUMS lists, each checked; else every wheel in it), or `URL::NAME==V,...` downloaded by pip (the
-    index's sha256 checked) into the build cache once. DiffError naming what is wrong and the fix."""
-    if "::" in spec:
-        return _download(spec, cache or paths.CACHE / "previous")
-    folder = Path(spec)
-    if not folder.is_dir():
-        raise DiffError(
-            f"--previous {spec}: no such folder; give an earlier dist/, a folder of wheels, or "
-            "INDEX_URL::NAME==VERSION,... (e.g. https://pypi.org/simple::kt-kernel==0.7.2,ktransformers==0.7.2)"
-        )
-    if (folder / distdir.SUMS).is_file():
-        try:
-            release = distdir.open_release(folder)
-        except distdir.DistError as exc:
-            raise DiffError(f"--previous {folder}: {exc}") from None
-        wheels = [folder / w.filename for w in release.manifest.wheels]
-        return wheels, f"the release in {folder} ({release.manifest.kt_version})"
-    wheels = sorted(folder.glob("*.whl"))
-    if not wheels:
-        raise DiffError(f"--previous {folder}: holds no wheel; give a folder of the previous release's wheels")
-    return wheels, f"{len(wheels)} wheels in {folder}"
-
-
-def _download(spec: str, cache: Path) -> tuple[list[Path], str]:
-    index, _, pins = spec.partition("::")
-    wanted = [p.strip() for p in re.split(r"[,\s]+", pins) if p.strip()]
-    for pin in wanted:
-        try:
-            req = Requirement(pin)
-        except InvalidRequirement:
-            req = None
-        if req is None or len(req.specifier) != 1 or next(iter(req.specifier)).operator != "==":
-            raise DiffError(f"--previous: {pin!r} is no NAME==VERSION pin")
-    if not index.startswith(("https://", "http://")) or not wanted:
-        raise DiffError(f"--previous {spec!r}: give INDEX_URL::NAME==VERSION,NAME==VERSION")
-    key = hashlib.sha256(json.dumps([index, sorted(wanted)]).encode()).hexdigest()[:32]
-    where = cache / key
-    done = where / ".complete"
-    if not done.is_file():
-        from base import cachedir, swap
-
-        cachedir.owned(cache, "previous-release cache")
-        tmp = swap.part(where)
-        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary", ":all:", "--index-url", index]
-        cmd += ["--dest", str(tmp), "--disable-pip-version-check", "--quiet", *wanted]
-        print(f"[diff] downloading the predecessor: {', '.join(wanted)} from {index} ...", flush=True)
-        got = subprocess.run(cmd, capture_output=True, text=True, check=False)
-        if got.returncode != 0:
-            import shutil
-
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise DiffError(f"--previous: downloading {', '.join(wanted)} from {index} failed:\n{got.stderr[-1500:]}")
-        (tmp / ".complete").write_text("\n".join(wanted) + "\n")
-        tmp.replace(where)
-    return sorted(where.glob("*.whl")), f"{', '.join(wanted)} from {index}"
 
 
 # --- the comparison --------------------------------------------------------------------------------------
@@ -567,7 +505,7 @@ def summary(d: Diff | None, limit: int = 12) -> list[str]:
 def make(dist: Path, previous: str) -> Diff:
     """The diff of the release in `dist` against the predecessor `previous` names."""
     release = distdir.open_release(dist)
-    old_wheels, how = previous_wheels(previous)
+    old_wheels, how = previous_wheels(previous)  # locks.previous: PreviousError names what is wrong
     print(f"[diff] {len(old_wheels)} wheels of {how} against {len(release.manifest.wheels)} of {dist} ...", flush=True)
     old = [read_wheel(w) for w in old_wheels]
     new = [read_wheel(dist / w.filename) for w in release.manifest.wheels]

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from base import distdir
+from locks.previous import PreviousError
 from release import diff
 from release.diff import DiffError
 
@@ -181,10 +182,10 @@ def test_the_written_diff_follows_its_schema(tmp_path: Path) -> None:
 
 
 def test_a_predecessor_that_cannot_be_read_is_named_with_the_fix(tmp_path: Path) -> None:
-    with pytest.raises(DiffError, match="no such folder; give an earlier dist/"):
+    with pytest.raises(PreviousError, match="no such folder; give an earlier dist/"):
         diff.previous_wheels(str(tmp_path / "nowhere"))
     (tmp_path / "empty").mkdir()
-    with pytest.raises(DiffError, match="holds no wheel"):
+    with pytest.raises(PreviousError, match="holds no wheel"):
         diff.previous_wheels(str(tmp_path / "empty"))
     bad = tmp_path / "bad" / "kt_kernel-0.7.2-py3-none-any.whl"
     bad.parent.mkdir()
@@ -192,7 +193,7 @@ def test_a_predecessor_that_cannot_be_read_is_named_with_the_fix(tmp_path: Path)
     with pytest.raises(DiffError, match=r"kt_kernel-0\.7\.2-py3-none-any\.whl: not a readable wheel"):
         diff.read_wheel(bad)
     for spec in ("https://x/simple::kt-kernel>=0.7", "ftp://x::kt-kernel==1", "https://x/simple::"):
-        with pytest.raises(DiffError):
+        with pytest.raises(PreviousError):
             diff.previous_wheels(spec, tmp_path / "cache")
 
 

@@ -1,0 +1,83 @@
+"""The previous release (the predecessor) named by `--previous SPEC`, as the wheels it consists of: the one
+reader of that spec for the release diff (release/diff.py) and the upgrade verification (verify/upgrade.py).
+
+SPEC is an earlier dist/ (its SHA256SUMS checked, the wheels its manifest lists), any folder of wheels, or
+`INDEX_URL::NAME==VERSION,NAME==VERSION,...`, downloaded once by pip (the index's sha256 checked) into
+the build cache (`previous/`, a folder of the running user's own)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from packaging.requirements import InvalidRequirement, Requirement
+
+from base import cachedir, distdir, paths, swap
+
+from .read import LockError
+
+
+class PreviousError(LockError):
+    """A predecessor that cannot be had: the message names it, the problem and the fix."""
+
+
+def previous_wheels(spec: str, cache: Path | None = None) -> tuple[list[Path], str]:
+    """The predecessor's wheels and how they were found: a folder (an earlier dist/: the wheels its
+    SHA256SUMS lists, each checked; else every wheel in it), or `URL::NAME==V,...` downloaded by pip (the
+    index's sha256 checked) into the build cache once. PreviousError naming what is wrong and the fix."""
+    if "::" in spec:
+        return _download(spec, cache or paths.CACHE / "previous")
+    folder = Path(spec)
+    if not folder.is_dir():
+        raise PreviousError(
+            f"--previous {spec}: no such folder; give an earlier dist/, a folder of wheels, or "
+            "INDEX_URL::NAME==VERSION,... (e.g. https://pypi.org/simple::kt-kernel==0.7.2,ktransformers==0.7.2)"
+        )
+    if (folder / distdir.SUMS).is_file():
+        try:
+            release = distdir.open_release(folder)
+        except distdir.DistError as exc:
+            raise PreviousError(f"--previous {folder}: {exc}") from None
+        wheels = [folder / w.filename for w in release.manifest.wheels]
+        return wheels, f"the release in {folder} ({release.manifest.kt_version})"
+    wheels = sorted(folder.glob("*.whl"))
+    if not wheels:
+        raise PreviousError(f"--previous {folder}: holds no wheel; give a folder of the previous release's wheels")
+    return wheels, f"{len(wheels)} wheels in {folder}"
+
+
+def _download(spec: str, cache: Path) -> tuple[list[Path], str]:
+    index, _, pins = spec.partition("::")
+    wanted = [p.strip() for p in re.split(r"[,\s]+", pins) if p.strip()]
+    for pin in wanted:
+        try:
+            req = Requirement(pin)
+        except InvalidRequirement:
+            req = None
+        if req is None or len(req.specifier) != 1 or next(iter(req.specifier)).operator != "==":
+            raise PreviousError(f"--previous: {pin!r} is no NAME==VERSION pin")
+    if not index.startswith(("https://", "http://")) or not wanted:
+        raise PreviousError(f"--previous {spec!r}: give INDEX_URL::NAME==VERSION,NAME==VERSION")
+    key = hashlib.sha256(json.dumps([index, sorted(wanted)]).encode()).hexdigest()[:32]
+    where = cache / key
+    done = where / ".complete"
+    if not done.is_file():
+        cachedir.owned(cache, "previous-release cache")
+        tmp = swap.part(where)
+        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary", ":all:", "--index-url", index]
+        cmd += ["--dest", str(tmp), "--disable-pip-version-check", "--quiet", *wanted]
+        print(f"[diff] downloading the predecessor: {', '.join(wanted)} from {index} ...", flush=True)
+        got = subprocess.run(cmd, capture_output=True, text=True, check=False)
+        if got.returncode != 0:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise PreviousError(
+                f"--previous: downloading {', '.join(wanted)} from {index} failed:\n{got.stderr[-1500:]}"
+            )
+        (tmp / ".complete").write_text("\n".join(wanted) + "\n")
+        tmp.replace(where)
+    return sorted(where.glob("*.whl")), f"{', '.join(wanted)} from {index}"
