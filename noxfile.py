@@ -259,16 +259,17 @@ def release(session: nox.Session) -> None:
     p.add_argument(
         "--previous",
         metavar="SPEC",
-        help="the previous release, for the release diff: an earlier dist/, a folder of wheels, or URL::NAME==V,...",
+        help="the previous release, for the release diff and the upgrade checks: an earlier dist/, a folder of "
+        "wheels, or URL::NAME==V,...",
     )
     args = p.parse_args(session.posargs)
     TIMINGS.mkdir(parents=True, exist_ok=True)
     (TIMINGS / ".release-start").write_text(f"{time.time()}\n")  # release_report prints this run's stages
     fresh = ["--fresh"] if args.fresh else []
+    previous = [f"--previous={args.previous}"] if args.previous else []  # the diff and the upgrade checks
     session.notify("build_all", fresh)
     session.notify("audit", fresh + (["--advisories", args.advisories] if args.advisories else []))
-    session.notify("verify_install", fresh)
-    previous = [f"--previous={args.previous}"] if args.previous else []
+    session.notify("verify_install", fresh + previous)
     session.notify("release_report", [f"--accept={a}" for a in args.accept] + previous)
 
 

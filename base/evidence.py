@@ -31,7 +31,7 @@ from .errors import StageError
 from .version import python_tag
 
 SCHEMA_VERSION = 1
-SECTIONS = ("profiles", "resolution")
+SECTIONS = ("profiles", "resolution", "upgrade")
 _LOCK = threading.Lock()  # one process may verify several Pythons and profiles at once
 
 
@@ -44,7 +44,14 @@ def path(python: str, build: Path | None = None) -> Path:
 
 
 def _empty(python: str) -> dict[str, Any]:
-    return {"schema_version": SCHEMA_VERSION, "python": python, "interpreter": None, "profiles": {}, "resolution": {}}
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "python": python,
+        "interpreter": None,
+        "profiles": {},
+        "resolution": {},
+        "upgrade": {},
+    }
 
 
 # The members the verdict and the report read, with their types: a dict is an object of these members
@@ -76,6 +83,8 @@ _RESULT: dict[str, Any] = {
     "json_schema": {"accepted!": _NUMBER, "rejected!": _NUMBER, "strict_thinking!": (str, bool)},
     "distributions": dict,
     "seconds": _NUMBER,
+    "moves": [{"move": str, "problems": list, "files_missing": _NUMBER, "seconds": _NUMBER}],
+    "previous": str,
 }
 _FOUND: dict[str, Any] = {
     "python": str,
@@ -144,7 +153,7 @@ def load(file: Path) -> dict[str, Any]:
     if file.name != path(data["python"]).name:
         raise EvidenceError(f"{file}: holds CPython {data['python']}'s evidence under another Python's name; {fix}")
     for section in SECTIONS:
-        value = data.get(section)
+        value = data.setdefault(section, {}) if section == "upgrade" else data.get(section)  # older files lack it
         if not isinstance(value, dict):
             raise EvidenceError(f"{file}: `{section}` is not an object of results; {fix}")
         for name, result in value.items():

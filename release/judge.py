@@ -119,6 +119,7 @@ def judge(ev: Evidence, accept: Iterable[str] = (), today: datetime.date | None 
         *verdicts.resolution_items([(p, v) for v in pythons for p in install_profiles()], ev.pythons, ev.key),
         *verdicts.published_items(ev.manifest, current.values()),
         *verdicts.diff_items(ev.diff, ev.key),
+        *verdicts.upgrade_items(ev.pythons, ev.key),
     ]
     accepted = verdicts.parse_accept(accept) + verdicts.from_policy(load_policy().incomplete_acceptances, today)
     return verdicts.Verdict(items, accepted)

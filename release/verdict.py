@@ -260,6 +260,22 @@ def _date(value: object) -> datetime.date | None:
 NOT_THIS_BUILD = "not verified for this build"
 
 
+def upgrade_items(evidence: Mapping[str, Mapping[str, Any]], key: str | None) -> list[Item]:
+    """`upgrade:PROFILE-cp3NN`: the move from the predecessor (verify_install --previous) of each profile that
+    ran; none where no predecessor was named (not a failure)."""
+    items = []
+    for python, data in sorted(evidence.items()):
+        for profile, result in sorted((data.get("upgrade") or {}).items()):
+            name = f"upgrade:{profile}-{python_tag(python)}"
+            if result.get("problems"):
+                items.append(Item(name, "failed", "; ".join(map(str, result["problems"]))))
+            else:
+                items.append(
+                    _run_item(name, result, key, f"nox -s verify_install -- --previous SPEC --python {python}")
+                )
+    return items
+
+
 def diff_items(data: Any, key: str | None) -> list[Item]:
     """dist/release-diff.json (release_report --previous): `diff` fails on a path that changes owner unsafely
     for pip; a diff of other wheels is missing; no diff (no predecessor named) is no item, never a failure."""

@@ -73,6 +73,12 @@ def main(argv: list[str] | None = None) -> int:
         metavar="URL",
         help="resolve from the index the release was published to (and install its sft profile from there)",
     )
+    p.add_argument(
+        "--previous",
+        metavar="SPEC",
+        help="also verify the move from this previous release (an earlier dist/, a folder of wheels, or "
+        "INDEX_URL::NAME==VERSION,...) to this one, per published profile on the first Python (verify/upgrade.py)",
+    )
     p.add_argument("--evidence", type=Path, help=argparse.SUPPRESS)  # tests: where build/verify-cp3NN.json go
     fresh_option(p, "run every profile")
     args = p.parse_args(argv)
@@ -125,6 +131,9 @@ class Verification:
         print(
             f"[verify] {len(self.venv_runs)} venv runs, {len(self.resolutions)} resolutions, {jobs} at once", flush=True
         )
+        if self.args.previous:  # every upgrade first: each installs two releases' closures, one at a time
+            for profile in [p for p in registry.PUBLISHED if (p, self.pythons[0]) in self.venv_runs]:
+                self.upgrade(profile, found[self.pythons[0]])
         with ThreadPoolExecutor(max_workers=jobs) as pool:
             side = pool.submit(self.resolve, found) if self.resolutions else None
             # the longest runs first (published profiles install several GB), so the short ones fill in
@@ -200,6 +209,32 @@ class Verification:
         result = {**result, **got, "interpreter": interpreter.as_dict()}
         self._record(python, "profiles", profile, result, OK)
         print(f"{name}: ok ({got['outcome']}, {result['elapsed_s']}s when produced)", flush=True)
+
+    def upgrade(self, profile: str, found: Found) -> None:
+        """The published profile moved from the predecessor (--previous) by pip and uv, on the first Python of
+        the matrix (two closures installed per move: the other Pythons add hours for the same check); its
+        result into that Python's evidence (`upgrade`), the verdict's `upgrade:PROFILE-cp3NN` item."""
+        from . import upgrade
+
+        python = found.python
+        stamp = {"dist_sha256": self.key, "outcome": "ran", "produced": stagecache.Stage.now()}
+        if found.interpreter is None or not found.interpreter.native:
+            why = f"no native CPython {python} interpreter for the upgrade check ({found.why_none()})"
+            self._record(python, "upgrade", profile, {"not_verified": why, **stamp}, NOT_VERIFIED)
+            return
+        name = f"upgrade:{registry.run_name(profile, python)}"
+        print(f"[verify] {name}: from {self.args.previous} ...", flush=True)
+        try:
+            got = upgrade.upgrade_profile(
+                self.dist, self.args.work / name.replace(":", "-"), found.interpreter, self.args.previous, profile
+            )
+        except StageError as exc:  # the predecessor cannot be had or installed: named, with the reason
+            print(f"error: {name}: {exc}", file=sys.stderr, flush=True)
+            self._record(python, "upgrade", profile, {"error": str(exc), **stamp}, FAILED)
+            return
+        code = FAILED if got["problems"] else OK
+        self._record(python, "upgrade", profile, {**got, **stamp}, code)
+        print(f"{name}: {'FAILED' if code else 'ok'} ({got['seconds']} s)", flush=True)
 
     def resolve(self, found: dict[str, Found]) -> None:
         """Every (install profile, Python) resolved with that Python's interpreter; into the evidence."""

@@ -122,10 +122,15 @@ def compare(moved: State, fresh: State, before: State, how: str) -> list[str]:
     return problems
 
 
+def _env() -> dict[str, str]:
+    """A user's clean shell: no PIP_/UV_ settings, and no pip configuration file of this machine's."""
+    return {**clean_env(), "PIP_CONFIG_FILE": os.devnull}
+
+
 def run(argv: Sequence[str], what: str, env: Mapping[str, str] | None = None) -> float:
     """`argv` run to completion; its seconds, or VerifyError naming the command and its output."""
     t0 = time.perf_counter()
-    got = subprocess.run(list(argv), capture_output=True, text=True, check=False, env=dict(env or clean_env()))
+    got = subprocess.run(list(argv), capture_output=True, text=True, check=False, env=dict(env or _env()))
     if got.returncode != 0:
         raise VerifyError(f"{what} failed (`{' '.join(argv)}`):\n{got.stdout[-1500:]}{got.stderr[-1500:]}")
     return time.perf_counter() - t0
@@ -186,3 +191,81 @@ def check_move(
     }
     shutil.rmtree(venv, ignore_errors=True)
     return result
+
+
+def moves(dist: Path, install_file: Path, root: str, version: str, uv: str) -> list[Move]:
+    """The ways users move to the release: its published install file, and `install -U` of the profile's root
+    at the release's version by normal resolution (the release's wheels found beside the index), each by pip
+    and by uv."""
+    links = ("--find-links", str(dist))
+    pinned = f"{root}=={version}"
+    pip = ("{python}", "-m", "pip", "install", "--disable-pip-version-check", "-q")
+    uv_pip = (uv, "pip", "install", "--python", "{python}", *indexes_args())
+    return [
+        Move("pip-file", (*pip, "--require-hashes", *links, "-r", str(install_file))),
+        Move("pip-upgrade", (*pip, "-U", *links, pinned)),
+        Move("uv-file", (*uv_pip, "--require-hashes", *links, "-r", str(install_file))),
+        Move("uv-upgrade", (*uv_pip, "-U", *links, pinned)),
+    ]
+
+
+def indexes_args() -> tuple[str, ...]:
+    from locks.indexes import UV_ARGS
+
+    return UV_ARGS
+
+
+def predecessor_install(spec: str, root: str) -> tuple[list[list[str]], str]:
+    """How the predecessor's users have the profile: its own published install file where the predecessor is an
+    earlier dist/ holding one, else the profile's root at the predecessor's version by normal resolution, its
+    wheels found beside the index. (Commands, `{python}` the venv's interpreter; what it is.)"""
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name, parse_wheel_filename
+
+    from locks.previous import previous_wheels
+
+    wheels, how = previous_wheels(spec)
+    folder = wheels[0].parent if wheels else Path(spec)
+    name = canonicalize_name(Requirement(root).name)
+    versions = {
+        canonicalize_name(parse_wheel_filename(w.name)[0]): str(parse_wheel_filename(w.name)[1]) for w in wheels
+    }
+    if name not in versions:
+        raise VerifyError(
+            f"the predecessor ({how}) has no {name}: its users never installed {root}; name one that does"
+        )
+    pip = ["{python}", "-m", "pip", "install", "--disable-pip-version-check", "-q", "--find-links", str(folder)]
+    return [[*pip, f"{root}=={versions[name]}"]], f"{root}=={versions[name]} from {how}"
+
+
+def upgrade_profile(
+    dist: Path, work: Path, interpreter: Any, spec: str, profile: str, only: Sequence[str] = ()
+) -> dict[str, Any]:
+    """The profile moved from the predecessor `spec` to the release by every move (or `only` these), each
+    compared with a fresh install of the published file: {"previous", "moves": [...], "problems": [...]}."""
+    from base import distdir
+
+    from .profiles import root
+
+    t0 = time.perf_counter()
+    release = distdir.open_release(dist)
+    install, _ = release.install_file(profile, interpreter.python)
+    top = root(profile)
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+
+    version = release.manifest.versions()[canonicalize_name(Requirement(top).name)]
+    previous, what = predecessor_install(spec, top)
+    uv = shutil.which("uv") or "uv"
+    chosen = [m for m in moves(dist, install, top, version, uv) if not only or m.name in only]
+    venv = fresh_venv(work / "fresh", interpreter)
+    run(moves(dist, install, top, version, uv)[0].command(venv), "a fresh install of the published file")
+    fresh = state(venv)
+    shutil.rmtree(venv, ignore_errors=True)
+    results = [check_move(work, previous, m, fresh, interpreter) for m in chosen]
+    return {
+        "previous": what,
+        "moves": results,
+        "problems": [p for r in results for p in r["problems"]],
+        "seconds": round(time.perf_counter() - t0, 1),
+    }

@@ -252,3 +252,43 @@ def test_the_audit_stage_over_no_release_names_the_fix(tmp_path: Path, capsys: p
     assert audit.main(["--dist", str(tmp_path / "none")]) == 2
     assert "does not exist: run `nox -s build_all` first, or name wheels" in capsys.readouterr().out
     assert not (tmp_path / "none").exists()
+
+
+def test_with_a_predecessor_each_published_profile_s_upgrade_is_recorded_and_judged(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """verify_install --previous SPEC moves each published profile from the predecessor on the first Python
+    (verify/upgrade.py, stubbed here); a move that loses files fails `upgrade:PROFILE-cp3NN`, one that cannot
+    have its predecessor is an error naming why; without --previous there is no upgrade item at all."""
+    from release import verdict
+    from verify import __main__ as verify_cli
+    from verify import upgrade
+    from verify.venv import VerifyError
+
+    here = Interpreter("3.11", sys.executable, "3.11.9", "PATH", "python3.11 on PATH")
+    monkeypatch.setattr("base.interpreters.find", lambda python, given=None, **_: Found(python, here))
+    monkeypatch.setitem(verify_cli.RUN, "sft", lambda dist, work, interpreter: {})
+    monkeypatch.setitem(verify_cli.RUN, "serve", lambda dist, work, interpreter: {})
+
+    def moved(dist: Path, work: Path, interpreter: Interpreter, spec: str, profile: str) -> dict[str, Any]:
+        if profile == "sft":
+            raise VerifyError(f"the predecessor ({spec}) has no ktransformers")
+        return {"previous": spec, "moves": [], "problems": ["pip-file: sgl-deep-gemm lacks 821 files"], "seconds": 1.0}
+
+    monkeypatch.setattr(upgrade, "upgrade_profile", moved)
+    dist = _release(tmp_path)
+    argv = ["--dist", str(dist), "--evidence", str(tmp_path / "b"), "--work", str(tmp_path / "w"), "--fresh"]
+    argv += ["--profile", "sft", "--profile", "serve", "--python", "3.11"]
+    assert verify_cli.main([*argv, "--previous", str(tmp_path / "old")]) == 1
+    assert "upgrade:serve-cp311: FAILED" in capsys.readouterr().out
+    got = evidence.load_all(tmp_path / "b")
+    items = {i.name: i for i in verdict.upgrade_items(got, distdir_key(dist))}
+    assert items["upgrade:serve-cp311"].state == "failed"
+    assert "sgl-deep-gemm lacks 821 files" in items["upgrade:serve-cp311"].detail
+    assert (items["upgrade:sft-cp311"].state, items["upgrade:sft-cp311"].detail) == (
+        "failed",
+        f"the predecessor ({tmp_path / 'old'}) has no ktransformers",
+    )
+    other = tmp_path / "b2"
+    assert verify_cli.main([*argv[:2], "--evidence", str(other), *argv[4:]]) == 0
+    assert verdict.upgrade_items(evidence.load_all(other), distdir_key(dist)) == []
