@@ -216,6 +216,22 @@ def test_files_another_install_deleted_or_changed_are_named_with_their_repair(
     assert files["checked"] >= 12
 
 
+def test_a_file_two_distributions_list_is_a_collision_not_damage(
+    healthy: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """flashinfer-python and torch-c-dlpack-ext both ship a top-level build_backend.py: whichever installed
+    last holds it, which is no damage of the other (a fresh install has it too); a missing one still is."""
+    doctor = _doctor()
+    _dist(healthy, "torch-c-dlpack-ext", "0.1.5", ["build_backend.py"])
+    (healthy / "build_backend.py").write_text("# flashinfer's, longer than the other\n")
+    _dist(healthy, "flashinfer-python", "0.7.2", ["build_backend.py", "flashinfer/__init__.py"])
+    assert doctor.main(["--site", str(healthy)]) == 0
+    capsys.readouterr()
+    (healthy / "build_backend.py").unlink()
+    assert doctor.main(["--site", str(healthy)]) == 1
+    assert "1 missing: build_backend.py" in capsys.readouterr().out
+
+
 def test_a_healthy_environment_says_every_file_is_there(healthy: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert _doctor().main(["--site", str(healthy)]) == 0
     assert "files: every installed distribution has the" in capsys.readouterr().out

@@ -164,19 +164,28 @@ def integrity(site: Path | None = None, source: str = "") -> tuple[list[Damage],
     for the KT stack's own distributions (the release's carriers and forks) its sha256 too; compiled
     bytecode (.pyc), which Python rewrites at will, is passed over. pip deletes a file that changes owner
     between two releases when it uninstalls the old owner after installing the new one (pypa/pip#8509):
-    the new owner then lacks it, and nothing else notices. Returns (the damaged distributions, files checked)."""
+    the new owner then lacks it, and nothing else notices. A file two installed distributions both list (two
+    projects shipping a top-level build_backend.py) holds one's bytes: it is a collision, not damage, and is
+    only checked for presence. Returns (the damaged distributions, files checked)."""
     dists = list(metadata.distributions(path=[str(site)]) if site else metadata.distributions())
     where = f" {source}" if source else ""
     out: list[Damage] = []
     checked = 0
+    listed: list[tuple[metadata.Distribution, list[Any]]] = []
+    shared: dict[str, int] = {}  # a file two distributions list: one's copy overwrote the other's
     for d in dists:
-        name = d.metadata["Name"]
-        if not name:
+        if not d.metadata["Name"]:
             continue
         try:
-            files = d.files or []
+            files = list(d.files or [])
         except (TypeError, ValueError):  # a RECORD pip cannot read either
             continue
+        listed.append((d, files))
+        for f in files:
+            key = str(Path(str(d.locate_file(f))))
+            shared[key] = shared.get(key, 0) + 1
+    for d, files in listed:
+        name = d.metadata["Name"]
         deep = _is_kt(d)
         damage = Damage(name, d.version)
         for f in files:
@@ -188,6 +197,8 @@ def integrity(site: Path | None = None, source: str = "") -> tuple[list[Damage],
                 size = path.stat().st_size
             except OSError:
                 damage.missing.append(str(f))
+                continue
+            if shared.get(str(path), 0) > 1:  # the content is one owner's: a collision, which diagnose names
                 continue
             resized = f.size is not None and size != f.size
             if resized or (deep and f.hash is not None and _record_hash(path, f.hash.mode) != f.hash.value):
