@@ -210,9 +210,10 @@ def _tools() -> dict[str, str]:
     }
 
 
-def _reuse(target: Path, desc: Path, key: str) -> dict[str, Any] | None:
+def _reuse(target: Path, desc: Path, key: str, whole: list[Any]) -> dict[str, Any] | None:
     """The frame's description, if its record and bytes verify: the record names this key and the frame's
-    sha256, and the frame still hashes to it. Anything else is dropped (said once) and made again."""
+    sha256, and the frame still hashes to it (its bytes go into the archive's running sha256, `whole[0]`, in
+    the same read). Anything else is dropped (said once) and made again."""
     if not (target.is_file() and desc.is_file()):
         return None
     try:
@@ -221,10 +222,15 @@ def _reuse(target: Path, desc: Path, key: str) -> dict[str, Any] | None:
     except (OSError, ValueError):
         ok = False
     if ok:
+        own, trial = hashlib.sha256(), whole[0].copy()
         with target.open("rb") as fh:
-            if hashlib.file_digest(fh, "sha256").hexdigest() == record.get("sha256"):
-                files: dict[str, Any] = record["files"]
-                return files
+            while chunk := fh.read(1 << 20):
+                own.update(chunk)
+                trial.update(chunk)
+        if own.hexdigest() == record.get("sha256"):
+            whole[0] = trial
+            files: dict[str, Any] = record["files"]
+            return files
     say(f"frame {key[:16]}: {target.name} does not match its record in {desc.name}; dropped, made again")
     target.unlink(missing_ok=True)
     desc.unlink(missing_ok=True)
@@ -232,7 +238,7 @@ def _reuse(target: Path, desc: Path, key: str) -> dict[str, Any] | None:
 
 
 def _frame(
-    group: str, entries: Mapping[str, bytes], level: int, window: int, cache: Path
+    group: str, entries: Mapping[str, bytes], level: int, window: int, cache: Path, whole: list[Any]
 ) -> tuple[Path, dict[str, Any]]:
     """One zstd frame holding the tar blocks of one top-level directory's files (no end marker),
     cached by their content and the tools that shape it: a change elsewhere in the archive never recompresses
@@ -243,7 +249,7 @@ def _frame(
     )
     key = hashlib.sha256(ident.encode()).hexdigest()
     target, desc = cache / f"frame-{key}.zst", cache / f"frame-{key}.json"
-    reused = _reuse(target, desc, key)
+    reused = _reuse(target, desc, key, whole)
     if reused is not None:
         say(f"{group}/: {len(entries)} files, frame {key[:16]} reused from {cache} (sha256 verified)")
         return target, reused
@@ -259,9 +265,10 @@ def _frame(
     done = 0
     digest = hashlib.sha256()
 
-    class _Hashed:  # the frame's sha256 as it is written, for its record
+    class _Hashed:  # the frame's sha256 as it is written, for its record, and the archive's running one
         def write(self, data: bytes) -> int:
             digest.update(data)
+            whole[0].update(data)
             return raw.write(data)
 
     with tmp.open("wb") as raw, _compressor(level, window).stream_writer(_Hashed(), closefd=False) as zw:
@@ -304,19 +311,15 @@ def build_archive(entries: Mapping[str, bytes], level: int, window: int, cache: 
     groups: dict[str, dict[str, bytes]] = {}
     for name, data in entries.items():
         groups.setdefault(name.split("/", 1)[0], {})[name] = data
-    frames = [_frame(g, groups[g], level, window, cache) for g in sorted(groups)]
+    whole = [hashlib.sha256()]  # what the archive must hash to: its verified frames and the end marker, in order
+    frames = [_frame(g, groups[g], level, window, cache, whole) for g in sorted(groups)]
     end = _compressor(level, window).compress(b"\0" * (2 * tarfile.BLOCKSIZE))
     digest = hashlib.sha256()
     for path, _ in frames:
         digest.update(path.name.encode())
     target = cache / f"archive-{digest.hexdigest()}.tar.zst"
-    # What the archive must hash to: its verified frames and the end marker, in order. A cached archive with
-    # other bytes is dropped and made again from them; never shipped.
-    expected = hashlib.sha256()
-    for path, _ in frames:
-        with path.open("rb") as src:
-            while chunk := src.read(1 << 20):
-                expected.update(chunk)
+    # A cached archive with other bytes than its verified frames is dropped and made again; never shipped.
+    expected = whole[0]
     expected.update(end)
     if target.is_file():
         with target.open("rb") as fh:
