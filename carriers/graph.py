@@ -95,6 +95,31 @@ class Graph:
                 third.add(str(dep))
         return Walk(seen, tuple(sorted(third)))
 
+    def replaced_first(self, after: str, before: str, version: str) -> bool:
+        """Whether installing `after` makes pip replace `before` with `version` first: a chain of requirements
+        that apply without an extra leads from `after` to one on `before` that `version` satisfies (pip installs
+        dependencies first, then uninstalls the old version of what it replaced: pypa/pip#8509)."""
+        from packaging.version import InvalidVersion, Version
+
+        target = str(canonicalize_name(before))
+        try:
+            wanted = Version(version)
+        except InvalidVersion:
+            return False
+        seen, todo = {str(canonicalize_name(after))}, [str(canonicalize_name(after))]
+        while todo:
+            for line in self.requires.get(todo.pop(), []):
+                dep = Requirement(line)
+                if not _applies(dep, frozenset()):
+                    continue
+                name = str(canonicalize_name(dep.name))
+                if name == target and dep.specifier.contains(wanted, prereleases=True):
+                    return True
+                if name != target and name in self and name not in seen:
+                    seen.add(name)
+                    todo.append(name)
+        return False
+
     def reach(self, root: str) -> set[str]:
         """The carriers installing `root` pulls in (none if `root` is not a carrier)."""
         return set(self.walk(root).reached) if Requirement(root).name in self else set()

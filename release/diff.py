@@ -35,10 +35,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from packaging.requirements import InvalidRequirement, Requirement
 from packaging.tags import parse_tag
 from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
-from packaging.version import InvalidVersion, Version
 
 from base import distdir
 from base.cli import dist_option
@@ -395,42 +393,14 @@ def _owners(facts: Iterable[Facts]) -> dict[str, str]:
     return out
 
 
-def _edges(facts: Iterable[Facts]) -> dict[str, list[Requirement]]:
-    """Each distribution's unconditional requirements (no extra; markers as this host evaluates them)."""
-    out: dict[str, list[Requirement]] = {}
-    for f in facts:
-        for line in f.requires:
-            try:
-                req = Requirement(line)
-            except InvalidRequirement:
-                continue
-            if req.marker is not None and not req.marker.evaluate({"extra": ""}):
-                continue
-            out.setdefault(f.name, []).append(req)
-    return out
-
-
 def replaced_first(after: str, before: str, facts: Sequence[Facts]) -> bool:
-    """Whether installing `after` makes pip replace `before` first: `after` requires `before` at the version
-    the release ships, directly or through the release's other unconditional requirements."""
+    """Whether installing `after` makes pip replace `before` first, at the version the release ships
+    (carriers.graph.Graph.replaced_first over the release's wheels)."""
+    from carriers.graph import Graph
+
     versions = {f.name: f.version for f in facts}
-    edges = _edges(facts)
-    if before not in versions:
-        return False
-    seen, todo = {after}, [after]
-    while todo:
-        for req in edges.get(todo.pop(), []):
-            name = str(canonicalize_name(req.name))
-            if name == before:
-                try:
-                    if req.specifier.contains(Version(versions[before]), prereleases=True):
-                        return True
-                except InvalidVersion:
-                    continue
-            elif name in versions and name not in seen:
-                seen.add(name)
-                todo.append(name)
-    return False
+    graph = Graph({f.name: list(f.requires) for f in facts})
+    return before in versions and graph.replaced_first(after, before, versions[before])
 
 
 def compare(old: Sequence[Facts], new: Sequence[Facts], python: str, previous: str) -> Diff:

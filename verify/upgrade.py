@@ -58,6 +58,7 @@ class State:
     unowned: list[str]
     damaged: list[dict[str, Any]]
     owners: dict[str, str] = field(default_factory=dict)  # path (relative to site-packages) -> distribution
+    requires: dict[str, list[str]] = field(default_factory=dict)  # distribution -> its Requires-Dist lines
 
 
 def state(venv: Path) -> State:
@@ -67,11 +68,13 @@ def state(venv: Path) -> State:
     damaged, _ = doctor.integrity(site)
     dists: dict[str, str] = {}
     owners: dict[str, str] = {}
+    requires: dict[str, list[str]] = {}
     for d in metadata.distributions(path=[str(site)]):
         name = d.metadata["Name"]
         if not name:
             continue
         dists[_norm(name)] = d.version
+        requires[_norm(name)] = list(d.requires or [])
         for f in d.files or []:
             p = Path(os.path.normpath(site / str(f)))
             owners[str(p.relative_to(site)) if p.is_relative_to(site) else str(p)] = _norm(name)
@@ -86,7 +89,7 @@ def state(venv: Path) -> State:
         {"distribution": x.distribution, "version": x.version, "missing": x.missing, "changed": x.changed}
         for x in damaged
     ]
-    return State(dists, sorted(unowned), damage, owners)
+    return State(dists, sorted(unowned), damage, owners, requires)
 
 
 def compare(moved: State, fresh: State, before: State, how: str) -> list[str]:
@@ -125,6 +128,30 @@ def compare(moved: State, fresh: State, before: State, how: str) -> list[str]:
 def _env() -> dict[str, str]:
     """A user's clean shell: no PIP_/UV_ settings, and no pip configuration file of this machine's."""
     return {**clean_env(), "PIP_CONFIG_FILE": os.devnull}
+
+
+def owner_changes(before: State, after: State) -> list[dict[str, Any]]:
+    """The paths of the whole installed closure whose owner differs between the predecessor's venv and the
+    release's, grouped by (before, after), each with whether pip's order keeps it (the new owner requires the
+    old owner's new version: carriers.graph.Graph.replaced_first over what is installed)."""
+    from carriers.graph import Graph
+
+    graph = Graph(after.requires)
+    moved: dict[tuple[str, str], list[str]] = {}
+    for path, old in before.owners.items():
+        new = after.owners.get(path)
+        if new is not None and new != old and not path.endswith(".pyc"):
+            moved.setdefault((old, new), []).append(path)
+    return [
+        {
+            "before": old,
+            "after": new,
+            "paths": len(paths),
+            "examples": sorted(paths)[:5],
+            "safe_for_pip": old in after.dists and graph.replaced_first(new, old, after.dists[old]),
+        }
+        for (old, new), paths in sorted(moved.items())
+    ]
 
 
 def run(argv: Sequence[str], what: str, env: Mapping[str, str] | None = None) -> float:
@@ -187,6 +214,7 @@ def check_move(
         "command": " ".join(cmd),
         "seconds": round(time.perf_counter() - t0, 1),
         "files_missing": sum(len(d["missing"]) for d in after.damaged),
+        "owner_changes": owner_changes(before, fresh),
         "problems": problems,
     }
     shutil.rmtree(venv, ignore_errors=True)

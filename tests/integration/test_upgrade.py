@@ -71,6 +71,8 @@ def test_pip_loses_a_file_that_changes_owner_and_the_check_names_it(tmp_path: Pa
     assert "owned before the move by kt-kernel" in problem
     assert "pypa/pip#8509" in problem
     assert "pip install --force-reinstall --no-deps sgl-deep-gemm==0.2" in problem
+    (change,) = [c for c in got["owner_changes"] if c["after"] == "sgl-deep-gemm"]
+    assert (change["before"], change["paths"], change["safe_for_pip"]) == ("kt-kernel", 5, False)
     by_uv = upgrade.check_move(tmp_path / "moves", previous, uv_move, fresh)
     assert by_uv["problems"] == []
     assert by_uv["files_missing"] == 0
@@ -85,6 +87,7 @@ def test_the_ordering_edge_makes_pip_s_move_whole(tmp_path: Path) -> None:
         got = upgrade.check_move(tmp_path / "moves", previous, move, fresh)
         assert got["problems"] == [], move.name
         assert got["files_missing"] == 0
+        assert [c["safe_for_pip"] for c in got["owner_changes"] if c["after"] == "sgl-deep-gemm"] == [True]
 
 
 def test_a_leftover_of_the_predecessor_and_another_version_are_named(tmp_path: Path) -> None:
