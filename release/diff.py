@@ -181,6 +181,15 @@ def read_wheel(path: Path) -> Facts:
     )
 
 
+def _older(a: str, b: str) -> bool:
+    from packaging.version import InvalidVersion, Version
+
+    try:
+        return Version(a) < Version(b)
+    except InvalidVersion:
+        return False
+
+
 def _archs(spec: Mapping[str, Any]) -> tuple[tuple[str, ...], tuple[str, ...], int]:
     size = spec.get("size")
     return (
@@ -312,6 +321,11 @@ def compare_one(
     entry["status"] = "changed" if (old.version, old.files) != (new.version, new.files) else "unchanged"
     entry["version"] = {"before": old.version, "after": new.version}
     entry["tags"] = {"before": list(old.tags), "after": list(new.tags)}
+    if _older(new.version, old.version):
+        warnings.append(
+            f"{new.name}: {old.version} -> {new.version} goes backwards: `pip install -U` keeps {old.version}, and "
+            "only an exact pin moves users (is the predecessor really older?)"
+        )
     before_glibc, after_glibc = _glibc(old.tags), _glibc(new.tags)
     if before_glibc and after_glibc and after_glibc > before_glibc:
         warnings.append(

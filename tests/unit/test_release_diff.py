@@ -161,6 +161,12 @@ def test_what_changed_per_distribution_and_the_warnings(tmp_path: Path) -> None:
     assert "kt-kernel: the glibc floor rises from 2.28 to 2.34" in text
     assert "kt-kernel: no longer serves cp311" in text
     assert "over the policy's 1 MiB or 5%" in text
+    assert "goes backwards" not in text
+    back = _diff(
+        [wheel(tmp_path / "b-old", "peft-kt", "0.18.1", {})], [wheel(tmp_path / "b-new", "peft-kt", "0.17", {})]
+    )
+    assert back.warnings == ["peft-kt: 0.18.1 -> 0.17 goes backwards: `pip install -U` keeps 0.18.1, and only an "
+                             "exact pin moves users (is the predecessor really older?)"]  # fmt: skip
     lines = diff.summary(d)
     assert lines[0] == "release diff against test: 1 of 2 distributions changed"
     assert "  kt-kernel: changed 0.7.2 -> 0.8.0" in lines[1]
