@@ -266,11 +266,12 @@ def release(session: nox.Session) -> None:
     TIMINGS.mkdir(parents=True, exist_ok=True)
     (TIMINGS / ".release-start").write_text(f"{time.time()}\n")  # release_report prints this run's stages
     fresh = ["--fresh"] if args.fresh else []
-    previous = [f"--previous={args.previous}"] if args.previous else []  # the diff and the upgrade checks
+    # the diff against the newest older release on PyPI by default; the upgrade checks only against one named
+    previous = [f"--previous={args.previous}"] if args.previous else []
     session.notify("build_all", fresh)
     session.notify("audit", fresh + (["--advisories", args.advisories] if args.advisories else []))
     session.notify("verify_install", fresh + previous)
-    session.notify("release_report", [f"--accept={a}" for a in args.accept] + previous)
+    session.notify("release_report", [f"--accept={a}" for a in args.accept] + (previous or ["--previous=auto"]))
 
 
 @nox.session(python=PYTHON, default=False)

@@ -81,3 +81,35 @@ def _download(spec: str, cache: Path) -> tuple[list[Path], str]:
         (tmp / ".complete").write_text("\n".join(wanted) + "\n")
         tmp.replace(where)
     return sorted(where.glob("*.whl")), f"{', '.join(wanted)} from {index}"
+
+
+AUTO = "auto"
+DEFAULT_INDEX = "https://pypi.org/simple"
+
+
+def newest_older(current: dict[str, str], index_url: str = DEFAULT_INDEX) -> tuple[str | None, str]:
+    """The default predecessor: for each of the release's distributions (name -> version), the newest final
+    release on `index_url` older than ours. (`INDEX_URL::NAME==V,...`, or None; what was found or why none.)"""
+    from packaging.version import InvalidVersion, Version
+
+    from .simple import IndexPageError, project_state
+
+    pins = []
+    for name, ours in sorted(current.items()):
+        try:
+            state = project_state(index_url, name, sizes=False)
+        except IndexPageError as exc:
+            return None, f"{index_url} cannot be read ({exc})"
+        older = []
+        for v in state.versions():
+            try:
+                parsed = Version(v)
+            except InvalidVersion:
+                continue
+            if not parsed.is_prerelease and parsed < Version(ours):
+                older.append(parsed)
+        if older:
+            pins.append(f"{name}=={max(older)}")
+    if not pins:
+        return None, f"{index_url} holds no release of the release's names older than this one"
+    return f"{index_url}::{','.join(pins)}", f"the newest older releases on {index_url}: {', '.join(pins)}"

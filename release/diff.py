@@ -41,7 +41,7 @@ from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel
 from base import distdir
 from base.cli import dist_option
 from base.errors import StageError, report
-from locks.previous import PreviousError, previous_wheels
+from locks.previous import AUTO, PreviousError, newest_older, previous_wheels
 
 from .errors import ReleaseError
 
@@ -464,7 +464,8 @@ def compare(old: Sequence[Facts], new: Sequence[Facts], python: str, previous: s
 def summary(d: Diff | None, limit: int = 12) -> list[str]:
     """The one-screen summary `nox -s release` ends with."""
     if d is None:
-        return ["release diff: no predecessor named (--previous DIR or INDEX_URL::NAME==VERSION,...)"]
+        return ["release diff: no predecessor (none named, or none older reachable on PyPI): --previous DIR or "
+                "INDEX_URL::NAME==VERSION,..."]  # fmt: skip
     changed = [e for e in d.distributions if e["status"] != "unchanged"]
     lines = [f"release diff against {d.previous}: {len(changed)} of {len(d.distributions)} distributions changed"]
     for e in changed[:limit]:
@@ -486,9 +487,18 @@ def summary(d: Diff | None, limit: int = 12) -> list[str]:
     return lines
 
 
-def make(dist: Path, previous: str) -> Diff:
-    """The diff of the release in `dist` against the predecessor `previous` names."""
+def make(dist: Path, previous: str) -> Diff | None:
+    """The diff of the release in `dist` against the predecessor `previous` names (`auto`: the newest older
+    release of each of its names on PyPI, where one is reachable; None, said, where none is)."""
     release = distdir.open_release(dist)
+    if previous == AUTO:
+        found, why = newest_older(release.manifest.versions())
+        if found is None:
+            print(f"[diff] no predecessor: {why}; name one with --previous", flush=True)
+            (dist / DIFF).unlink(missing_ok=True)  # an earlier run's diff, ours to remove: this run has none
+            return None
+        print(f"[diff] predecessor: {why}", flush=True)
+        previous = found
     old_wheels, how = previous_wheels(previous)  # locks.previous: PreviousError names what is wrong
     print(f"[diff] {len(old_wheels)} wheels of {how} against {len(release.manifest.wheels)} of {dist} ...", flush=True)
     old = [read_wheel(w) for w in old_wheels]
@@ -519,6 +529,8 @@ def main(argv: list[str] | None = None) -> int:
         d = make(args.dist, args.previous)
     except (StageError, distdir.DistError) as exc:
         return report(exc)
+    if d is None:
+        return 0
     if args.json:
         args.json.write_text(json.dumps(d.as_json(), indent=2) + "\n")
     else:

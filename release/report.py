@@ -499,7 +499,8 @@ def _main(argv: list[str] | None) -> int:
         from . import diff
 
         changes = diff.make(args.dist, args.previous)
-        diff.write(args.dist, changes)
+        if changes is not None:
+            diff.write(args.dist, changes)
     ev = judging.collect(args.dist, key, args.evidence, manifest)
     audit, vulnerabilities = ev.audit, ev.vulnerabilities
     notes = [] if key else [f"dist/ does not match its SHA256SUMS: nothing is {NOT_THIS_BUILD}; rebuild it"]
@@ -567,7 +568,7 @@ def _main(argv: list[str] | None) -> int:
         lines.append("verify_install: not run" if not stale else f"verify_install: {NOT_THIS_BUILD}")
     lines += notes
     md += [f"\n- {n}" for n in notes]
-    if changes is not None:
+    if args.previous:
         from . import diff
 
         said = diff.summary(changes)

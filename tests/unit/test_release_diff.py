@@ -237,3 +237,31 @@ def test_release_report_writes_the_diff_and_an_unsafe_move_fails_the_verdict_and
     assert "## Release diff" in (dist / "release-report.md").read_text()
     with snapshot(dist, tmp_path / "publish") as release, pytest.raises(PublishError, match="diff \\(1 paths move"):
         releasable(release, rejudge(release, (), tmp_path / "build"), dist)
+
+
+def test_the_default_predecessor_is_the_newest_older_release_on_the_index(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`--previous auto` (nox -s release's default for the diff): per name, the newest final release older than
+    ours; an index that cannot be read, or holds nothing older, is no predecessor (said), never an error."""
+    from locks import previous, simple
+
+    served = {"kt-kernel": ["0.5.0", "0.6.0rc1", "0.7.2", "0.6.0"], "peft-kt": ["0.18.1"], "new-kt": []}
+
+    def state(index: str, name: str, sizes: bool = True) -> simple.ProjectState:
+        files = {
+            f"{name}-{v}.tar.gz": simple.IndexFile(f"{name}-{v}.tar.gz", "u", None, None, None) for v in served[name]
+        }
+        return simple.ProjectState(name, bool(files), files, "PEP 691 JSON")
+
+    monkeypatch.setattr(simple, "project_state", state)
+    spec, why = previous.newest_older({"kt-kernel": "0.6.1", "peft-kt": "0.21.2", "new-kt": "1"}, "https://i/simple")
+    assert spec == "https://i/simple::kt-kernel==0.6,peft-kt==0.18.1"  # the index's normalized versions
+    assert "kt-kernel==0.6," in why
+    assert previous.newest_older({"new-kt": "1"}, "https://i/simple")[0] is None
+
+    def unreachable(index: str, name: str, sizes: bool = True) -> simple.ProjectState:
+        raise simple.IndexPageError("cannot reach the index")
+
+    monkeypatch.setattr(simple, "project_state", unreachable)
+    spec, why = previous.newest_older({"kt-kernel": "0.6.1"}, "https://i/simple")
+    assert spec is None
+    assert "cannot be read" in why
