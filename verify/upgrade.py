@@ -10,12 +10,11 @@ A move passes when the moved venv holds:
 - a clean `pip check`.
 A difference names the files, their owner before and after, the move's command and the fix. pip deletes a
 file that changes owner when it uninstalls the old owner after installing the new one (pypa/pip#8509); uv
-does not; the release's rule for such moves is checked on the wheels by release/diff.py.
+does not; the release's rule for such moves is checked on the wheels by release/diff.py, and here over the
+whole installed closure (`owner_changes`).
 
-    python -m verify.upgrade --previous-install 'pip install ...' --move 'pip install ...' --fresh '...'
-
-is not the interface: profiles call `check_move` with argv lists; the integration tests do the same with
-wheels they build (tests/integration/test_upgrade.py).
+`nox -s verify_install -- --previous SPEC` runs `upgrade_profile` per published profile on the first Python;
+tests/integration/test_upgrade.py runs `check_move` on wheels it builds, with real pip and uv.
 """
 
 from __future__ import annotations
@@ -31,7 +30,12 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from base import paths
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name, parse_wheel_filename
+
+from base import distdir, paths
+from locks.indexes import UV_ARGS
+from locks.previous import previous_wheels
 
 from .venv import VerifyError, clean_env, fresh_venv, load_by_path
 
@@ -228,7 +232,7 @@ def moves(dist: Path, install_file: Path, root: str, version: str, uv: str) -> l
     links = ("--find-links", str(dist))
     pinned = f"{root}=={version}"
     pip = ("{python}", "-m", "pip", "install", "--disable-pip-version-check", "-q")
-    uv_pip = (uv, "pip", "install", "--python", "{python}", *indexes_args())
+    uv_pip = (uv, "pip", "install", "--python", "{python}", *UV_ARGS)
     return [
         Move("pip-file", (*pip, "--require-hashes", *links, "-r", str(install_file))),
         Move("pip-upgrade", (*pip, "-U", *links, pinned)),
@@ -237,23 +241,17 @@ def moves(dist: Path, install_file: Path, root: str, version: str, uv: str) -> l
     ]
 
 
-def indexes_args() -> tuple[str, ...]:
-    from locks.indexes import UV_ARGS
-
-    return UV_ARGS
-
-
-def predecessor_install(spec: str, root: str) -> tuple[list[list[str]], str]:
+def predecessor_install(spec: str, root: str, profile: str, python: str) -> tuple[list[list[str]], str]:
     """How the predecessor's users have the profile: its own published install file where the predecessor is an
-    earlier dist/ holding one, else the profile's root at the predecessor's version by normal resolution, its
-    wheels found beside the index. (Commands, `{python}` the venv's interpreter; what it is.)"""
-    from packaging.requirements import Requirement
-    from packaging.utils import canonicalize_name, parse_wheel_filename
-
-    from locks.previous import previous_wheels
-
+    earlier dist/ that has one for this Python, else the profile's root at the predecessor's version by normal
+    resolution, its wheels found beside the index. (Commands, `{python}` the venv's interpreter; what it is.)"""
     wheels, how = previous_wheels(spec)
     folder = wheels[0].parent if wheels else Path(spec)
+    pip = ["{python}", "-m", "pip", "install", "--disable-pip-version-check", "-q", "--find-links", str(folder)]
+    if (folder / distdir.MANIFEST).is_file():
+        entry = distdir.open_release(folder).manifest.install_file(profile, python)
+        if entry is not None:
+            return [[*pip, "--require-hashes", "-r", str(folder / entry.file)]], f"{entry.file} of {how}"
     name = canonicalize_name(Requirement(root).name)
     versions = {
         canonicalize_name(parse_wheel_filename(w.name)[0]): str(parse_wheel_filename(w.name)[1]) for w in wheels
@@ -262,7 +260,6 @@ def predecessor_install(spec: str, root: str) -> tuple[list[list[str]], str]:
         raise VerifyError(
             f"the predecessor ({how}) has no {name}: its users never installed {root}; name one that does"
         )
-    pip = ["{python}", "-m", "pip", "install", "--disable-pip-version-check", "-q", "--find-links", str(folder)]
     return [[*pip, f"{root}=={versions[name]}"]], f"{root}=={versions[name]} from {how}"
 
 
@@ -271,26 +268,20 @@ def upgrade_profile(
 ) -> dict[str, Any]:
     """The profile moved from the predecessor `spec` to the release by every move (or `only` these), each
     compared with a fresh install of the published file: {"previous", "moves": [...], "problems": [...]}."""
-    from base import distdir
-
     from .profiles import root
 
     t0 = time.perf_counter()
     release = distdir.open_release(dist)
     install, _ = release.install_file(profile, interpreter.python)
     top = root(profile)
-    from packaging.requirements import Requirement
-    from packaging.utils import canonicalize_name
-
     version = release.manifest.versions()[canonicalize_name(Requirement(top).name)]
-    previous, what = predecessor_install(spec, top)
-    uv = shutil.which("uv") or "uv"
-    chosen = [m for m in moves(dist, install, top, version, uv) if not only or m.name in only]
+    previous, what = predecessor_install(spec, top, profile, interpreter.python)
+    every = moves(dist, install, top, version, shutil.which("uv") or "uv")
     venv = fresh_venv(work / "fresh", interpreter)
-    run(moves(dist, install, top, version, uv)[0].command(venv), "a fresh install of the published file")
+    run(every[0].command(venv), "a fresh install of the published file")
     fresh = state(venv)
     shutil.rmtree(venv, ignore_errors=True)
-    results = [check_move(work, previous, m, fresh, interpreter) for m in chosen]
+    results = [check_move(work, previous, m, fresh, interpreter) for m in every if not only or m.name in only]
     return {
         "previous": what,
         "moves": results,

@@ -292,3 +292,27 @@ def test_with_a_predecessor_each_published_profile_s_upgrade_is_recorded_and_jud
     other = tmp_path / "b2"
     assert verify_cli.main([*argv[:2], "--evidence", str(other), *argv[4:]]) == 0
     assert verdict.upgrade_items(evidence.load_all(other), distdir_key(dist)) == []
+
+
+def test_the_predecessor_is_installed_as_its_users_have_it(tmp_path: Path) -> None:
+    """An earlier dist/ with an install file for the profile and Python: that file, by hash; a folder of wheels:
+    the profile's root at the predecessor's version; a predecessor without the root is named."""
+    from tests import distkit
+    from tests.unit.test_release_diff import wheel
+    from verify import upgrade
+    from verify.venv import VerifyError
+
+    earlier = tmp_path / "earlier"
+    distkit.make_release(earlier, {"ktransformers-0.5.3-py3-none-any.whl": b"k"}, {"install/serve-cp311.txt": "x\n"})
+    cmds, what = upgrade.predecessor_install(str(earlier), "ktransformers[serve]", "serve", "3.11")
+    assert cmds[0][-3:] == ["--require-hashes", "-r", str(earlier / "install" / "serve-cp311.txt")]
+    assert what.startswith("install/serve-cp311.txt of the release in")
+    wheels = tmp_path / "wheels"
+    wheel(wheels, "ktransformers", "0.7.2", {})
+    cmds, what = upgrade.predecessor_install(str(wheels), "ktransformers[serve]", "serve", "3.11")
+    assert cmds[0][-1] == "ktransformers[serve]==0.7.2"
+    assert cmds[0][-3:-1] == ["--find-links", str(wheels)]
+    other = tmp_path / "other"
+    wheel(other, "peft-kt", "0.18.1", {})
+    with pytest.raises(VerifyError, match=r"has no ktransformers: its users never installed ktransformers\[serve\]"):
+        upgrade.predecessor_install(str(other), "ktransformers[serve]", "serve", "3.11")
