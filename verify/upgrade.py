@@ -34,9 +34,9 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name, parse_wheel_filename
 
 from base import distdir, paths
-from locks.indexes import UV_ARGS
 from locks.previous import previous_wheels
 
+from .resolution import PUBLIC, index
 from .venv import VerifyError, clean_env, fresh_venv, load_by_path
 
 DOCTOR = paths.KERNEL / "python" / "kt_kernel" / "doctor.py"
@@ -225,19 +225,20 @@ def check_move(
     return result
 
 
-def moves(dist: Path, install_file: Path, root: str, version: str, uv: str) -> list[Move]:
+def moves(index_url: str, install_file: Path, root: str, version: str, uv: str) -> list[Move]:
     """The ways users move to the release: its published install file, and `install -U` of the profile's root
-    at the release's version by normal resolution (the release's wheels found beside the index), each by pip
-    and by uv."""
-    links = ("--find-links", str(dist))
+    at the release's version by normal resolution, each by pip and by uv, from `index_url` (an index serving
+    the release, as the one it is published to does: verify.resolution.index, other projects from PyPI)."""
     pinned = f"{root}=={version}"
-    pip = ("{python}", "-m", "pip", "install", "--disable-pip-version-check", "-q")
-    uv_pip = (uv, "pip", "install", "--python", "{python}", *UV_ARGS)
+    pip = ("{python}", "-m", "pip", "install", "--disable-pip-version-check", "-q", "--index-url", index_url)
+    # uv takes a project from the first index that has it (`--index` before the default: ours from the
+    # release's index), the rest from PyPI
+    uv_pip = (uv, "pip", "install", "--python", "{python}", "--index", index_url, "--default-index", PUBLIC)
     return [
-        Move("pip-file", (*pip, "--require-hashes", *links, "-r", str(install_file))),
-        Move("pip-upgrade", (*pip, "-U", *links, pinned)),
-        Move("uv-file", (*uv_pip, "--require-hashes", *links, "-r", str(install_file))),
-        Move("uv-upgrade", (*uv_pip, "-U", *links, pinned)),
+        Move("pip-file", (*pip, "--require-hashes", "-r", str(install_file))),
+        Move("pip-upgrade", (*pip, "-U", pinned)),
+        Move("uv-file", (*uv_pip, "--require-hashes", "-r", str(install_file))),
+        Move("uv-upgrade", (*uv_pip, "-U", pinned)),
     ]
 
 
@@ -276,12 +277,13 @@ def upgrade_profile(
     top = root(profile)
     version = release.manifest.versions()[canonicalize_name(Requirement(top).name)]
     previous, what = predecessor_install(spec, top, profile, interpreter.python)
-    every = moves(dist, install, top, version, shutil.which("uv") or "uv")
-    venv = fresh_venv(work / "fresh", interpreter)
-    run(every[0].command(venv), "a fresh install of the published file")
-    fresh = state(venv)
-    shutil.rmtree(venv, ignore_errors=True)
-    results = [check_move(work, previous, m, fresh, interpreter) for m in every if not only or m.name in only]
+    with index(dist) as url:
+        every = moves(url, install, top, version, shutil.which("uv") or "uv")
+        venv = fresh_venv(work / "fresh", interpreter)
+        run(every[0].command(venv), "a fresh install of the published file")
+        fresh = state(venv)
+        shutil.rmtree(venv, ignore_errors=True)
+        results = [check_move(work, previous, m, fresh, interpreter) for m in every if not only or m.name in only]
     return {
         "previous": what,
         "moves": results,
