@@ -102,11 +102,19 @@ def compare(moved: State, fresh: State, before: State, how: str) -> list[str]:
     problems = []
     a = {k: v for k, v in moved.dists.items() if k not in SEEDS}
     b = {k: v for k, v in fresh.dists.items() if k not in SEEDS}
-    for name in sorted(set(a) | set(b)):
-        if a.get(name) != b.get(name):
+    left = sorted(set(a) - set(b))
+    if left:  # neither pip nor uv removes what nothing requires any more: one line, not one per distribution
+        shown = ", ".join(f"{n} {a[n]}" for n in left[:8]) + (f" and {len(left) - 8} more" if len(left) > 8 else "")
+        problems.append(
+            f"{how}: {len(left)} distributions of the predecessor stay that a fresh install lacks ({shown}); "
+            "neither pip nor uv removes a distribution nothing requires any more; fix: name them in the release "
+            f"notes for users to remove (pip uninstall {' '.join(left[:3])}{' ...' if len(left) > 3 else ''})"
+        )
+    for name in sorted(set(b) - set(left)):
+        if a.get(name) != b[name]:
             problems.append(
-                f"{how}: {name} is {a.get(name) or 'absent'} after the move, {b.get(name) or 'absent'} in a fresh "
-                f"install; fix: pip uninstall or install it as the install file pins it"
+                f"{how}: {name} is {a.get(name) or 'absent'} after the move, {b[name]} in a fresh install; fix: "
+                "install it as the install file pins it"
             )
     for d in moved.damaged:
         files = d["missing"] + d["changed"]

@@ -104,5 +104,8 @@ def test_a_leftover_of_the_predecessor_and_another_version_are_named(tmp_path: P
     moved = upgrade.state(venv)
     problems = upgrade.compare(moved, fresh, before, "test")
     assert any("kt-kernel is 1.0 after the move, 2.0 in a fresh install" in p for p in problems)
+    orphan = upgrade.State({**moved.dists, "old-dep": "1", "other-dep": "2"}, moved.unowned, [], moved.owners)
+    (line,) = [p for p in upgrade.compare(orphan, fresh, before, "test") if "stay" in p]
+    assert "2 distributions of the predecessor stay that a fresh install lacks (old-dep 1, other-dep 2)" in line
     assert any("1 files of the predecessor no installed distribution owns (e.g. deep_gemm/built_at_runtime.so" in p
                for p in problems)  # fmt: skip
