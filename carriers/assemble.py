@@ -133,6 +133,23 @@ def _code_key() -> str:
     return stages.wheel_memo()
 
 
+def _retire_beside(cache: Path) -> None:
+    """Earlier assemblies kept the memo and the frames beside the inputs cache (`../wheels`, `../payload`): their
+    own names there (and nothing else, in a folder of the running user's) are removed once, and said."""
+    import re
+
+    from base import cachedir, paths
+
+    for folder, names in (
+        (cache.parent / "wheels", wheelio.MEMO_NAME),
+        (cache.parent / "payload", re.compile(paths.PAYLOAD_NAMES)),
+    ):
+        if folder.is_dir() and not cachedir.problem(folder):
+            gone = cachedir.prune(folder, names, max_count=0)
+            if gone:
+                progress.say("assemble", f"{folder}: removed {len(gone)} of its own old entries (now inside {cache})")
+
+
 # carrier kind -> how it is built (carriers.toml `kind`; the model refuses any other)
 BUILDERS: dict[str, Callable[[_Job, Carrier], list[Built]]] = {
     "native": _native,
@@ -161,6 +178,7 @@ def build_set(
     exactly the same content is written from the wheel memo (WHEEL_MEMO in the inputs cache; False:
     everything anew)."""
     root = (cache or inputs.default_cache()) / WHEEL_MEMO  # inside the folder named, never beside it
+    _retire_beside(cache or inputs.default_cache())
     with wheelio.memo(root if memo else None) as m:
         built = _build_set(cs, kernel, out, lock=lock, cache=cache, given=given, only=only, pythons=pythons)
     if m is not None and m.hits:

@@ -191,3 +191,26 @@ def test_a_memo_folder_others_can_write_or_own_is_refused(tmp_path: Path, monkey
     with wheelio.memo(link), pytest.raises(CacheError, match="is a symbolic link"):
         _encode(MEMBERS)
     assert entry.exists()
+
+
+def test_the_old_memo_and_frames_beside_the_cache_are_retired_by_name_only(tmp_path: Path) -> None:
+    """Entries earlier assemblies wrote in X/../wheels and X/../payload go (they live inside X now); a user's
+    files there stay."""
+    from carriers import assemble
+
+    inputs = tmp_path / "inputs"
+    inputs.mkdir()
+    old_memo, old_frames = tmp_path / "wheels", tmp_path / "payload"
+    old_memo.mkdir()
+    old_frames.mkdir()
+    ours = [
+        old_memo / f"{'a' * 64}-{'b' * 64}.whl",
+        old_frames / f"frame-{'c' * 64}.zst",
+        old_frames / f"archive-{'d' * 64}.tar.zst",
+    ]
+    theirs = [old_memo / "torch-2.9.1-cp311-cp311-linux_x86_64.whl", old_frames / "archive-backup.tar.zst"]
+    for p in [*ours, *theirs]:
+        p.write_bytes(b"x")
+    assemble._retire_beside(inputs)
+    assert [p.exists() for p in ours] == [False, False, False]
+    assert all(p.exists() for p in theirs)
