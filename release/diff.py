@@ -30,6 +30,7 @@ import io
 import json
 import re
 import zipfile
+import zlib
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -90,7 +91,7 @@ def _metadata(text: str, key: str) -> list[str]:
 def _json_member(zf: zipfile.ZipFile, name: str, where: str) -> Any:
     try:
         return json.loads(zf.read(name))
-    except (KeyError, ValueError, zipfile.BadZipFile, OSError) as exc:
+    except (KeyError, ValueError, zipfile.BadZipFile, zlib.error, EOFError, OSError) as exc:
         raise DiffError(f"{where}: {name} cannot be read ({exc})") from None
 
 
@@ -132,7 +133,10 @@ def read_wheel(path: Path) -> Facts:
             if info.file_size > ELF_LIMIT:
                 unread.append(member)
                 continue
-            data = zf.read(member)
+            try:
+                data = zf.read(member)
+            except (zipfile.BadZipFile, zlib.error, EOFError, OSError) as exc:
+                raise DiffError(f"{path}: {member} is damaged ({exc}); download the wheel again") from None
             if data[:4] != b"\x7fELF":
                 continue
             try:

@@ -78,8 +78,12 @@ def state(venv: Path) -> State:
         if not name:
             continue
         dists[_norm(name)] = d.version
-        requires[_norm(name)] = list(d.requires or [])
-        for f in d.files or []:
+        try:
+            requires[_norm(name)] = list(d.requires or [])
+            listed = list(d.files or [])
+        except (TypeError, ValueError) as exc:  # a RECORD or METADATA pip could not read either
+            raise VerifyError(f"{venv}: {name}'s metadata cannot be read ({exc}); reinstall it") from None
+        for f in listed:
             p = Path(os.path.normpath(site / str(f)))
             owners[str(p.relative_to(site)) if p.is_relative_to(site) else str(p)] = _norm(name)
     unowned = []

@@ -265,3 +265,15 @@ def test_the_default_predecessor_is_the_newest_older_release_on_the_index(monkey
     spec, why = previous.newest_older({"kt-kernel": "0.6.1"}, "https://i/simple")
     assert spec is None
     assert "cannot be read" in why
+
+
+def test_a_bit_flipped_member_of_a_predecessor_wheel_is_named_not_a_traceback(tmp_path: Path) -> None:
+    good = wheel(tmp_path / "w", "kt-kernel", "0.7.2", {"kt_kernel/lib.so": b"\x7fELF" + bytes(range(256)) * 64})
+    with zipfile.ZipFile(good) as zf:
+        info = zf.getinfo("kt_kernel/lib.so")
+    raw = bytearray(good.read_bytes())
+    start = info.header_offset + 30 + len(info.filename.encode()) + len(info.extra)
+    raw[start + 10] ^= 0xFF  # one byte of the member: its CRC no longer holds
+    good.write_bytes(bytes(raw))
+    with pytest.raises(DiffError, match=r"kt_kernel/lib\.so is damaged .*download the wheel again"):
+        diff.read_wheel(good)
