@@ -26,6 +26,10 @@ class PreviousError(LockError):
     """A predecessor that cannot be had: the message names it, the problem and the fix."""
 
 
+class Unreachable(PreviousError):
+    """The index holding the predecessor did not hand it over: checks against it are NOT CHECKED, not failed."""
+
+
 def previous_wheels(spec: str, cache: Path | None = None) -> tuple[list[Path], str]:
     """The predecessor's wheels and how they were found: a folder (an earlier dist/: the wheels its
     SHA256SUMS lists, each checked; else every wheel in it), or `URL::NAME==V,...` downloaded by pip (the
@@ -75,8 +79,9 @@ def _download(spec: str, cache: Path) -> tuple[list[Path], str]:
         got = subprocess.run(cmd, capture_output=True, text=True, check=False)
         if got.returncode != 0:
             shutil.rmtree(tmp, ignore_errors=True)
-            raise PreviousError(
-                f"--previous: downloading {', '.join(wanted)} from {index} failed:\n{got.stderr[-1500:]}"
+            raise Unreachable(
+                f"--previous: downloading {', '.join(wanted)} from {index} failed (unreachable, or no such release; "
+                f"give a folder of its wheels instead):\n{got.stderr[-1500:]}"
             )
         (tmp / ".complete").write_text("\n".join(wanted) + "\n")
         tmp.replace(where)

@@ -29,6 +29,7 @@ from base.errors import StageError, report
 from base.interpreters import Found, Interpreter
 from base.paths import VERIFY_PUBLISHED_JSON, VERIFY_WORK
 from base.version import python_tag
+from locks.previous import Unreachable
 
 from . import cached, debian, lf, registry, resolution
 from .serve import verify_serve
@@ -228,7 +229,11 @@ class Verification:
             got = upgrade.upgrade_profile(
                 self.dist, self.args.work / name.replace(":", "-"), found.interpreter, self.args.previous, profile
             )
-        except StageError as exc:  # the predecessor cannot be had or installed: named, with the reason
+        except Unreachable as exc:  # its index did not hand it over: NOT CHECKED, with how to provide it
+            print(f"{name}: NOT VERIFIED: {exc}", flush=True)
+            self._record(python, "upgrade", profile, {"not_verified": str(exc), **stamp}, NOT_VERIFIED)
+            return
+        except StageError as exc:  # the predecessor cannot be read or installed: named, with the reason
             print(f"error: {name}: {exc}", file=sys.stderr, flush=True)
             self._record(python, "upgrade", profile, {"error": str(exc), **stamp}, FAILED)
             return

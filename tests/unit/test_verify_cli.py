@@ -316,3 +316,28 @@ def test_the_predecessor_is_installed_as_its_users_have_it(tmp_path: Path) -> No
     wheel(other, "peft-kt", "0.18.1", {})
     with pytest.raises(VerifyError, match=r"has no ktransformers: its users never installed ktransformers\[serve\]"):
         upgrade.predecessor_install(str(other), "ktransformers[serve]", "serve", "3.11")
+
+
+def test_an_unreachable_predecessor_leaves_the_upgrade_not_checked(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from locks.previous import Unreachable
+    from release import verdict
+    from verify import __main__ as verify_cli
+    from verify import upgrade
+
+    here = Interpreter("3.11", sys.executable, "3.11.9", "PATH", "python3.11 on PATH")
+    monkeypatch.setattr("base.interpreters.find", lambda python, given=None, **_: Found(python, here))
+    monkeypatch.setitem(verify_cli.RUN, "serve", lambda dist, work, interpreter: {})
+
+    def unreachable(*args: Any, **kwargs: Any) -> dict[str, Any]:
+        raise Unreachable("--previous: downloading kt-kernel==0.7.2 from https://x/simple failed (unreachable")
+
+    monkeypatch.setattr(upgrade, "upgrade_profile", unreachable)
+    dist = _release(tmp_path)
+    argv = ["--dist", str(dist), "--evidence", str(tmp_path / "b"), "--work", str(tmp_path / "w"), "--fresh"]
+    argv += ["--profile", "serve", "--python", "3.11", "--previous", "https://x/simple::kt-kernel==0.7.2"]
+    assert verify_cli.main(argv) == 2  # NOT VERIFIED
+    (item,) = verdict.upgrade_items(evidence.load_all(tmp_path / "b"), distdir_key(dist))
+    assert item.state == "missing"
+    assert "NOT VERIFIED: --previous: downloading kt-kernel==0.7.2" in item.detail
