@@ -88,15 +88,25 @@ def _metadata(text: str, key: str) -> list[str]:
     return out
 
 
-def _json_member(zf: zipfile.ZipFile, name: str, where: str) -> Any:
+def _json_member(zf: zipfile.ZipFile, name: str, where: str) -> dict[str, Any]:
+    """A JSON object member (a manifest, an SBOM); DiffError naming it when it is unreadable or no object."""
     try:
-        return json.loads(zf.read(name))
+        data = json.loads(zf.read(name))
     except (KeyError, ValueError, zipfile.BadZipFile, zlib.error, EOFError, OSError) as exc:
         raise DiffError(f"{where}: {name} cannot be read ({exc})") from None
+    if not isinstance(data, dict):
+        raise DiffError(f"{where}: {name} is not a JSON object")
+    return data
 
 
-def read_wheel(path: Path) -> Facts:
-    """The facts of one wheel; DiffError naming the file when it is no readable wheel."""
+def _table(value: object) -> dict[str, Any]:
+    """A manifest's table, or {} where the member holds another type (the audit judges those)."""
+    return value if isinstance(value, dict) else {}
+
+
+def read_wheel(path: Path, payload_member: str = "") -> Facts:
+    """The facts of one wheel; DiffError naming the file when it is no readable wheel. `payload_member`: where
+    the payload manifest lies (the audit policy's [payload] manifest_member), read for its SASS/PTX."""
     from audits.readers import read_elf_stream
 
     try:
@@ -149,23 +159,23 @@ def read_wheel(path: Path) -> Facts:
         variants: dict[str, int] = {}
         if BUILD_MANIFEST in infos:
             build = _json_member(zf, BUILD_MANIFEST, str(path))
-            for v, spec in (build.get("variants") or {}).items():
+            for v, spec in _table(build.get("variants")).items():
                 file = spec.get("file", "") if isinstance(spec, dict) else ""
                 variants[str(v)] = files.get(str(file), ("", 0))[1]
-            for member, spec in ((build.get("cuda") or {}).get("files") or {}).items():
+            for member, spec in _table(_table(build.get("cuda")).get("files")).items():
                 if isinstance(spec, dict):
                     cuda[str(member)] = _archs(spec)
-        payload = _payload_member()
-        if payload in infos:
-            manifest = _json_member(zf, payload, str(path))
-            for member, spec in (manifest.get("files") or {}).items():
+        if payload_member in infos:
+            manifest = _json_member(zf, payload_member, str(path))
+            for member, spec in _table(manifest.get("files")).items():
                 if isinstance(spec, dict) and (spec.get("sass") or spec.get("ptx")):
                     cuda[f"payload:{member}"] = _archs(spec)
         sbom: set[str] = set()
         for member in infos:
             if member.startswith(f"{dist_info}/sboms/") and member.endswith(".json"):
                 doc = _json_member(zf, member, str(path))
-                for c in doc.get("components", []) if isinstance(doc, dict) else []:
+                components = doc.get("components")
+                for c in components if isinstance(components, list) else []:
                     if isinstance(c, dict):
                         sbom.add(f"{c.get('name')}@{c.get('version')}")
     return Facts(
@@ -204,6 +214,7 @@ def _archs(spec: Mapping[str, Any]) -> tuple[tuple[str, ...], tuple[str, ...], i
 
 
 def _payload_member() -> str:
+    """The payload manifest's member (the audit policy's [payload] manifest_member; "" without a payload)."""
     from audits.policy import load_policy
 
     pl = load_policy().payload
@@ -300,6 +311,10 @@ def _per_sm(cuda: Mapping[str, tuple[tuple[str, ...], tuple[str, ...], int]]) ->
     return dict(sorted(out.items()))
 
 
+def _before_after(old: Mapping[str, int], new: Mapping[str, int]) -> dict[str, dict[str, int]]:
+    return {k: {"before": old.get(k, 0), "after": new.get(k, 0)} for k in sorted(set(old) | set(new))}
+
+
 def _set_change(old: Iterable[str], new: Iterable[str]) -> dict[str, list[str]]:
     a, b = set(old), set(new)
     return {"added": sorted(b - a), "removed": sorted(a - b)}
@@ -350,18 +365,10 @@ def compare_one(
         "delta": delta,
         "percent": round(pct, 2),
         "top_directories": {
-            k: {"before": a, "after": b}
-            for k in sorted(set(_tops(old.files)) | set(_tops(new.files)))
-            if (a := _tops(old.files).get(k, 0)) != (b := _tops(new.files).get(k, 0)) or a
+            k: v for k, v in _before_after(_tops(old.files), _tops(new.files)).items() if v["before"] or v["after"]
         },
-        "cpu_variants": {
-            k: {"before": old.variants.get(k, 0), "after": new.variants.get(k, 0)}
-            for k in sorted(set(old.variants) | set(new.variants))
-        },
-        "cuda_per_sm": {
-            k: {"before": _per_sm(old.cuda).get(k, 0), "after": _per_sm(new.cuda).get(k, 0)}
-            for k in sorted(set(_per_sm(old.cuda)) | set(_per_sm(new.cuda)))
-        },
+        "cpu_variants": _before_after(old.variants, new.variants),
+        "cuda_per_sm": _before_after(_per_sm(old.cuda), _per_sm(new.cuda)),
     }
     if delta > warn_bytes or (delta > 0 and pct > warn_pct):
         warnings.append(
@@ -505,8 +512,9 @@ def make(dist: Path, previous: str) -> Diff | None:
         previous = found
     old_wheels, how = previous_wheels(previous)  # locks.previous: PreviousError names what is wrong
     print(f"[diff] {len(old_wheels)} wheels of {how} against {len(release.manifest.wheels)} of {dist} ...", flush=True)
-    old = [read_wheel(w) for w in old_wheels]
-    new = [read_wheel(dist / w.filename) for w in release.manifest.wheels]
+    member = _payload_member()  # the policy read once, not per wheel
+    old = [read_wheel(w, member) for w in old_wheels]
+    new = [read_wheel(dist / w.filename, member) for w in release.manifest.wheels]
     d = compare(old, new, release.manifest.pythons[0], how)
     d.dist_sha256 = release.key()
     return d
