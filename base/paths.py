@@ -31,7 +31,8 @@ INPUTS_CACHE = CACHE / "inputs"  # the carriers' downloaded inputs (KT_RELEASE_C
 WHEEL_MEMO = "wheel-memo"  # the wheel memo's folder, inside the inputs cache folder (whichever is named)
 PAYLOAD_FRAMES = "payload"  # the payload's frames and archives, inside the inputs cache folder likewise
 # every name the assembly writes in PAYLOAD_FRAMES (what may be pruned or removed there; nothing else is)
-PAYLOAD_NAMES = r"frame-[0-9a-f]{64}\.(zst|json)|archive-[0-9a-f]{64}\.tar\.zst"
+PAYLOAD_ARCHIVE_NAME = r"archive-[0-9a-f]{64}\.tar\.zst"
+PAYLOAD_NAMES = rf"frame-[0-9a-f]{{64}}\.(zst|json)|{PAYLOAD_ARCHIVE_NAME}"
 KERNEL_BUILD = BUILD / "kt-kernel"  # kernel/tools/build_wheel.py's tree (it names the same folder)
 KERNEL_OUT = KERNEL_BUILD / "out"  # the release's kernel input: only build_cpu/build_cuda write it
 KERNEL_SCRATCH = tuple(KERNEL_BUILD / n for n in ("raw", "repaired", "shards"))

@@ -290,8 +290,7 @@ def _frame(
     return target, described
 
 
-_ARCHIVE_NAME = re.compile(r"archive-[0-9a-f]{64}\.tar\.zst")
-OWN_NAMES = re.compile(paths.PAYLOAD_NAMES)  # everything build_archive writes
+_ARCHIVE_NAME = re.compile(paths.PAYLOAD_ARCHIVE_NAME)
 ARCHIVES_KEPT = 4  # whole archives kept in the cache, the most recently used (each kernel change makes one)
 
 

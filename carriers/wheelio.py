@@ -161,17 +161,13 @@ class Memo:
     first, to `limit` bytes, of those names only (base.cachedir.prune): a user's wheel beside them stays."""
 
     def __init__(self, root: Path, limit: int | None = None) -> None:
-        self.root = root
-        self.limit = MEMO_LIMIT if limit is None else limit
-        self.hits = self.misses = self.dropped = 0
-
-    def get(self, key: str) -> bytes | None:
         from base import cachedir
 
-        if not self.root.is_dir():
-            self.misses += 1
-            return None
-        cachedir.owned(self.root, "wheel memo")
+        self.root = cachedir.owned(root, "wheel memo")  # judged once, when the memo is opened
+        self.limit = MEMO_LIMIT if limit is None else limit
+        self.hits = self.misses = 0
+
+    def get(self, key: str) -> bytes | None:
         for path in sorted(self.root.glob(f"{key}-*.whl")):
             m = MEMO_NAME.fullmatch(path.name)
             if m is None or m["key"] != key:
@@ -185,14 +181,12 @@ class Memo:
                 self.hits += 1
                 return data
             path.unlink(missing_ok=True)
-            self.dropped += 1
         self.misses += 1
         return None
 
     def put(self, key: str, data: bytes) -> None:
         from base import cachedir
 
-        cachedir.owned(self.root, "wheel memo")
         path = self.root / f"{key}-{hashlib.sha256(data).hexdigest()}.whl"
         write_bytes(path, data)
         cachedir.prune(self.root, MEMO_NAME, keep=[path], max_bytes=self.limit)

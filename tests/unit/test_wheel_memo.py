@@ -179,16 +179,16 @@ def test_a_memo_folder_others_can_write_or_own_is_refused(tmp_path: Path, monkey
         _encode(MEMBERS)
     (entry,) = root.glob("*.whl")
     root.chmod(0o777)
-    with wheelio.memo(root), pytest.raises(CacheError, match=r"the wheel memo is writable by others .*chmod go-w"):
+    with pytest.raises(CacheError, match=r"the wheel memo is writable by others .*chmod go-w"), wheelio.memo(root):
         _encode(MEMBERS)
     root.chmod(0o755)
     monkeypatch.setattr(os, "geteuid", lambda: 4242)
-    with wheelio.memo(root), pytest.raises(CacheError, match=r"belongs to .* not to the running user uid 4242"):
+    with pytest.raises(CacheError, match=r"belongs to .* not to the running user uid 4242"), wheelio.memo(root):
         _encode(MEMBERS)
     monkeypatch.undo()
     link = tmp_path / "link"
     link.symlink_to(root)
-    with wheelio.memo(link), pytest.raises(CacheError, match="is a symbolic link"):
+    with pytest.raises(CacheError, match="is a symbolic link"), wheelio.memo(link):
         _encode(MEMBERS)
     assert entry.exists()
 
