@@ -20,7 +20,6 @@ tests/integration/test_upgrade.py runs `check_move` on wheels it builds, with re
 from __future__ import annotations
 
 import os
-import re
 import shutil
 import subprocess
 import time
@@ -41,10 +40,6 @@ from .venv import VerifyError, clean_env, fresh_venv, load_by_path
 
 DOCTOR = paths.KERNEL / "python" / "kt_kernel" / "doctor.py"
 SEEDS = frozenset({"pip", "setuptools", "wheel"})  # what venv/ensurepip put there, not the release's
-
-
-def _norm(name: str) -> str:
-    return re.sub(r"[-_.]+", "-", name).lower()
 
 
 def site_packages(venv: Path) -> Path:
@@ -77,15 +72,16 @@ def state(venv: Path) -> State:
         name = d.metadata["Name"]
         if not name:
             continue
-        dists[_norm(name)] = d.version
+        key = str(canonicalize_name(name))
+        dists[key] = d.version
         try:
-            requires[_norm(name)] = list(d.requires or [])
+            requires[key] = list(d.requires or [])
             listed = list(d.files or [])
         except (TypeError, ValueError) as exc:  # a RECORD or METADATA pip could not read either
             raise VerifyError(f"{venv}: {name}'s metadata cannot be read ({exc}); reinstall it") from None
         for f in listed:
             p = Path(os.path.normpath(site / str(f)))
-            owners[str(p.relative_to(site)) if p.is_relative_to(site) else str(p)] = _norm(name)
+            owners[str(p.relative_to(site)) if p.is_relative_to(site) else str(p)] = key
     unowned = []
     for root, dirs, files in os.walk(site):
         dirs[:] = [x for x in dirs if x != "__pycache__"]
@@ -114,7 +110,7 @@ def compare(moved: State, fresh: State, before: State, how: str) -> list[str]:
             "neither pip nor uv removes a distribution nothing requires any more; fix: name them in the release "
             f"notes for users to remove (pip uninstall {' '.join(left[:3])}{' ...' if len(left) > 3 else ''})"
         )
-    for name in sorted(set(b) - set(left)):
+    for name in sorted(b):
         if a.get(name) != b[name]:
             problems.append(
                 f"{how}: {name} is {a.get(name) or 'absent'} after the move, {b[name]} in a fresh install; fix: "
@@ -258,7 +254,7 @@ def predecessor_install(spec: str, root: str, profile: str, python: str) -> tupl
     """How the predecessor's users have the profile: its own published install file where the predecessor is an
     earlier dist/ that has one for this Python, else the profile's root at the predecessor's version by normal
     resolution, its wheels found beside the index. (Commands, `{python}` the venv's interpreter; what it is.)"""
-    wheels, how = previous_wheels(spec)
+    wheels, how = previous_wheels(spec, python)
     folder = wheels[0].parent if wheels else Path(spec)
     pip = ["{python}", "-m", "pip", "install", "--disable-pip-version-check", "-q", "--find-links", str(folder)]
     if (folder / distdir.MANIFEST).is_file():
