@@ -11,15 +11,15 @@ import hashlib
 import json
 import re
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 from packaging.requirements import InvalidRequirement, Requirement
 
 from base import cachedir, distdir, paths, swap
+from base.keys import file_sha256
 
 from .read import LockError
+from .targets import download, manylinux_chain
 
 
 class PreviousError(LockError):
@@ -30,12 +30,13 @@ class Unreachable(PreviousError):
     """The index holding the predecessor did not hand it over: checks against it are NOT CHECKED, not failed."""
 
 
-def previous_wheels(spec: str, cache: Path | None = None) -> tuple[list[Path], str]:
+def previous_wheels(spec: str, python: str, cache: Path | None = None) -> tuple[list[Path], str]:
     """The predecessor's wheels and how they were found: a folder (an earlier dist/: the wheels its
-    SHA256SUMS lists, each checked; else every wheel in it), or `URL::NAME==V,...` downloaded by pip (the
-    index's sha256 checked) into the build cache once. PreviousError naming what is wrong and the fix."""
+    SHA256SUMS lists, each checked; else every wheel in it), or `URL::NAME==V,...` downloaded by pip for CPython
+    `python` (the index's sha256 checked) into the build cache once, each wheel checked against the sha256
+    recorded then before it is reused. PreviousError naming what is wrong and the fix."""
     if "::" in spec:
-        return _download(spec, cache or paths.CACHE / "previous")
+        return _download(spec, cache or paths.CACHE / "previous", python)
     folder = Path(spec)
     if not folder.is_dir():
         raise PreviousError(
@@ -55,7 +56,7 @@ def previous_wheels(spec: str, cache: Path | None = None) -> tuple[list[Path], s
     return wheels, f"{len(wheels)} wheels in {folder}"
 
 
-def _download(spec: str, cache: Path) -> tuple[list[Path], str]:
+def _download(spec: str, cache: Path, python: str) -> tuple[list[Path], str]:
     index, _, pins = spec.partition("::")
     wanted = [p.strip() for p in re.split(r"[,\s]+", pins) if p.strip()]
     for pin in wanted:
@@ -67,25 +68,45 @@ def _download(spec: str, cache: Path) -> tuple[list[Path], str]:
             raise PreviousError(f"--previous: {pin!r} is no NAME==VERSION pin")
     if not index.startswith(("https://", "http://")) or not wanted:
         raise PreviousError(f"--previous {spec!r}: give INDEX_URL::NAME==VERSION,NAME==VERSION")
-    key = hashlib.sha256(json.dumps([index, sorted(wanted)]).encode()).hexdigest()[:32]
+    key = hashlib.sha256(json.dumps([index, sorted(wanted), python]).encode()).hexdigest()[:32]
+    cachedir.owned(cache, "previous-release cache")
     where = cache / key
-    done = where / ".complete"
-    if not done.is_file():
-        cachedir.owned(cache, "previous-release cache")
-        tmp = swap.part(where)
-        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary", ":all:", "--index-url", index]
-        cmd += ["--dest", str(tmp), "--disable-pip-version-check", "--quiet", *wanted]
-        print(f"[diff] downloading the predecessor: {', '.join(wanted)} from {index} ...", flush=True)
-        got = subprocess.run(cmd, capture_output=True, text=True, check=False)
-        if got.returncode != 0:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise Unreachable(
-                f"--previous: downloading {', '.join(wanted)} from {index} failed (unreachable, or no such release; "
-                f"give a folder of its wheels instead):\n{got.stderr[-1500:]}"
-            )
-        (tmp / ".complete").write_text("\n".join(wanted) + "\n")
-        tmp.replace(where)
+    if _intact(where):
+        return sorted(where.glob("*.whl")), f"{', '.join(wanted)} from {index}"
+    shutil.rmtree(where, ignore_errors=True)  # our own entry (a content-keyed name), incomplete or altered
+    tmp = swap.part(where)
+    print(f"[diff] downloading the predecessor: {', '.join(wanted)} from {index} ...", flush=True)
+    # what a CPython `python` host installs, up to trixie's glibc 2.41 (a predecessor may need newer than ours)
+    label = f"previous: {', '.join(wanted)}"
+    got = download(wanted, python, tmp, label, index_url=index, platforms=manylinux_chain(41))
+    if got.returncode != 0:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise Unreachable(
+            f"--previous: downloading {', '.join(wanted)} from {index} failed (unreachable, or no such release; "
+            f"give a folder of its wheels instead):\n{got.stderr[-1500:]}"
+        )
+    sums = {w.name: file_sha256(w) for w in sorted(tmp.glob("*.whl"))}
+    (tmp / SUMS).write_text(json.dumps(sums, indent=1) + "\n")  # what a later run checks before reuse
+    tmp.replace(where)
     return sorted(where.glob("*.whl")), f"{', '.join(wanted)} from {index}"
+
+
+SUMS = ".sha256.json"
+
+
+def _intact(where: Path) -> bool:
+    """Whether a cached download holds exactly the wheels, with the sha256s, it recorded when it was made."""
+    try:
+        sums = json.loads((where / SUMS).read_text())
+    except (OSError, ValueError):
+        return False
+    present = {w.name for w in where.glob("*.whl")}
+    return (
+        isinstance(sums, dict)
+        and bool(sums)
+        and present == set(sums)
+        and all(file_sha256(where / n) == h for n, h in sums.items())
+    )
 
 
 AUTO = "auto"

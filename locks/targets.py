@@ -18,16 +18,22 @@ from base.version import python_tag
 # Platforms an input wheel may carry (pip matches --platform exactly, so list them).
 PLATFORMS = ("manylinux_2_34_x86_64", "manylinux_2_28_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64")
 
+
 # Every platform tag an x86_64 glibc 2.34 system installs, newest first. pip does not expand --platform
 # itself: given manylinux_2_34 alone it skips a manylinux_2_27 wheel, and then backtracks to old releases
 # (resolving sft for 3.12 fell back to torch 2.7.1). Resolution, bundles and installs for another Python
 # take this chain; the release's own inputs keep PLATFORMS, the tags they are locked and built from.
-MANYLINUX_2_34 = (
-    *(f"manylinux_2_{minor}_x86_64" for minor in range(34, 4, -1)),
-    "manylinux2014_x86_64",
-    "manylinux2010_x86_64",
-    "manylinux1_x86_64",
-)
+def manylinux_chain(newest: int) -> tuple[str, ...]:
+    """Every x86_64 manylinux tag a glibc 2.`newest` system installs, newest first."""
+    return (
+        *(f"manylinux_2_{minor}_x86_64" for minor in range(newest, 4, -1)),
+        "manylinux2014_x86_64",
+        "manylinux2010_x86_64",
+        "manylinux1_x86_64",
+    )
+
+
+MANYLINUX_2_34 = manylinux_chain(34)
 
 
 def download(

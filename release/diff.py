@@ -510,7 +510,8 @@ def make(dist: Path, previous: str) -> Diff | None:
             return None
         print(f"[diff] predecessor: {why}", flush=True)
         previous = found
-    old_wheels, how = previous_wheels(previous)  # locks.previous: PreviousError names what is wrong
+    # locks.previous: PreviousError names what is wrong
+    old_wheels, how = previous_wheels(previous, release.manifest.pythons[0])
     print(f"[diff] {len(old_wheels)} wheels of {how} against {len(release.manifest.wheels)} of {dist} ...", flush=True)
     member = _payload_member()  # the policy read once, not per wheel
     old = [read_wheel(w, member) for w in old_wheels]

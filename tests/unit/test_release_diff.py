@@ -189,10 +189,10 @@ def test_the_written_diff_follows_its_schema(tmp_path: Path) -> None:
 
 def test_a_predecessor_that_cannot_be_read_is_named_with_the_fix(tmp_path: Path) -> None:
     with pytest.raises(PreviousError, match="no such folder; give an earlier dist/"):
-        diff.previous_wheels(str(tmp_path / "nowhere"))
+        diff.previous_wheels(str(tmp_path / "nowhere"), "3.11")
     (tmp_path / "empty").mkdir()
     with pytest.raises(PreviousError, match="holds no wheel"):
-        diff.previous_wheels(str(tmp_path / "empty"))
+        diff.previous_wheels(str(tmp_path / "empty"), "3.11")
     bad = tmp_path / "bad" / "kt_kernel-0.7.2-py3-none-any.whl"
     bad.parent.mkdir()
     bad.write_bytes(b"not a zip")
@@ -200,7 +200,7 @@ def test_a_predecessor_that_cannot_be_read_is_named_with_the_fix(tmp_path: Path)
         diff.read_wheel(bad)
     for spec in ("https://x/simple::kt-kernel>=0.7", "ftp://x::kt-kernel==1", "https://x/simple::"):
         with pytest.raises(PreviousError):
-            diff.previous_wheels(spec, tmp_path / "cache")
+            diff.previous_wheels(spec, "3.11", tmp_path / "cache")
 
 
 def test_release_report_writes_the_diff_and_an_unsafe_move_fails_the_verdict_and_publish(
@@ -277,3 +277,17 @@ def test_a_bit_flipped_member_of_a_predecessor_wheel_is_named_not_a_traceback(tm
     good.write_bytes(bytes(raw))
     with pytest.raises(DiffError, match=r"kt_kernel/lib\.so is damaged .*download the wheel again"):
         diff.read_wheel(good)
+
+
+def test_a_cached_predecessor_is_reused_only_with_the_sha256s_it_was_downloaded_with(tmp_path: Path) -> None:
+    from locks import previous
+
+    where = tmp_path / "entry"
+    w = wheel(where, "kt-kernel", "0.7.2", {"kt_kernel/a.py": b"a"})
+    assert not previous._intact(where)  # no record: never reused
+    (where / previous.SUMS).write_text(json.dumps({w.name: hashlib.sha256(w.read_bytes()).hexdigest()}))
+    assert previous._intact(where)
+    w.write_bytes(w.read_bytes() + b"planted")
+    assert not previous._intact(where)
+    w.unlink()
+    assert not previous._intact(where)
