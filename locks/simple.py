@@ -134,10 +134,6 @@ class _Secure(urllib.request.HTTPSHandler):
         return self.do_open(_SecureConnection, req, context=self._context)  # type: ignore[attr-defined]
 
 
-class _Expired(Exception):
-    """The request's deadline passed (its sockets were shut down)."""
-
-
 @contextlib.contextmanager
 def _deadline(url: str, seconds: float) -> Iterator[None]:
     """Within the block, every connection opened is shut down `seconds` after it began; IndexPageError then."""
@@ -150,23 +146,22 @@ def _deadline(url: str, seconds: float) -> Iterator[None]:
             with contextlib.suppress(OSError):
                 sock.shutdown(socket.SHUT_RDWR)
 
+    late = IndexPageError(f"{url}: not read whole within {seconds:.0f} s (the index answers too slowly)")
     _LOCAL.sockets = sockets
     timer = threading.Timer(seconds, expire)
     timer.daemon = True
     timer.start()
     try:
         yield
-    except (OSError, http.client.HTTPException, _Expired, ValueError):
+    except (OSError, http.client.HTTPException, ValueError):
         if fired.is_set():
-            raise IndexPageError(
-                f"{url}: not read whole within {seconds:.0f} s (the index answers too slowly)"
-            ) from None
+            raise late from None
         raise
     finally:
         timer.cancel()
         _LOCAL.sockets = None
-    if fired.is_set():
-        raise IndexPageError(f"{url}: not read whole within {seconds:.0f} s (the index answers too slowly)")
+    if fired.is_set():  # a shut socket can also read as the end of a body without a length: never a whole page
+        raise late
 
 
 def _opener(redirects: urllib.request.HTTPRedirectHandler) -> urllib.request.OpenerDirector:
