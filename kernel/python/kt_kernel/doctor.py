@@ -171,34 +171,32 @@ def integrity(site: Path | None = None, source: str = "") -> tuple[list[Damage],
     where = f" {source}" if source else ""
     out: list[Damage] = []
     checked = 0
-    listed: list[tuple[metadata.Distribution, list[Any]]] = []
-    shared: dict[str, int] = {}  # a file two distributions list: one's copy overwrote the other's
+    listed: list[tuple[metadata.Distribution, list[tuple[Any, Path]]]] = []
+    shared: dict[Path, int] = {}  # a file two distributions list: one's copy overwrote the other's
     for d in dists:
         if not d.metadata["Name"]:
             continue
         try:
-            files = list(d.files or [])
+            files = [(f, Path(str(d.locate_file(f)))) for f in d.files or []]
         except (TypeError, ValueError):  # a RECORD pip cannot read either
             continue
         listed.append((d, files))
-        for f in files:
-            key = str(Path(str(d.locate_file(f))))
-            shared[key] = shared.get(key, 0) + 1
+        for _, path in files:
+            shared[path] = shared.get(path, 0) + 1
     for d, files in listed:
         name = d.metadata["Name"]
         deep = _is_kt(d)
         damage = Damage(name, d.version)
-        for f in files:
+        for f, path in files:
             if f.suffix == ".pyc" or f.name == "RECORD" or (f.hash is None and f.size is None):
                 continue
             checked += 1
-            path = Path(str(d.locate_file(f)))
             try:
                 size = path.stat().st_size
             except OSError:
                 damage.missing.append(str(f))
                 continue
-            if shared.get(str(path), 0) > 1:  # the content is one owner's: a collision, which diagnose names
+            if shared[path] > 1:  # the content is one owner's: a collision, which diagnose names
                 continue
             resized = f.size is not None and size != f.size
             if resized or (deep and f.hash is not None and _record_hash(path, f.hash.mode) != f.hash.value):
