@@ -57,6 +57,7 @@ class _Job:
     upstream_of: Mapping[str, str]
     kernels: Sequence[Path]
     take: Callable[[dict[str, bytes]], None] | None  # the payload hook, for the carrier that provides it
+    pins: Mapping[str, str] = field(default_factory=dict)  # transform.release_pins
 
 
 def _native(job: _Job, c: Carrier) -> list[Built]:
@@ -100,7 +101,7 @@ def _derive_once(job: _Job, c: Carrier, src: inputs.Input, hook: Callable[[dict[
     payload (`hook`) is always derived: the payload needs those members."""
     memo = wheelio.current_memo()
     if memo is None or hook is not None:
-        return transform.derive_draft(c, job.cs, src.path, job.versions, job.upstream_of, hook, src.sha256)
+        return transform.derive_draft(c, job.cs, src.path, job.versions, job.upstream_of, hook, src.sha256, job.pins)
     key = stagecache.value_sha256(
         [
             "derive",
@@ -110,6 +111,7 @@ def _derive_once(job: _Job, c: Carrier, src: inputs.Input, hook: Callable[[dict[
             [inputs.sha256(p) for p in c.patches],
             dict(job.versions),
             dict(job.upstream_of),
+            dict(job.pins),
             _code_key(),
         ]
     )
@@ -118,8 +120,10 @@ def _derive_once(job: _Job, c: Carrier, src: inputs.Input, hook: Callable[[dict[
     if data is not None:  # finished before: its license applied; its SBOM is made again if a step edits it
         prov = transform.provenance(c, src.path, src.sha256)
         finish = Finish(c.name, job.versions[c.name], job.cs.kt_version, prov)
+        if c.retag:  # its tags were decided when it was derived: they are in its WHEEL file
+            name = wheelio.wheel_name(c.name, job.versions[c.name], wheelio.compressed_tag(wheelio.tags_of(data)))
         return Draft(name, finish, data=data, executable=transform.derived_executable)
-    d = transform.derive_draft(c, job.cs, src.path, job.versions, job.upstream_of, src_sha256=src.sha256)
+    d = transform.derive_draft(c, job.cs, src.path, job.versions, job.upstream_of, src_sha256=src.sha256, pins=job.pins)
     data = d.encode()
     d.encoded(data)
     memo.put(key, data)
@@ -235,7 +239,8 @@ def _build_set(
         assert pol is not None  # only hooked in when the set has a payload
         archived.update(payload.take_archived(members, pol.payload.include, pol.payload.min_bytes))
 
-    job = _Job(cs, out, versions, sources, upstream_of, kernels, take if with_payload else None)
+    pins = transform.release_pins(cs, {n: [i.path for i in got] for n, got in sources.items()})
+    job = _Job(cs, out, versions, sources, upstream_of, kernels, take if with_payload else None, pins)
     todo = [c for c in cs.carriers if only is None or c.name in only]
     for c in progress.each(todo, "assemble", describe=lambda c: f"{c.name} ({c.kind})"):
         built += BUILDERS[c.kind](job, c)

@@ -69,6 +69,10 @@ class Carrier:
     pin_forks: bool = False  # every requirement on a replaced upstream -> its carrier, pinned exactly
     requires_edit: tuple[tuple[str, str], ...] = ()  # (requirement name, new specifier), marker kept
     requires_extra: tuple[tuple[str, tuple[str, ...]], ...] = ()  # (extra, requirement names moved to it)
+    # Third-party requirements the upstream omits, pinned at the one version the release's other inputs pin
+    # (transform.release_pins): sgl-deep-gemm's extension is built against one torch but does not say so.
+    requires_pinned: tuple[str, ...] = ()
+    retag: bool = False  # the wheel takes the most portable tag its ELF files allow (transform.honest_tags)
 
     @property
     def import_package(self) -> str:
@@ -164,6 +168,16 @@ def load(path: Path = DEFINITIONS, patches_dir: Path | None = None, version: str
                 raise DefinitionError(f"{path}: [{name}] requires/extras take carrier names, not {dep!r}")
             if dep not in names:
                 raise DefinitionError(f"{path}: [{name}] pins {dep!r}, which is not a carrier{hint(dep, names)}")
+        pinned = spec.get("requires_pinned", [])
+        for dep in pinned:
+            if not isinstance(dep, str) or canonicalize_name(dep) != dep:
+                raise DefinitionError(
+                    f"{path}: [{name}] requires_pinned takes normalized distribution names, not {dep!r}"
+                )
+            if dep in names:
+                raise DefinitionError(
+                    f"{path}: [{name}] requires_pinned names the carrier {dep!r}; a carrier goes in requires"
+                )
         source = None
         if "source" in spec:
             src = spec["source"]
@@ -200,6 +214,8 @@ def load(path: Path = DEFINITIONS, patches_dir: Path | None = None, version: str
                 pin_forks=_flag(spec, "pin_forks", path, name),
                 requires_edit=_edits(spec, path, name),
                 requires_extra=_moved(spec, path, name),
+                requires_pinned=tuple(pinned),
+                retag=_flag(spec, "retag", path, name),
             )
         )
     rest = [e for e in schema_errors if e.validator != "additionalProperties"]

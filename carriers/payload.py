@@ -408,12 +408,6 @@ def retag(wheel_name: str, platform: str) -> list[str]:
     return sorted(set(out))
 
 
-def compressed_tag(tags: list[str]) -> str:
-    """PEP 425 compressed tag set: cp311-cp311-manylinux_2_34_x86_64, py3-none-a.b."""
-    parts = [sorted({t.split("-")[i] for t in tags}) for i in range(3)]
-    return "-".join(".".join(p) for p in parts)
-
-
 def part_member(c: Carrier, index: int, count: int) -> str:
     """Where part i of n lives inside carrier c's import package."""
     return f"{c.import_package}/{PART_DIR}/cuda.tar.zst.{index:02d}-of-{count:02d}"
@@ -554,7 +548,7 @@ def _carry(
             f"{w.filename} would be {len(data) / 2**20:.1f} MiB with its part, over the "
             f"{pol.wheel_budget_bytes / 2**20:.0f} MiB budget"
         )
-    w.filename = wheelio.wheel_name(c.name, versions[c.name], compressed_tag(retag(w.filename, platform)))
+    w.filename = wheelio.wheel_name(c.name, versions[c.name], wheelio.compressed_tag(retag(w.filename, platform)))
     w.encoded(data)  # written as measured against the budget
     return len(data)
 
@@ -610,7 +604,7 @@ def _finish_provider(
     lists every archived file with its origin; its licenses/ holds the payload origins' license files."""
     members = draft.members()
     draft.finish.tags = retag(draft.filename, platform)
-    draft.filename = wheelio.wheel_name(c.name, versions[c.name], compressed_tag(draft.finish.tags))
+    draft.filename = wheelio.wheel_name(c.name, versions[c.name], wheelio.compressed_tag(draft.finish.tags))
     members[member] = (json.dumps(manifest, indent=1, sort_keys=True) + "\n").encode()
     meta_name = f"{wheelio.dist_info(members)}/METADATA"
     lines = [f"Requires-Dist: {p.name}=={versions[p.name]}" for p in cs.part_carriers]

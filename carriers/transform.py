@@ -8,7 +8,7 @@ import re
 import shutil
 import subprocess
 import tempfile
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from packaging.requirements import InvalidRequirement, Requirement
@@ -171,6 +171,86 @@ def apply_patches(members: dict[str, bytes], patches: tuple[Path, ...], what: st
         return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
 
 
+def _unconditional(line: str) -> Requirement | None:
+    """A Requires-Dist value as a requirement, or None where it serves an extra only."""
+    req = Requirement(line)
+    return None if req.marker is not None and "extra" in str(req.marker) else req
+
+
+def release_pins(cs: CarrierSet, upstream_inputs: Mapping[str, Sequence[Path]]) -> dict[str, str]:
+    """name -> version for every name a carrier's `requires_pinned` lists: the one exact version (`==V`,
+    outside any extra) at which the release's upstream inputs pin it (sglang pins torch==2.14.1). Read from
+    each input's METADATA alone. No input pins it exactly, or two pin it differently: ConsistencyError
+    naming them and the fix."""
+    wanted: dict[str, str] = {n: c.name for c in cs.carriers for n in c.requires_pinned}
+    if not wanted:
+        return {}
+    seen: dict[str, dict[str, list[str]]] = {n: {} for n in wanted}
+    for paths in upstream_inputs.values():
+        for path in paths:
+            for line in wheelio.read_metadata(path)[1]:
+                req = _unconditional(line)
+                if req is None or (name := str(canonicalize_name(req.name))) not in wanted:
+                    continue
+                specs = list(req.specifier)
+                if len(specs) == 1 and specs[0].operator == "==":
+                    seen[name].setdefault(specs[0].version, []).append(path.name)
+    out = {}
+    for name, by_version in sorted(seen.items()):
+        if len(by_version) != 1:
+            found = "; ".join(f"=={v} by {', '.join(sorted(set(w)))}" for v, w in sorted(by_version.items()))
+            raise ConsistencyError(
+                f"{wanted[name]}: requires_pinned = [{name!r}] takes the one version the release's inputs pin "
+                f"{name} at, and they pin it {found or 'nowhere exactly'}; lock inputs that agree "
+                "(lockfiles/carrier-inputs.in) or remove it from requires_pinned in carriers/carriers.toml"
+            )
+        out[name] = next(iter(by_version))
+    return out
+
+
+def honest_tags(c: Carrier, members: Mapping[str, bytes], src_name: str) -> list[str]:
+    """The tags of `c`'s wheel (`retag = true`) from what its ELF files need, as the audit judges them: each of
+    the input's python/abi tags with the most portable manylinux platform its ELF files allow
+    (audits.manylinux.honest_platform), the libraries of an external provider the wheel requires (the audit
+    policy's [[elf.external]]: torch/lib, or loaded by the importing package first) counted as that
+    provider's. No ELF file, or no manylinux tag they allow: ConsistencyError naming why."""
+    import fnmatch
+
+    from audits import manylinux, platforms
+    from audits.analyzers.elf_rules import load_chains
+    from audits.policy import load_policy
+    from audits.readers import read_elf
+
+    meta = members[f"{wheelio.dist_info(members)}/METADATA"].decode("utf-8")
+    required = {
+        canonicalize_name(r.name)
+        for line in wheelio.metadata_field(meta, "Requires-Dist")
+        if (r := _unconditional(line))
+    }
+    elfs = [e for name, data in sorted(members.items()) if (e := read_elf(name, data)) is not None]
+    if not elfs:
+        raise ConsistencyError(
+            f"{c.name}: retag = true, but {src_name} holds no ELF file to take a tag from; remove retag from "
+            "carriers/carriers.toml"
+        )
+    provided = [(p.provider, pat) for p in load_policy().external if p.provider in required for pat in p.libraries]
+    where = load_chains(elfs, list(members)).where
+    for e in elfs:
+        for lib in e.needed:
+            if where.get((e.member, lib)) is None:
+                by = next((prov for prov, pat in provided if fnmatch.fnmatch(lib, pat)), None)
+                where[(e.member, lib)] = f"<{by}>" if by else None
+    src_tags = sorted(parse_wheel_filename(src_name)[3], key=str)
+    arch = platforms.tag_arch([t.platform for t in src_tags]) or "x86_64"
+    platform, why = manylinux.honest_platform(elfs, where, arch)
+    if platform is None or not platform.startswith("manylinux_"):
+        raise ConsistencyError(
+            f"{c.name}: the ELF files of {src_name} allow no manylinux tag ({why}); retag cannot make it portable: "
+            "require the provider of the missing library (requires_pinned) or drop the carrier"
+        )
+    return sorted({f"{t.interpreter}-{t.abi}-{platform}" for t in src_tags})
+
+
 def derived_name(c: Carrier, src: Path, versions: Mapping[str, str]) -> str:
     """The filename derive() gives carrier `c`'s wheel from the input `src`: the input's own tag spelling."""
     tag = "-".join(src.name[:-4].split("-")[-3:])  # compressed tag sets included
@@ -214,10 +294,12 @@ def derive_draft(
     upstream_of: Mapping[str, str],
     take: Callable[[dict[str, bytes]], None] | None = None,
     src_sha256: str | None = None,
+    pins: Mapping[str, str] | None = None,
 ) -> Draft:
     """A fork or repack wheel of carrier `c` from the upstream wheel `src` (`src_sha256`: its verified
     sha256, if known), in memory, with what finishing applies (its license, its SBOM naming the input and
-    the patches). `take` removes members before anything else happens (the lazy CUDA archive's share)."""
+    the patches, its tags where `retag` decides them). `take` removes members before anything else happens
+    (the lazy CUDA archive's share); `pins`: release_pins, for `requires_pinned`."""
     up_name, up_version, _, _ = parse_wheel_filename(src.name)
     members = wheelio.read(src)
     if take is not None:
@@ -234,6 +316,16 @@ def derive_draft(
     )
     declared = set(wheelio.metadata_field(meta, "Provides-Extra"))
     add = [f"Requires-Dist: {d}=={versions[d]}" for d in c.requires]
+    has = {canonicalize_name(r.name) for x in wheelio.metadata_field(meta, "Requires-Dist") if (r := _unconditional(x))}
+    for dep in c.requires_pinned:
+        if dep in has:
+            raise ConsistencyError(
+                f"{c.name}: upstream {up_name} {up_version} requires {dep} already; change its specifier with "
+                "requires_edit, not requires_pinned, in carriers/carriers.toml"
+            )
+        if dep not in (pins or {}):
+            raise ConsistencyError(f"{c.name}: no release pin for {dep} (transform.release_pins was not given it)")
+        add.append(f"Requires-Dist: {dep}=={(pins or {})[dep]}")
     add += [f"Provides-Extra: {e}" for e, _ in c.requires_extra if e not in declared]
     meta = wheelio.edit_metadata(
         meta, name=c.name, version=None if c.kind == "repack" else new_version, requirement=rewrite, add=add
@@ -255,8 +347,12 @@ def derive_draft(
         provenance(c, src, src_sha256),
         license=expression,
         license_what=f"upstream {up_name} {up_version} ({src.name})",
+        tags=honest_tags(c, members, src.name) if c.retag else None,
     )
-    return Draft(derived_name(c, src, versions), finish, members=members, executable=derived_executable)
+    name = derived_name(c, src, versions)
+    if finish.tags is not None:
+        name = wheelio.wheel_name(c.name, new_version, wheelio.compressed_tag(finish.tags))
+    return Draft(name, finish, members=members, executable=derived_executable)
 
 
 def umbrella(

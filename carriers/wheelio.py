@@ -223,6 +223,20 @@ def set_tags(members: dict[str, bytes], tags: list[str]) -> None:
     members[name] = ("\n".join(lines + [f"Tag: {t}" for t in tags]) + "\n").encode()
 
 
+def tags_of(data: bytes) -> list[str]:
+    """The Tag lines of a wheel's WHEEL file (the wheel's bytes)."""
+    with zipfile.ZipFile(io.BytesIO(data)) as zf:
+        names = dict.fromkeys(zf.namelist(), b"")
+        text = zf.read(f"{dist_info(names)}/WHEEL").decode("utf-8")
+    return [ln[len("Tag: ") :].strip() for ln in text.splitlines() if ln.startswith("Tag: ")]
+
+
+def compressed_tag(tags: Sequence[str]) -> str:
+    """PEP 425 compressed tag set: cp311-cp311-manylinux_2_34_x86_64, py3-none-a.b."""
+    parts = [sorted({t.split("-")[i] for t in tags}) for i in range(3)]
+    return "-".join(".".join(p) for p in parts)
+
+
 def wheel_name(name: str, version: str, tag: str) -> str:
     """A wheel filename from name, version and compressed tag."""
     return f"{canonicalize_name(name).replace('-', '_')}-{version}-{tag}.whl"

@@ -237,3 +237,133 @@ def test_an_edit_the_upstream_no_longer_needs_is_stale(tmp_path: Path) -> None:
     without = [r for r in UPSTREAM_LF if not r.startswith("datasets")]
     with pytest.raises(ConsistencyError, match=r"declares no requirement on \['datasets'\]"):
         _derive(tmp_path, without)
+
+
+# A platform wheel that misstates itself, as sgl-deep-gemm 0.2.3.post2's does: Root-Is-Purelib true, tagged
+# manylinux2014 while its extension needs GLIBC_2.25, and linking torch's library without requiring torch.
+_EXT = """
+#include <stddef.h>
+#include <sys/types.h>
+__asm__(".symver getrandom,getrandom@GLIBC_2.25");
+extern ssize_t getrandom(void *buf, size_t n, unsigned flags);
+extern int torch_op(void);
+int op(void *buf) { return (int)getrandom(buf, 8, 0) + torch_op(); }
+"""
+
+
+def _misstated_wheel(tmp_path: Path, requires: tuple[str, ...] = ()) -> Path:
+    from carriers import wheelio
+    from tests.wheelkit import compile_so
+
+    torch_lib = tmp_path / "libtorch.so"
+    torch_lib.write_bytes(
+        compile_so(tmp_path, "libtorch.so", "int torch_op(void) { return 1; }\n", "-Wl,-soname,libtorch.so")
+    )
+    ext = compile_so(tmp_path, "_C.so", _EXT, f"-L{tmp_path}", "-ltorch")
+    di = "sgl_deep_gemm-0.2.3.post2.dist-info"
+    meta = "Metadata-Version: 2.4\nName: sgl-deep-gemm\nVersion: 0.2.3.post2\nLicense-Expression: Apache-2.0\n"
+    meta += "".join(f"Requires-Dist: {r}\n" for r in requires) + 'Requires-Dist: pytest; extra == "dev"\n\n'
+    members = {
+        "deep_gemm/__init__.py": b"",
+        "deep_gemm/_C.so": ext,
+        f"{di}/METADATA": meta.encode(),
+        f"{di}/WHEEL": (
+            b"Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-manylinux2014_x86_64\n"
+        ),
+    }
+    path = tmp_path / "sgl_deep_gemm-0.2.3.post2-py3-none-manylinux2014_x86_64.whl"
+    wheelio.write(path, members)
+    return path
+
+
+def _repack(tmp_path: Path, src: Path, **changes: object) -> tuple[str, dict[str, bytes]]:
+    import dataclasses
+
+    from carriers import wheelio
+    from carriers.transform import derive_draft
+
+    c = dataclasses.replace(CS["sgl-deep-gemm-kt"], **changes)
+    versions = {x.name: ("0.6.1" if x.version_rule == "kt" else "9.9.9") for x in CS.carriers}
+    versions["sgl-deep-gemm-kt"] = "0.2.3.post2"
+    draft = derive_draft(c, CS, src, versions, {"sgl-deep-gemm-kt": "0.2.3.post2"}, pins={"torch": "2.14.1"})
+    (tmp_path / "out").mkdir(exist_ok=True)
+    out = draft.write(tmp_path / "out")
+    return out.name, wheelio.read(out)
+
+
+def test_a_repack_that_misstates_its_binaries_takes_the_tag_they_need_and_the_release_torch(tmp_path: Path) -> None:
+    """The ordering edge (kt-kernel) and torch at the release's pin are added; the tag follows the ELF's needs
+    (GLIBC_2.25 -> manylinux_2_26), with libtorch.so counted as the required torch's; Root-Is-Purelib false."""
+    from carriers import wheelio
+
+    name, members = _repack(tmp_path, _misstated_wheel(tmp_path))
+    assert name == "sgl_deep_gemm_kt-0.2.3.post2-py3-none-manylinux_2_26_x86_64.whl"
+    di = wheelio.dist_info(members)
+    wheel = members[f"{di}/WHEEL"].decode()
+    assert "Root-Is-Purelib: false" in wheel
+    assert "Tag: py3-none-manylinux_2_26_x86_64" in wheel
+    requires = wheelio.metadata_field(members[f"{di}/METADATA"].decode(), "Requires-Dist")
+    assert "kt-kernel==0.6.1" in requires
+    assert "torch==2.14.1" in requires
+    assert wheelio.tags_of((tmp_path / "out" / name).read_bytes()) == ["py3-none-manylinux_2_26_x86_64"]
+
+
+def test_retag_without_the_provider_of_a_library_refuses(tmp_path: Path) -> None:
+    from carriers.errors import ConsistencyError
+
+    with pytest.raises(ConsistencyError, match=r"allow no manylinux tag \(libtorch.so \(needed by deep_gemm/_C.so\)"):
+        _repack(tmp_path, _misstated_wheel(tmp_path), requires_pinned=())
+
+
+def test_requires_pinned_on_an_upstream_that_requires_it_already_points_at_requires_edit(tmp_path: Path) -> None:
+    from carriers.errors import ConsistencyError
+
+    with pytest.raises(ConsistencyError, match="requires torch already; change its specifier with requires_edit"):
+        _repack(tmp_path, _misstated_wheel(tmp_path, requires=("torch>=2",)))
+
+
+def test_release_pins_take_the_one_exact_pin_of_the_inputs(tmp_path: Path) -> None:
+    from carriers import wheelio
+    from carriers.errors import ConsistencyError
+    from carriers.transform import release_pins
+
+    def wheel(name: str, *requires: str) -> Path:
+        members = {
+            f"{name}-1.0.dist-info/METADATA": (
+                f"Metadata-Version: 2.4\nName: {name}\nVersion: 1.0\n"
+                + "".join(f"Requires-Dist: {r}\n" for r in requires)
+            ).encode(),
+            f"{name}-1.0.dist-info/WHEEL": b"Wheel-Version: 1.0\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+        }
+        wheelio.write(tmp_path / f"{name}-1.0-py3-none-any.whl", members)
+        return tmp_path / f"{name}-1.0-py3-none-any.whl"
+
+    sglang = wheel("sglang", "torch==2.14.1", 'torch==2.9.0; extra == "old"')
+    peft = wheel("peft", "torch>=1.13")
+    assert release_pins(CS, {"sglang-kt": [sglang], "peft-kt": [peft]}) == {"torch": "2.14.1"}
+    with pytest.raises(ConsistencyError, match=r"pin it nowhere exactly; lock inputs that agree"):
+        release_pins(CS, {"peft-kt": [peft]})
+    other = wheel("accelerate", "torch==2.15.0")
+    with pytest.raises(ConsistencyError, match=r"==2.14.1 by sglang-1.0-py3-none-any.whl; ==2.15.0 by accelerate"):
+        release_pins(CS, {"sglang-kt": [sglang], "accelerate-kt": [other]})
+
+
+@pytest.mark.parametrize(
+    ("line", "message"),
+    [
+        (
+            'requires_pinned = ["kt-kernel"]',
+            "requires_pinned names the carrier 'kt-kernel'; a carrier goes in requires",
+        ),
+        ('requires_pinned = ["Torch"]', "requires_pinned takes normalized distribution names, not 'Torch'"),
+        ('retag = "yes"', "retag = 'yes'; it takes true or false"),
+    ],
+)
+def test_requires_pinned_and_retag_are_checked_on_load(tmp_path: Path, line: str, message: str) -> None:
+    import re
+
+    key = line.split(" =", maxsplit=1)[0]
+    bad = tmp_path / "carriers.toml"
+    bad.write_text(re.sub(rf"^{key} = .*$", line, DEFINITIONS.read_text(), count=1, flags=re.M))
+    with pytest.raises(DefinitionError, match=message):
+        load(bad, version="0.6.1")
