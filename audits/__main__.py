@@ -1,4 +1,5 @@
-"""python -m audits PATH... [--policy FILE] [--json FILE|-] [--markdown FILE] [--baseline FILE] [--debug]
+"""python -m audits PATH... [--policy FILE] [--json FILE|-] [--markdown FILE] [--baseline FILE]
+                           [--link DIR]... [--link-scopes FILE] [--debug]
 
 Exit status: 0 no error finding, 1 error findings, 2 unusable input or policy (the message says
 which file and why), 3 an internal error (a bug: one line, or the traceback with --debug).
@@ -7,9 +8,11 @@ which file and why), 3 an internal error (a bug: one line, or the traceback with
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import traceback
 from pathlib import Path
+from typing import Any
 
 from . import core, report
 from .errors import AuditError
@@ -39,6 +42,24 @@ def _write(path: Path, text: str, what: str) -> None:
         raise AuditError(f"{path}: cannot write the {what} ({exc.strerror}); choose a writable path") from None
 
 
+def _scopes(path: Path | None) -> tuple[Any, ...]:
+    """The link scopes a --link-scopes file names (AuditError naming the file and what is wrong in it)."""
+    if path is None:
+        return ()
+    try:
+        raw = json.loads(path.read_text())
+        return tuple(
+            core.link_scope(str(s["name"]), [Path(f) for f in s["folders"]], frozenset(map(str, s["wheels"])))
+            for s in raw
+        )
+    except OSError as exc:
+        raise AuditError(f"{path}: cannot read the link scopes ({exc.strerror})") from None
+    except (ValueError, TypeError, KeyError) as exc:
+        raise AuditError(
+            f'{path}: not a list of {{"name", "folders", "wheels"}} link scopes ({type(exc).__name__}: {exc})'
+        ) from None
+
+
 def main(argv: list[str] | None = None) -> int:
     """The audit CLI; returns the exit status (0 pass, 1 errors, 2 bad input, 3 internal error)."""
     p = argparse.ArgumentParser(
@@ -55,11 +76,27 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--markdown", type=Path, help="write a Markdown summary here")
     p.add_argument("--baseline", type=Path, help="previous report (or {name: bytes}) for size growth")
     p.add_argument("--summary", type=Path, help="append the Markdown summary here (CI: $GITHUB_STEP_SUMMARY)")
+    p.add_argument(
+        "--link",
+        action="append",
+        type=Path,
+        default=[],
+        metavar="DIR",
+        help="resolve every undefined symbol against the libraries under DIR too (an installed environment's "
+        "site-packages: torch/lib, nvidia/*/lib); repeatable",
+    )
+    p.add_argument(
+        "--link-scopes",
+        type=Path,
+        metavar="FILE",
+        help='JSON: [{"name": "serve-cp311", "folders": [DIR, ...], "wheels": [FILENAME, ...]}, ...]: each set of '
+        "wheels resolved against its own folders (an install profile's closure; nox -s audit writes it)",
+    )
     p.add_argument("--debug", action="store_true", help="print the traceback of an internal error")
     args = p.parse_args(argv)
     terminal = sys.stderr if args.json is not None and str(args.json) == "-" else sys.stdout
     try:
-        result = core.run(args.paths, load_policy(args.policy), args.baseline)
+        result = core.run(args.paths, load_policy(args.policy), args.baseline, args.link, _scopes(args.link_scopes))
         if args.json:
             _write(args.json, report.to_json(result), "JSON report")
         if args.markdown:

@@ -19,6 +19,7 @@ from .analyzers import (
     install_rules,
     isa_rules,
     license_rules,
+    link_rules,
     manifest_rules,
     payload_rules,
     sbom_rules,
@@ -62,6 +63,7 @@ class WheelResult:
     sbom_components: int | None = None  # how many components its SBOM lists (None: no valid SBOM)
     sbom_hashes: frozenset[str] = frozenset()  # every sha256 its SBOM lists: the release manifest's inputs
     license: str | None = None  # its License-Expression
+    links: list[dict[str, Any]] = field(default_factory=list)  # per link scope: what each ELF file bound
 
 
 def read_options(policy: Policy, dist_name: str = "", tags: frozenset[str] = frozenset()) -> ReadOptions:
@@ -192,6 +194,8 @@ ANALYZERS: tuple[tuple[str, Analyzer], ...] = (
         "isa-grafts",
         _only(lambda c, p: isa_rules.grafts(c.w.filename, list(c.elfs), c.chains.where, c.chains.unused, p)),
     ),
+    ("abi3", _only(lambda c, p: link_rules.abi3(c.w, c.elfs))),
+    ("torch-abi", _only(lambda c, p: link_rules.torch_pin(c.w, c.elfs, _torch_libraries(p)))),
     ("build-manifest", _only(lambda c, p: manifest_rules.manifest(c.w, c.w.elfs, p, c.uses))),
     ("cuda", lambda c, p: cuda_rules.cuda(c.w, c.kernel_payload, p, c.system)),
     ("cuda-listing", lambda c, p: cuda_rules.listing(c.w)),
@@ -221,8 +225,44 @@ ANALYZERS: tuple[tuple[str, Analyzer], ...] = (
 )
 
 
-def audit_wheel(path: Path, policy: Policy, baseline: dict[str, Any] | None = None) -> WheelResult:
-    """Read one wheel, run every analyzer of ANALYZERS over its facts, apply waivers and severities."""
+def _torch_libraries(policy: Policy) -> tuple[str, ...]:
+    """The library name patterns of the policy's torch provider ([[elf.external]] provider = "torch")."""
+    return tuple(sorted({pat for e in policy.external if e.provider == "torch" for pat in e.libraries}))
+
+
+def _links(ctx: WheelContext, scope: link_rules.Scope) -> tuple[list[Finding], dict[str, Any]]:
+    """Every ELF of the wheel resolved against its own libraries (by load chains) and the scope's providers; the
+    findings and the counts (the report's `links`)."""
+    by_path = {elf_rules._path(e.member): e for e in ctx.elfs}
+    inside = {
+        lib: e.link for (_, lib), where in ctx.chains.where.items() if where and (e := by_path.get(where)) and e.link
+    }
+    system = ctx.system or platforms.system_libraries_of_tags([t.platform for t in ctx.w.tags])
+    arch = ctx.target.arch if ctx.target is not None else "x86_64"
+    done = [
+        link_rules.resolve(e.link, inside, scope.providers, system)
+        for e in ctx.elfs
+        if e.link is not None and e.member not in ctx.chains.unused and platforms.elf_arch(e)[0] == arch
+    ]
+    return link_rules.unresolved(ctx.w.filename, done, scope), _link_counts(scope, ctx.w.filename, done)
+
+
+def _link_counts(scope: link_rules.Scope, wheel: str, done: list[link_rules.Resolution]) -> dict[str, Any]:
+    return {
+        "scope": scope.name,
+        "wheel": wheel,
+        "elfs": {r.member: {"bound": r.bound, "unresolved": len(r.unresolved), "system": r.assumed} for r in done},
+    }
+
+
+def audit_wheel(
+    path: Path,
+    policy: Policy,
+    baseline: dict[str, Any] | None = None,
+    scopes: tuple[link_rules.Scope, ...] = (),
+) -> WheelResult:
+    """Read one wheel, run every analyzer of ANALYZERS over its facts (and the link resolution of link_rules in
+    each of `scopes` that applies to it), apply waivers and severities."""
     try:
         ctx = read_context(path, policy, baseline)
     except AuditError as exc:
@@ -250,6 +290,12 @@ def audit_wheel(path: Path, policy: Policy, baseline: dict[str, Any] | None = No
     for name, analyze in ANALYZERS:
         found, sections[name] = analyze(ctx, policy)
         res.findings += found
+    for scope in scopes:
+        if scope.applies(w.filename):
+            found, counts = _links(ctx, scope)
+            res.findings += found
+            if counts["elfs"]:
+                res.links.append(counts)
     res.cpu, res.sizes = sections["isa"], sections["size"]
     res.cuda = (
         {**sections["cuda"], "embedded": sections["cuda-listing"]} if sections["cuda-listing"] else sections["cuda"]
@@ -347,8 +393,26 @@ def expand(paths: list[Path]) -> list[Path]:
     return out
 
 
-def run(paths: list[Path], policy: Policy, baseline_file: Path | None = None) -> dict[str, Any]:
-    """Audit every wheel; returns the report (schema: audits/schemas/audit-report.schema.json)."""
+def link_scope(name: str, folders: list[Path], wheels: frozenset[str] | None = None) -> link_rules.Scope:
+    """A link scope over `folders` (an installed environment's site-packages); AuditError naming a missing one."""
+    missing = [str(d) for d in folders if not d.is_dir()]
+    if missing:
+        raise AuditError(f"--link {', '.join(missing)}: no such folder; give an installed environment's site-packages")
+    return link_rules.Scope(name, link_rules.Providers.scan(folders), wheels)
+
+
+def run(
+    paths: list[Path],
+    policy: Policy,
+    baseline_file: Path | None = None,
+    link: list[Path] | None = None,
+    scopes: tuple[link_rules.Scope, ...] = (),
+) -> dict[str, Any]:
+    """Audit every wheel; returns the report (schema: audits/schemas/audit-report.schema.json). `link`: folders
+    whose libraries every wheel's ELF files are resolved against (an installed environment's site-packages);
+    `scopes`: link scopes of their own (an install profile's closure for the wheels it installs)."""
+    if link:
+        scopes = (*scopes, link_scope("given", link))
     baseline = None
     if baseline_file is not None:
         try:
@@ -363,8 +427,8 @@ def run(paths: list[Path], policy: Policy, baseline_file: Path | None = None) ->
         # Accept a previous audit report, or a plain {name: bytes} map.
         baseline = {w["name"]: w["size"] for w in raw.get("wheels", [])} if "wheels" in raw else raw
     t0 = time.perf_counter()
-    results = [audit_wheel(p, policy, baseline) for p in expand(paths)]
-    payload_section = _release_payload(results, policy)
+    results = [audit_wheel(p, policy, baseline, scopes) for p in expand(paths)]
+    payload_section = _release_payload(results, policy, scopes)
     by_file = {r.wheel: r for r in results}
     for f in wheel_rules.collisions({r.wheel: r.installed for r in results}):
         by_file[f.wheel].findings.append(f)
@@ -404,6 +468,7 @@ def run(paths: list[Path], policy: Policy, baseline_file: Path | None = None) ->
                 "platform_reason": r.platform_reason,
                 "license": r.license,
                 "sbom_components": r.sbom_components,
+                **({"links": r.links} if r.links else {}),
             }
             for r in results
         ],
@@ -436,14 +501,26 @@ def _stream_archive(summaries: list[WheelSummary], policy: Policy) -> ArchiveFac
     return read_archive(located, window, find_cuobjdump(), detailed, declared, policy.limits.archive_max_bytes)
 
 
-def _release_payload(results: list[WheelResult], policy: Policy) -> dict[str, Any]:
-    """The release-level payload rules; their findings join the wheel they name."""
+def _release_payload(
+    results: list[WheelResult], policy: Policy, scopes: tuple[link_rules.Scope, ...] = ()
+) -> dict[str, Any]:
+    """The release-level payload rules (and the link resolution of the archive's ELF files, laid out as the cache
+    extracts them, in each scope that holds the manifest's wheel); their findings join the wheel they name."""
     summaries = [r.summary for r in results if r.summary is not None]
     if policy.payload is None or not any(s.parts or s.manifest or s.manifest_error for s in summaries):
         return {}
     provider = next((s for s in summaries if s.manifest is not None), summaries[0])
     system = platforms.system_libraries_of_tags([t.rsplit("-", 1)[-1] for t in provider.tags])
-    findings, section = payload_rules.analyze(summaries, _stream_archive(summaries, policy), policy, system)
+    archive = _stream_archive(summaries, policy)
+    findings, section = payload_rules.analyze(summaries, archive, policy, system)
+    elfs = {f.path: f.elf.link for f in (archive.files if archive else ()) if f.elf is not None and f.elf.link}
+    inside = {Path(p).name: d for p, d in elfs.items()} | {d.soname: d for d in elfs.values() if d.soname}
+    by_file = {r.wheel: r for r in results}
+    for scope in scopes:
+        if elfs and scope.applies(provider.filename):
+            done = [link_rules.resolve(d, inside, scope.providers, system) for d in elfs.values()]
+            findings += link_rules.unresolved(provider.filename, done, scope)
+            by_file[provider.filename].links.append(_link_counts(scope, f"{provider.filename}!payload", done))
     by_file = {r.wheel: r for r in results}
     for f in findings:
         r = by_file.get(f.wheel, results[0])

@@ -123,6 +123,10 @@ RULES: dict[str, Rule] = {
         Rule("elf.exports", "wheel", "dynamic symbols exported beyond PyInit_* and the declared C API"),
         Rule("elf.arch-mismatch", "wheel", "an ELF file's machine, class, byte order or OS ABI differs from the tag"),
         Rule("elf.not-elf", "wheel", "a shared-library or extension member that is not ELF at all"),
+        Rule("abi3.limited-api", "wheel", "an abi3 extension uses symbols outside the stable ABI of its oldest Python"),
+        Rule("torch.abi-pin", "wheel", "an ELF binds torch's C++ ABI but the wheel does not require torch exactly"),
+        Rule("link.unresolved", "wheel", "an undefined symbol binds nowhere in the load scope (--link providers)"),
+        Rule("link.provider-missing", "wheel", "a needed library neither the wheel nor the --link providers hold"),
         Rule(
             "elf.unused", "wheel", "a library nothing loads: its name resolves to another copy (info; decides nothing)"
         ),

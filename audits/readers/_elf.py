@@ -9,11 +9,12 @@ from dataclasses import dataclass, field
 from functools import cache
 from typing import Any, BinaryIO, cast
 
+from ._dynsym import Dynamic, DynSymbols, read_tables
+
 # pyelftools is imported where an ELF file is read (90 ms that a wheel without one never needs).
 
 PF_X, PF_W = 0x1, 0x2
 SHF_EXECINSTR = 0x4
-DF_TEXTREL = 0x4
 
 
 @dataclass(frozen=True)
@@ -52,6 +53,8 @@ class ElfFacts:
     ucs2: bool = False  # references PyUnicodeUCS2_* functions (a narrow-unicode Python 2)
     # An x86-64 library's code sampled for its instruction set (read_elf_stream's isa_budget), or None
     isa_sample: IsaSample | None = field(default=None, repr=False)
+    # Its dynamic symbol and version tables (what the loader binds), for a 64-bit little-endian file, or None
+    link: DynSymbols | None = field(default=None, repr=False)
 
     def symbol_at(self, address: int) -> str:
         i = bisect_right(self.symbols, (address, "\uffff")) - 1
@@ -422,7 +425,9 @@ def read_elf_stream(
         exec_ranges: list[tuple[int, int, str, int]] = []  # (file offset, size, name, address) of code
         rela: list[tuple[int, int]] = []  # (file offset, size) of relocation tables with addends
         by_name: dict[str, object] = {}
+        sections = []
         for sec in elf.iter_sections():
+            sections.append(sec)
             if sec.name in (".dynsym", ".symtab", ".dynstr", ".gnu.hash", ".hash", ".nv_fatbin"):
                 by_name.setdefault(sec.name, sec)
             if sec["sh_flags"] & SHF_EXECINSTR and sec["sh_type"] == "SHT_PROGBITS" and sec["sh_size"]:
@@ -433,19 +438,12 @@ def read_elf_stream(
                 for verneed, auxs in sec.iter_versions():
                     needs.append((str(verneed.name), tuple(str(a.name) for a in auxs)))
             if isinstance(sec, DynamicSection):
-                for tag in sec.iter_tags():
-                    t = tag.entry.d_tag
-                    # pyelftools sets these attributes per tag type; it has no type hints.
-                    if t == "DT_NEEDED":
-                        needed.append(tag.needed)  # type: ignore[attr-defined]
-                    elif t == "DT_RPATH":
-                        rpath.extend(tag.rpath.split(":"))  # type: ignore[attr-defined]
-                    elif t == "DT_RUNPATH":
-                        runpath.extend(tag.runpath.split(":"))  # type: ignore[attr-defined]
-                    elif t == "DT_SONAME":
-                        soname = tag.soname  # type: ignore[attr-defined]
-                    elif t == "DT_TEXTREL" or (t == "DT_FLAGS" and tag.entry.d_val & DF_TEXTREL):
-                        textrel = True
+                dyn = Dynamic.of(sec)
+                needed += dyn.needed
+                rpath += dyn.rpath
+                runpath += dyn.runpath
+                soname = dyn.soname or soname
+                textrel = textrel or dyn.textrel
         execstack = False
         rwx: list[int] = []
         isa = ""
@@ -514,6 +512,9 @@ def read_elf_stream(
             pyfpe=pyfpe,
             ucs2=ucs2,
             isa_sample=sample,
+            link=read_tables(member, elf, sections, (needed, rpath, runpath, soname))
+            if elf.elfclass == 64 and elf.little_endian
+            else None,
         )
     except Exception as exc:  # any of them is a verdict on the bytes (see the docstring)
         raise ValueError(f"{member}: malformed ELF: {type(exc).__name__}: {exc}") from exc
