@@ -200,6 +200,7 @@ def audit(session: nox.Session) -> None:
     is reused (`--fresh` audits anyway). `-- PATH...` audits anyone's wheels instead (reports: build/audit/)."""
     _install_lock(session, "audit")
     _install_lock(session, "vulns")  # pip-audit: the known vulnerabilities of what the install files pin
+    _install_lock(session, "links")  # uv: each install profile's closure, for the link rules (release/links.py)
     with _timed("audit"):
         session.run("python", "-m", "release.audit", *session.posargs)
 

@@ -63,6 +63,9 @@ BENCH_JSON = {
     "ab": BUILD / "bench-ab.json",
 }
 MUTANTS_JSON = BUILD / "mutants.json"
+# nox -s audit's link scopes: each published profile's third-party closure (uv pip install --target, hard links
+# from uv's cache), what the release's ELF files are resolved against (release/links.py)
+LINK_WORK = BUILD / "link"
 PUBLISH_WORK = BUILD / "publish"  # nox -s publish's snapshot of dist/ (swept by name when a run was killed)
 # Folders outside the build tree a stage stages into (a bundle's --out): one absolute path a line, so the sweep
 # and `nox -s clean` find a killed run's staging tree wherever --out pointed (base.swap.remember).
@@ -77,6 +80,7 @@ LEFTOVERS = (
     LOCK_WORK,
     AUDIT_REPORTS,
     PUBLISH_WORK,
+    LINK_WORK,
     *BENCH_SCRATCH,
     BENCH_KERNEL,
     BENCH_RELEASE,

@@ -1,11 +1,13 @@
 """`nox -s audit`: `python -m release.audit [--dist dist] [--baseline F] [--summary F] [--fresh] [PATH...]`.
 
-Two checks: every wheel (`python -m audits`), and the known vulnerabilities of everything the install
-files pin (release/vulns.py: pip-audit against the index's vulnerability data, or `--advisories FILE`,
-OSV data on disk; the policy's waivers), into dist/vulnerabilities.json. The index's data changes by the
-day, so the day is in the key (a file's sha256, when given). A vulnerability found and not waived fails
-the audit; a pin that could not be checked leaves the release INCOMPLETE (release/verdict.py), whether
-the stage ran or was reused (vulnerabilities.json, which says so, is one of its hashed outputs).
+Two checks: every wheel (`python -m audits`, each ELF file's undefined symbols resolved against each
+published install profile's closure: release/links.py, `--no-links` offline), and the known
+vulnerabilities of everything the install files pin (release/vulns.py: pip-audit against the index's
+vulnerability data, or `--advisories FILE`, OSV data on disk; the policy's waivers), into
+dist/vulnerabilities.json. The index's data changes by the day, so the day is in the key (a file's
+sha256, when given). A vulnerability found and not waived fails the audit; a pin that could not be
+checked leaves the release INCOMPLETE (release/verdict.py), whether the stage ran or was reused
+(vulnerabilities.json, which says so, is one of its hashed outputs).
 
 The audit of exactly these wheels (every file dist/SHA256SUMS lists, re-hashed), with this policy,
 this audit code and lock, is reused from its record (base/stages.py says what the key holds); anything
@@ -32,7 +34,7 @@ from base.cli import dist_option, fresh_option
 from base.errors import StageError
 from base.errors import report as report_error
 
-from . import vulns
+from . import links, vulns
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -57,6 +59,11 @@ def main(argv: list[str] | None = None) -> int:
         "--advisories",
         type=Path,
         help="OSV advisory data (PyPI's all.zip, a folder of OSV JSON, or one JSON file) instead of the index",
+    )
+    p.add_argument(
+        "--no-links",
+        action="store_true",
+        help="skip resolving every ELF file against each install profile's closure (offline); NOT CHECKED",
     )
     p.add_argument("paths", nargs="*", type=Path, help="anyone's wheels or folders instead (reports: build/audit/)")
     args = p.parse_args(argv)
@@ -92,7 +99,13 @@ def main(argv: list[str] | None = None) -> int:
         if not args.no_vulnerabilities:
             print("\n".join(vulns.lines(vulns.Vulnerabilities(**_known(vulns_json)))))
         return 0
+    unlinked = ["links: NOT CHECKED (--no-links)"] if args.no_links else []
+    if not args.no_links:  # each published profile's closure, for the link rules (release/links.py)
+        scopes_file, unlinked = links.write(args.dist)
+        extra += ["--link-scopes", str(scopes_file)]
     status = audit_main([str(args.dist), "--json", str(reports[0]), "--markdown", str(reports[1]), *extra])
+    for line in unlinked:
+        print(line)
     if args.no_vulnerabilities:
         vulns_json.write_text(json.dumps({"not_checked": "--no-vulnerabilities"}, indent=2) + "\n")
         print("vulnerabilities: NOT CHECKED (--no-vulnerabilities)")

@@ -1,0 +1,90 @@
+"""The link scopes of the release's install profiles: what `nox -s audit` resolves every ELF file against.
+
+For each published install profile, on the release's first Python: the third-party part of its install file
+(every pin but the release's own wheels, each with its sha256) is installed with `uv pip install --target
+build/link/<profile>-cp3NN --no-deps --require-hashes` for the profile's platform, from uv's cache where it has
+them (hard links: 195 distributions of serve in 3.6 s here; the first time, the download: ~4 GB for serve's CUDA
+torch and NVIDIA runtime). The audit then resolves the wheels that install file lists (and the payload
+archive's ELF files, with the wheel holding its manifest) against that folder: audits/analyzers/link_rules.py.
+
+A profile whose closure cannot be installed here (offline, an index that refuses) is NOT CHECKED, said with the
+reason and the command; the other profiles are still resolved.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+from base import distdir, paths, progress
+from base.version import python_tag
+from locks import indexes
+from locks.read import parse_pins
+
+WORK = paths.LINK_WORK
+PLATFORM = "x86_64-manylinux_2_34"  # what the install profiles resolve for (their `#:uv-args`)
+
+
+def _third_party(text: str, ours: set[str]) -> str:
+    """The install file without the release's own pins (their wheels are the ones audited)."""
+    blocks = text.replace("\\\n", "\0").splitlines()
+    kept = []
+    for line in blocks:
+        name = line.split("==", 1)[0].strip().lower() if "==" in line else ""
+        if name and name in ours:
+            continue
+        kept.append(line.replace("\0", "\\\n"))
+    return "\n".join(kept) + "\n"
+
+
+def scopes(dist: Path, work: Path = WORK, uv: str | None = None) -> tuple[list[dict[str, Any]], list[str]]:
+    """The link scopes of every published profile on the release's first Python ({"name", "folders", "wheels"},
+    as `python -m audits --link-scopes` reads them), and a NOT CHECKED line per profile that could not be
+    installed."""
+    release = distdir.open_release(dist)
+    manifest = release.manifest
+    python = manifest.pythons[0]
+    ours = {w.name for w in manifest.wheels}
+    uv = uv or shutil.which("uv") or "uv"
+    out: list[dict[str, Any]] = []
+    skipped: list[str] = []
+    for entry in [f for f in manifest.install or () if f.python == python and f.format == "requirements"]:
+        name = f"{entry.profile}-{python_tag(python)}"
+        text = (dist / entry.file).read_text()
+        pins = parse_pins(text, dist / entry.file)
+        listed = {n for n in pins if n in ours}
+        wheels = sorted(w.filename for w in manifest.wheels if w.name in listed and python in w.pythons)
+        target = work / name
+        subset = work / f"{name}.txt"
+        work.mkdir(parents=True, exist_ok=True)
+        subset.write_text(_third_party(text, ours))
+        adapted = indexes.for_install(subset, work / f"{name}.install.txt")
+        shutil.rmtree(target, ignore_errors=True)
+        argv = [uv, "pip", "install", "--quiet", "--target", str(target), "--no-deps", "--require-hashes"]
+        argv += ["--python-platform", PLATFORM, "--python-version", python, "-r", str(adapted)]
+        t0 = time.perf_counter()
+        progress.say("links", f"{name}: installing its third-party closure into {target} ...")
+        got = subprocess.run(argv, capture_output=True, text=True, check=False)
+        if got.returncode != 0:
+            why = (got.stderr.strip() or got.stdout.strip()).splitlines()[-1:] or ["no output"]
+            skipped.append(
+                f"{name}: NOT CHECKED: its closure could not be installed ({why[0]}); run `{' '.join(argv)}` "
+                "where the index is reachable, or audit with --link SITE_PACKAGES of an environment that holds it"
+            )
+            continue
+        progress.say("links", f"{name}: {len(pins) - len(listed)} distributions in {time.perf_counter() - t0:.1f}s")
+        out.append({"name": name, "folders": [str(target)], "wheels": wheels})
+    return out, skipped
+
+
+def write(dist: Path, work: Path = WORK) -> tuple[Path, list[str]]:
+    """scopes() into work/scopes.json; (its path, the NOT CHECKED lines)."""
+    found, skipped = scopes(dist, work)
+    work.mkdir(parents=True, exist_ok=True)
+    path = work / "scopes.json"
+    path.write_text(json.dumps(found, indent=2) + "\n")
+    return path, skipped
