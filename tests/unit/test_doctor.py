@@ -177,6 +177,43 @@ def test_the_loader_names_what_a_library_needs_and_cannot_find(tmp_path: Path) -
     assert run._major("libkt_cuda.so") is None
 
 
+def test_the_loader_names_the_symbols_an_installed_torch_lacks(tmp_path: Path) -> None:
+    """`ldd -r` with the environment's libraries: an extension built against a libtorch that had a c10 symbol,
+    beside one that lacks it, has that symbol named (demangled); Python's own symbols and the driver API on a
+    machine without the driver are not; with the symbol back, nothing is."""
+    import subprocess
+
+    run = _run_module()
+    gcc = ["gcc", "-shared", "-fPIC"]
+    check = 'void check(void) __asm__("_ZN3c106detail14torchCheckFailEPKcS2_jS2_");\n'
+    (tmp_path / "old.c").write_text(check + "void check(void) {}\n")
+    (tmp_path / "new.c").write_text("int other;\n")
+    (tmp_path / "ext.c").write_text(
+        check + "extern void *PyLong_FromLong(long);\nextern int cuInit(unsigned);\n"
+        "void *use(void) { check(); cuInit(0); return PyLong_FromLong(1); }\n"
+    )
+    built, env = tmp_path / "built", tmp_path / "env"
+    built.mkdir()
+    env.mkdir()
+    for folder, src in ((built, "old.c"), (env, "new.c")):
+        subprocess.run(
+            [*gcc, "-Wl,-soname,libtorch.so", "-o", str(folder / "libtorch.so"), str(tmp_path / src)], check=True
+        )
+    (tmp_path / "driver.c").write_text("int cuInit(unsigned f) { return (int)f; }\n")
+    driver = [*gcc, "-Wl,-soname,libcuda.so.1", "-o", str(built / "libcuda.so.1"), str(tmp_path / "driver.c")]
+    subprocess.run(driver, check=True)
+    ext = tmp_path / "ops.so"
+    link = [f"-L{built}", "-Wl,--no-as-needed", "-ltorch", "-l:libcuda.so.1"]
+    subprocess.run([*gcc, "-o", str(ext), str(tmp_path / "ext.c"), *link], check=True)
+    got = run.undefined_symbols([ext], {"libtorch.so": env / "libtorch.so"})
+    assert got == {str(ext): ["_ZN3c106detail14torchCheckFailEPKcS2_jS2_"]}
+    assert run._demangled(got[str(ext)]) in (
+        ["c10::detail::torchCheckFail(char const*, char const*, unsigned int, char const*)"],
+        got[str(ext)],  # no c++filt on this machine: the name as it is
+    )
+    assert run.undefined_symbols([ext], {"libtorch.so": built / "libtorch.so"}) == {}
+
+
 def test_files_another_install_deleted_or_changed_are_named_with_their_repair(
     healthy: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

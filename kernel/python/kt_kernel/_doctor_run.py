@@ -9,6 +9,9 @@ payload  the release's CUDA payload: materialized or not, every file's size agai
 needed   every extracted library's DT_NEEDED resolved by the dynamic loader itself (`ldd`, with the
          environment's own library folders, torch's NVIDIA libraries among them, on its path); a
          library needing another CUDA major than the environment holds is named as such;
+symbols  every undefined symbol of those libraries (and of sgl-deep-gemm-kt's extension) bound by the loader
+         (`ldd -r`): one this environment's torch lacks is named, with the torch installed, the torch the
+         release requires exactly, and the command that restores it;
 gpu      with a GPU torch can see: each device's compute capability against each payload file's SASS
          and PTX, then one small op per library (kt-kernel's CUDA library, sgl_kernel) through torch.
 
@@ -226,6 +229,118 @@ def unresolved(files: list[Path], env: dict[str, Path]) -> dict[str, list[str]]:
     return out
 
 
+_UNDEFINED = re.compile(r"^undefined symbol: (\S+?)(?:, version (\S+))?\t\((.+)\)$")
+
+
+def undefined_symbols(files: list[Path], env: dict[str, Path]) -> dict[str, list[str]]:
+    """file -> the undefined symbols of that file the dynamic loader binds nowhere (`ldd -r`: it loads the file's
+    libraries with the environment's library folders on its path and performs every relocation, running no
+    code of theirs). Python's own symbols (Py*, bound by the interpreter that imports it) aside, and the
+    driver API (cu*) where the driver's libcuda.so.1 is absent (a machine without a GPU)."""
+    ldd = shutil.which("ldd")
+    if ldd is None:
+        raise FileNotFoundError("ldd is not installed (glibc's libc-bin)")
+    path = ":".join(sorted({str(p.parent) for p in env.values()}))
+    run_env = {**os.environ, "LD_LIBRARY_PATH": ":".join(x for x in (path, os.environ.get("LD_LIBRARY_PATH")) if x)}
+    out: dict[str, list[str]] = {}
+    for f in files:
+        proc = subprocess.run([ldd, "-r", str(f)], capture_output=True, text=True, check=False, env=run_env)
+        text = proc.stdout + proc.stderr
+        no_driver = any(ln.split()[0] in DRIVER for ln in text.splitlines() if "=> not found" in ln)
+        names = []
+        for ln in text.splitlines():
+            m = _UNDEFINED.match(ln.strip())
+            if m is None or Path(m.group(3)) != f or m.group(1).startswith(("Py", "_Py")):
+                continue
+            if no_driver and re.match(r"cu[A-Z]", m.group(1)):
+                continue
+            names.append(m.group(1) + (f"@{m.group(2)}" if m.group(2) else ""))
+        if names:
+            out[str(f)] = sorted(set(names))
+    return out
+
+
+def _demangled(names: list[str]) -> list[str]:
+    """C++ names as people read them (binutils' c++filt, where this machine has it)."""
+    cxxfilt = shutil.which("c++filt")
+    if cxxfilt is None:
+        return names
+    got = subprocess.run([cxxfilt], input="\n".join(names), capture_output=True, text=True, check=False)
+    lines = got.stdout.splitlines()
+    return lines if got.returncode == 0 and len(lines) == len(names) else names
+
+
+def _torch_pin() -> tuple[str, str]:
+    """(the torch installed here, the torch the release's torch-built wheels require exactly), each "" if none."""
+    from importlib import metadata
+
+    try:
+        have = metadata.version("torch")
+    except metadata.PackageNotFoundError:
+        have = ""
+    for dist in ("sglang-kernel-kt", "sgl-deep-gemm-kt", "sglang-kt"):
+        try:
+            reqs = metadata.requires(dist) or []
+        except metadata.PackageNotFoundError:
+            continue
+        for r in reqs:
+            m = re.match(r"torch\s*==\s*([^;,\s]+)\s*(;.*)?$", r)
+            if m and "extra" not in (m.group(2) or ""):
+                return have, m.group(1)
+    return have, ""
+
+
+def _torch_built() -> list[Path]:
+    """The installed ELF files of the release's wheels built against torch (sgl-deep-gemm-kt's extension)."""
+    from importlib import metadata
+
+    out = []
+    for dist in ("sgl-deep-gemm-kt",):
+        try:
+            d = metadata.distribution(dist)
+        except metadata.PackageNotFoundError:
+            continue
+        out += [Path(str(d.locate_file(f))) for f in d.files or [] if str(f).endswith(".so")]
+    return [p for p in out if p.is_file() and _is_elf(p)]
+
+
+def check_symbols(found: tuple[Any, Any] | Check) -> Check:
+    """Every undefined symbol of the payload's libraries (and of the release's other torch-built extensions) binds
+    in what this environment holds: the failure `import sgl_kernel` meets beside another torch."""
+    files = _torch_built()
+    where = Path("/")
+    if not isinstance(found, Check):
+        payload, m = found
+        final = payload.target_dir(m)
+        if (final / payload.COMPLETE).is_file():
+            where = final
+            files += [p for p in sorted(final.rglob("*")) if p.is_file() and not p.is_symlink() and _is_elf(p)]
+    if not files:
+        return Check("symbols", "skipped", "no materialized payload and no torch-built extension of the release here")
+    missing = undefined_symbols(files, _environment_libraries())
+    have, want = _torch_pin()
+    data: dict[str, Any] = {"files": len(files), "torch": have, "release_torch": want, "unresolved": missing}
+    if not missing:
+        return Check(
+            "symbols", "ok", f"every undefined symbol of {len(files)} libraries binds here (torch {have})", data=data
+        )
+    lines = []
+    for f, names in missing.items():
+        shown = _demangled(names[:3])
+        more = f" and {len(names) - 3} more" if len(names) > 3 else ""
+        name = Path(f).relative_to(where) if Path(f).is_relative_to(where) and where != Path("/") else Path(f).name
+        lines.append(f"{name}: {len(names)} symbols bind nowhere ({'; '.join(shown)}{more})")
+    torch = f"torch {have} is installed, the release needs torch=={want}" if want and have != want else ""
+    restore = (
+        f"pip install --force-reinstall --no-deps torch=={want} (from the index the release's install file names), "
+        "or reinstall the profile: pip install --require-hashes -r serve-cp3XX.txt"
+        if want
+        else "reinstall the profile as the release locks it: pip install --require-hashes -r serve-cp3XX.txt"
+    )
+    detail = (f"{torch}: " if torch else "") + "; ".join(lines[:4])
+    return Check("symbols", "problem", detail, restore, data=data)
+
+
 def check_needed(found: tuple[Any, Any] | Check) -> Check:
     if isinstance(found, Check):
         return replace(found, name="needed")
@@ -348,6 +463,7 @@ def run(deep: bool = False) -> list[Check]:
         found = Check("payload", "problem", f"{type(exc).__name__}: {exc}", "report it with `kt-doctor --run --json`")
     checks.append(_timed("payload", lambda: check_payload(found, deep)))
     checks.append(_timed("needed", lambda: check_needed(found)))
+    checks.append(_timed("symbols", lambda: check_symbols(found)))
     checks.append(_timed("gpu", lambda: check_gpu(found)))
     return checks
 
