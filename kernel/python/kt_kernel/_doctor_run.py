@@ -33,6 +33,7 @@ from typing import Any
 
 BOUND = 0.03  # the kernel quantizes activations to int8; against a float64 reference of the same weights
 DRIVER = frozenset({"libcuda.so.1", "libnvidia-ml.so.1"})  # the NVIDIA driver's, never a wheel's
+DRIVER_API = {"libcuda.so.1": r"cu[A-Z]", "libnvidia-ml.so.1": r"nvml[A-Z]"}  # what each defines
 
 
 @dataclass
@@ -236,7 +237,7 @@ def undefined_symbols(files: list[Path], env: dict[str, Path]) -> dict[str, list
     """file -> the undefined symbols of that file the dynamic loader binds nowhere (`ldd -r`: it loads the file's
     libraries with the environment's library folders on its path and performs every relocation, running no
     code of theirs). Python's own symbols (Py*, bound by the interpreter that imports it) aside, and the
-    driver API (cu*) where the driver's libcuda.so.1 is absent (a machine without a GPU)."""
+    driver's API (cu*, nvml*) where its library is absent (a machine without a GPU)."""
     ldd = shutil.which("ldd")
     if ldd is None:
         raise FileNotFoundError("ldd is not installed (glibc's libc-bin)")
@@ -246,13 +247,13 @@ def undefined_symbols(files: list[Path], env: dict[str, Path]) -> dict[str, list
     for f in files:
         proc = subprocess.run([ldd, "-r", str(f)], capture_output=True, text=True, check=False, env=run_env)
         text = proc.stdout + proc.stderr
-        no_driver = any(ln.split()[0] in DRIVER for ln in text.splitlines() if "=> not found" in ln)
+        absent = {ln.split()[0] for ln in text.splitlines() if "=> not found" in ln} & DRIVER
         names = []
         for ln in text.splitlines():
             m = _UNDEFINED.match(ln.strip())
             if m is None or Path(m.group(3)) != f or m.group(1).startswith(("Py", "_Py")):
                 continue
-            if no_driver and re.match(r"cu[A-Z]", m.group(1)):
+            if any(re.match(DRIVER_API[lib], m.group(1)) for lib in absent):
                 continue
             names.append(m.group(1) + (f"@{m.group(2)}" if m.group(2) else ""))
         if names:
