@@ -329,7 +329,8 @@ def check_symbols(found: tuple[Any, Any] | Check) -> Check:
     for f, names in missing.items():
         shown = _demangled(names[:3])
         more = f" and {len(names) - 3} more" if len(names) > 3 else ""
-        name = Path(f).relative_to(where) if Path(f).is_relative_to(where) and where != Path("/") else Path(f).name
+        inside = where != Path("/") and Path(f).is_relative_to(where)
+        name = Path(f).relative_to(where) if inside else Path(Path(f).parent.name) / Path(f).name
         lines.append(f"{name}: {len(names)} symbols bind nowhere ({'; '.join(shown)}{more})")
     torch = f"torch {have} is installed, the release needs torch=={want}" if want and have != want else ""
     restore = (
