@@ -276,6 +276,7 @@ class Resolution:
     bound: int = 0
     unresolved: list[tuple[str, str, str]] = field(default_factory=list)  # (name, version, the version's file)
     missing: list[str] = field(default_factory=list)
+    unreadable: list[str] = field(default_factory=list)  # providers' files found but not read (path: why)
     assumed: int = 0
 
 
@@ -309,6 +310,8 @@ def resolve(
             outside.add(lib)
         elif ours:  # a provider's own dependency is the provider's to bring (its lock), not this object's finding
             res.missing.append(lib)
+            if lib in providers.paths:  # there, but not a readable ELF file: named as such
+                res.unreadable.append(next((u for u in providers.unreadable if lib in u), str(providers.paths[lib])))
     for name, version, where in obj.undefined:
         if name.startswith(("Py", "_Py")):
             continue  # the interpreter's (the abi3 rule)
@@ -344,7 +347,17 @@ def unresolved(filename: str, results: Sequence[Resolution], scope: Scope) -> li
     providers = scope.providers
     roots = f"{scope.name}: " + ", ".join(str(r) for r in providers.roots)
     for r in results:
-        if r.missing:
+        if r.unreadable:
+            out.append(
+                finding(
+                    "link.provider-missing",
+                    filename,
+                    r.member,
+                    f"needs a library the providers hold but the audit cannot read: {'; '.join(r.unreadable)}",
+                    "reinstall the distribution that provides it (its file is damaged), or report the file",
+                )
+            )
+        if set(r.missing) - {u.rsplit("/", 1)[-1].split(":", 1)[0] for u in r.unreadable}:
             out.append(
                 finding(
                     "link.provider-missing",

@@ -200,3 +200,20 @@ def test_the_real_common_ops_binds_in_the_pinned_torch_and_not_in_an_older_one(
         assert "c10::cuda::CUDAErrorLogCapture::CUDAErrorLogCapture()" in names
     else:
         assert r.bound == 143
+
+
+def test_a_provider_library_that_cannot_be_read_is_named(tmp_path: Path) -> None:
+    lib = tmp_path / "built"
+    lib.mkdir()
+    (lib / "libgone.so").write_bytes(
+        compile_so(tmp_path, "libgone.so", "int g1(void){return 1;}\n", "-Wl,-soname,libgone.so")
+    )
+    so = compile_so(tmp_path, "ops.so", "int g1(void);\nint use(void) { return g1(); }\n", f"-L{lib}", "-lgone")
+    site = tmp_path / "site" / "gone" / "lib"
+    site.mkdir(parents=True)
+    (site / "libgone.so").write_bytes(b"\x7fELF" + b"\x02\x01\x01" + b"\0" * 9 + b"\xff" * 40)  # a header, then junk
+    wheel = _wheel(tmp_path, "py3-none-manylinux_2_17_x86_64", {"ops.so": so})
+    found = [f for f in run([wheel], POLICY, link=[tmp_path / "site"])["findings"] if f["rule"].startswith("link.")]
+    (f,) = found
+    assert f["rule"] == "link.provider-missing"
+    assert f"needs a library the providers hold but the audit cannot read: {site / 'libgone.so'}" in f["message"]
