@@ -193,6 +193,7 @@ def build(dist: Path, work: Path, variants: list[str], cuda_archs: list[str] | N
     else:
         env["KT_CUDA"] = "OFF"
     env.setdefault("CMAKE_BUILD_PARALLEL_LEVEL", str(os.cpu_count() or 2))
+    env["KT_GLIBC_FLOOR"] = str(_glibc_floor())  # manylinux_2_28 from any build host
     # Each configuration gets its own CMake build dir, so a sharded build never
     # reuses a full build's cache (and the reverse).
     tag = config_tag(variants, cuda_archs)
@@ -278,6 +279,21 @@ def config_tag(variants: list[str], cuda_archs: list[str] | None) -> str:
     if cuda_archs is not None:
         tag += "-cuda" + ("-" + "-".join(cuda_archs) if cuda_archs else "")
     return tag
+
+
+def _glibc_floor() -> Path:
+    """glibc 2.28's stubs for the link (kernel/tools/glibc_floor.py beside this script: stdlib only)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("kt_glibc_floor", Path(__file__).with_name("glibc_floor.py"))
+    assert spec is not None
+    assert spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    try:
+        return Path(mod.floor())
+    except mod.FloorError as exc:
+        raise BuildError(str(exc)) from None
 
 
 def _keys() -> ModuleType:

@@ -19,7 +19,6 @@ from tests.wheelkit import compile_so, pure_wheel_members, read_members, retag, 
 POLICY = load_policy()
 THIRD = load_policy("third-party")
 LADDER = DEFAULT_POLICY.parent / "cpu_variants.json"  # a policy copied elsewhere names the ladder absolutely
-TAG = "manylinux_2_34_x86_64"
 AVX2_LOOP = """
 #include <immintrin.h>
 __attribute__((visibility("default"))) void kt_cpu_variant_ops(float *a, const float *b, int n) {
@@ -41,6 +40,12 @@ def members(kt_wheel: Path) -> dict[str, bytes]:
 @pytest.fixture
 def out(tmp_path: Path, kt_wheel: Path) -> Path:
     return tmp_path / kt_wheel.name
+
+
+@pytest.fixture(scope="module")
+def tag(kt_wheel: Path) -> str:
+    """The kernel wheel's platform tag, as its build chose it (manylinux_2_24_x86_64: test_kernel_wheel.py)."""
+    return kt_wheel.name[:-4].rsplit("-", 1)[1]
 
 
 def test_clean_kt_kernel_wheel_has_zero_findings(kt_wheel: Path) -> None:
@@ -101,8 +106,8 @@ def test_no_record(members: dict[str, bytes], out: Path) -> None:
     assert rules_of(write_wheel(out, m, regenerate_record=False)) == {"wheel.record-missing"}
 
 
-def test_wheel_tag_lines_differ_from_filename(members: dict[str, bytes], out: Path) -> None:
-    assert rules_of(write_wheel(out, retag(members, TAG, "manylinux_2_35_x86_64"))) == {"wheel.wheel-file"}
+def test_wheel_tag_lines_differ_from_filename(members: dict[str, bytes], out: Path, tag: str) -> None:
+    assert rules_of(write_wheel(out, retag(members, tag, "manylinux_2_35_x86_64"))) == {"wheel.wheel-file"}
 
 
 def test_native_wheel_claiming_purelib(members: dict[str, bytes], out: Path) -> None:
@@ -168,13 +173,13 @@ def test_extension_suffix_for_another_python(members: dict[str, bytes], out: Pat
     assert rules_of(write_wheel(out, m)) == {"tag.ext-suffix"}
 
 
-def test_overclaiming_manylinux_tag(members: dict[str, bytes], tmp_path: Path, kt_wheel: Path) -> None:
-    """The kernel needs GLIBC_2.34 (pthread_create in libc); manylinux_2_17 is a lie."""
-    path = tmp_path / kt_wheel.name.replace(TAG, "manylinux_2_17_x86_64")
-    res = audit_wheel(write_wheel(path, retag(members, TAG, "manylinux_2_17_x86_64")), POLICY)
+def test_overclaiming_manylinux_tag(members: dict[str, bytes], tmp_path: Path, kt_wheel: Path, tag: str) -> None:
+    """The kernel's CPU variants need GLIBCXX_3.4.22 (libstdc++ of GCC 6); manylinux_2_17 is a lie."""
+    path = tmp_path / kt_wheel.name.replace(tag, "manylinux_2_17_x86_64")
+    res = audit_wheel(write_wheel(path, retag(members, tag, "manylinux_2_17_x86_64")), POLICY)
     over = [f for f in res.findings if f.rule == "tag.manylinux-overclaim"]
     assert over
-    assert any("GLIBC_2.34" in f.message for f in over)
+    assert any("GLIBCXX_3.4.22" in f.message for f in over)
     # one finding per library and limiting reason, however many versions and symbols
     keys = [(f.member, f.message.split(" from ")[1].split(",")[0], f.message.split("_")[0]) for f in over]
     assert len(keys) == len(set(keys)), [f.message for f in over]
@@ -262,9 +267,9 @@ def test_a_fatbin_cuobjdump_cannot_read(members: dict[str, bytes], out: Path, tm
     assert [f.severity for f in theirs] == ["warning"]
 
 
-def test_plain_linux_tag_is_a_warning(members: dict[str, bytes], tmp_path: Path, kt_wheel: Path) -> None:
-    path = tmp_path / kt_wheel.name.replace(TAG, "linux_x86_64")
-    res = audit_wheel(write_wheel(path, retag(members, TAG, "linux_x86_64")), POLICY)
+def test_plain_linux_tag_is_a_warning(members: dict[str, bytes], tmp_path: Path, kt_wheel: Path, tag: str) -> None:
+    path = tmp_path / kt_wheel.name.replace(tag, "linux_x86_64")
+    res = audit_wheel(write_wheel(path, retag(members, tag, "linux_x86_64")), POLICY)
     assert [f.severity for f in res.findings if f.rule == "tag.not-portable"] == ["warning"]
 
 

@@ -112,6 +112,29 @@ def test_wheel_is_repaired_and_carries_the_manifest(kt_wheel: Path) -> None:
         assert entry["features"] == next(v["features"] for v in LADDER if v["name"] == name)
 
 
+def test_the_glibc_floor_gives_manylinux_2_24_on_any_build_host_as_auditwheel_shows_it(kt_wheel: Path) -> None:
+    """Linked against glibc 2.28's stubs (kernel/tools/glibc_floor.py), not the build host's glibc: no ELF needs a
+    GLIBC_ version above 2.28 (today 2.16, and GLIBCXX_3.4.22, which makes it manylinux_2_24), and the tag the
+    build chose is the one `auditwheel show` and the audit's own verdict give."""
+    import subprocess
+    import sys
+
+    from audits import manylinux
+    from audits.readers import read_wheel
+
+    assert kt_wheel.name.endswith("-manylinux_2_24_x86_64.whl"), kt_wheel.name
+    w = read_wheel(kt_wheel)
+    needs = [(m, v) for m, e in w.elfs.items() for lib, vs in e.version_needs for v in vs if v.startswith("GLIBC_")]
+    too_new = [(m, v) for m, v in needs if manylinux.version_key(v) > (2, 28)]
+    assert needs
+    assert too_new == []
+    assert manylinux.honest_platform(list(w.elfs.values()))[0] == "manylinux_2_24_x86_64"
+    shown = subprocess.run(
+        [sys.executable, "-m", "auditwheel", "show", str(kt_wheel)], capture_output=True, text=True, check=False
+    )
+    assert '"manylinux_2_24_x86_64"' in " ".join(shown.stdout.split()), shown.stdout
+
+
 def test_import_reports_a_variant(fresh_venv: Venv, host_report: dict[str, Any]) -> None:
     assert host_report["selected"] in VARIANTS
     assert host_report["variants"][host_report["selected"]]["usable"]
