@@ -11,7 +11,7 @@ from typing import Any
 
 from packaging.utils import InvalidWheelFilename, parse_wheel_filename
 
-from . import platforms
+from . import manylinux, platforms
 from .analyzers import (
     cuda_rules,
     dist_rules,
@@ -64,6 +64,7 @@ class WheelResult:
     sbom_hashes: frozenset[str] = frozenset()  # every sha256 its SBOM lists: the release manifest's inputs
     license: str | None = None  # its License-Expression
     links: list[dict[str, Any]] = field(default_factory=list)  # per link scope: what each ELF file bound
+    glibc: tuple[str, str] | None = None  # the newest GLIBC_ version any ELF file needs, and that ELF file
 
 
 def read_options(policy: Policy, dist_name: str = "", tags: frozenset[str] = frozenset()) -> ReadOptions:
@@ -300,6 +301,8 @@ def audit_wheel(
     res.cuda = (
         {**sections["cuda"], "embedded": sections["cuda-listing"]} if sections["cuda-listing"] else sections["cuda"]
     )
+    needs = [(v, e.member) for e in ctx.elfs for lib, vs in e.version_needs for v in vs if v.startswith("GLIBC_")]
+    res.glibc = max(needs, key=lambda n: manylinux.version_key(n[0]), default=None)
     res.platform, res.platform_reason = platforms.verdict(
         ctx.target, list(ctx.elfs), ctx.chains.where, ctx.chains.unused
     )
@@ -469,6 +472,7 @@ def run(
                 "license": r.license,
                 "sbom_components": r.sbom_components,
                 **({"links": r.links} if r.links else {}),
+                **({"glibc_needed": {"version": r.glibc[0], "elf": r.glibc[1]}} if r.glibc else {}),
             }
             for r in results
         ],

@@ -170,6 +170,49 @@ def pythons_line(manifest: distdir.Manifest) -> str:
     return line
 
 
+def glibc_floor(dist: Path, manifest: distdir.Manifest, audit: dict[str, Any]) -> str:
+    """The oldest glibc the release installs on, one line: per install profile on the first Python (its whole
+    closure, the pylock's wheels and ours: the wheel that sets it, and for one of ours the ELF file, from the
+    audit's verdict), and the release's own wheels alone."""
+    import tomllib
+
+    from audits.platforms import glibc_of
+
+    def floor(filename: str) -> tuple[int, int]:
+        return max((g for t in parse_wheel_filename(filename)[3] if (g := glibc_of(t.platform))), default=(0, 0))
+
+    why = {
+        w["filename"]: f"{n['elf']} needs {n['version']}"
+        for w in audit.get("wheels", [])
+        if (n := w.get("glibc_needed"))
+    }
+    python = manifest.pythons[0] if manifest.pythons else "3.11"
+    ours = [w.filename for w in manifest.wheels if python in w.pythons]
+    parts = []
+    for entry in [f for f in manifest.install or () if f.python == python and f.format == "pylock"]:
+        try:
+            lock = tomllib.loads((dist / entry.file).read_text())
+        except (OSError, tomllib.TOMLDecodeError):
+            continue
+        names = {str(p.get("name", "")) for p in lock.get("packages", [])}
+        files = [str(w.get("name") or str(w.get("url", "")).rsplit("/", 1)[-1]) for p in lock.get("packages", [])
+                 for w in p.get("wheels", [])]  # fmt: skip
+        files += [f for f in ours if parse_wheel_filename(f)[0] in names]
+        top = max(files, key=lambda f: (floor(f), f in why), default="")  # a tie: ours, whose ELF is named
+        if top and floor(top) > (0, 0):
+            said = f" ({why[top]})" if why.get(top) else ""
+            parts.append(f"{entry.profile} {'.'.join(map(str, floor(top)))} (set by {top}{said})")
+    own = max(ours, key=floor, default="")
+    mine = [f for f in ours if parse_wheel_filename(f)[0] == "kt-kernel"]
+    kernel = f"; kt-kernel's own binaries: {mine[0]} ({why.get(mine[0], '')})" if mine else ""
+    if not parts and not own:
+        return "glibc floor: unknown (no install file, no manylinux wheel)"
+    return (
+        f"glibc floor (the oldest glibc each install profile installs on): {'; '.join(parts) or 'no pylock'}; "
+        f"the release's wheels alone: {'.'.join(map(str, floor(own)))} (set by {own}){kernel}"
+    )
+
+
 def _cls(verdict: str) -> str:
     if verdict.startswith("INCOMPLETE"):
         return "warn"
@@ -513,11 +556,14 @@ def _main(argv: list[str] | None) -> int:
     judged = judging.judge(ev, args.accept)
     errors: dict[str, int] = {w["filename"]: w["errors"] for w in audit.get("wheels", [])}
     torch = torch_summary(manifest.torch)
-    lines = [f"KT release {manifest.kt_version}  (torch {torch})", pythons_line(manifest), ""]
+    floor = glibc_floor(args.dist, manifest, audit)
+    lines = [f"KT release {manifest.kt_version}  (torch {torch})", pythons_line(manifest), floor, ""]
     md = [
         f"# KT release {manifest.kt_version}",
         "",
         pythons_line(manifest),
+        "",
+        floor,
         "",
         f"torch: `{torch}`" + "".join(f"; {p} installed `{t}`" for p, t in installed_torch(verify)),
         "",

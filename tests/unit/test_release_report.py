@@ -371,3 +371,39 @@ def test_evidence_with_any_member_of_the_wrong_type_or_missing_is_one_error_line
                 assert len(lines) == 1, (path, how, err)
                 assert str(file) in lines[0], (path, how, err)
                 assert "`" + ".".join(map(str, path[:2])) in lines[0] or path[0] == "interpreter", (path, how, err)
+
+
+def test_the_glibc_floor_names_the_wheel_and_the_elf_that_set_it(tmp_path: Path) -> None:
+    """Per install profile: the newest manylinux floor of its closure (the pylock's wheels and ours), a tie
+    going to our wheel, whose ELF file the audit names; and the kernel's own binaries."""
+    from release.report import glibc_floor
+    from tests import distkit
+
+    ours = "kt_kernel-1.0-cp311-abi3-manylinux_2_24_x86_64.whl"
+    sg = "sglang_kt-1.0-cp311-cp311-manylinux_2_34_x86_64.whl"
+    pylock = (
+        'lock-version = "1.0"\n[[packages]]\nname = "torch"\nversion = "2.14.1"\n'
+        'wheels = [{ url = "https://x/torch-2.14.1-cp311-cp311-manylinux_2_28_x86_64.whl" }]\n'
+        '[[packages]]\nname = "sglang-kt"\nversion = "1.0"\n'
+        '[[packages]]\nname = "crypto"\nversion = "1"\n'
+        'wheels = [{ url = "https://x/crypto-1-cp311-abi3-manylinux_2_34_x86_64.whl" }]\n'
+    )
+    dist = tmp_path / "dist"
+    manifest = distkit.make_release(
+        dist,
+        wheels={ours: b"k", sg: b"s"},
+        install={
+            "install/pylock.serve-cp311.toml": pylock,
+            "install/pylock.sft-cp311.toml": pylock.split('[[packages]]\nname = "sglang-kt"', maxsplit=1)[0],
+        },
+    )
+    audit = {
+        "wheels": [
+            {"filename": ours, "glibc_needed": {"version": "GLIBC_2.16", "elf": "kt_kernel/cpu/libkt_cpu_amx.so"}},
+            {"filename": sg, "glibc_needed": {"version": "GLIBC_2.34", "elf": "sglang/srt/x.so"}},
+        ]
+    }
+    line = glibc_floor(dist, manifest, audit)
+    assert f"serve 2.34 (set by {sg} (sglang/srt/x.so needs GLIBC_2.34))" in line
+    assert "sft 2.28 (set by torch-2.14.1-cp311-cp311-manylinux_2_28_x86_64.whl)" in line
+    assert f"kt-kernel's own binaries: {ours} (kt_kernel/cpu/libkt_cpu_amx.so needs GLIBC_2.16)" in line
