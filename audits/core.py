@@ -196,7 +196,7 @@ ANALYZERS: tuple[tuple[str, Analyzer], ...] = (
         _only(lambda c, p: isa_rules.grafts(c.w.filename, list(c.elfs), c.chains.where, c.chains.unused, p)),
     ),
     ("abi3", _only(lambda c, p: link_rules.abi3(c.w, c.elfs))),
-    ("torch-abi", _only(lambda c, p: link_rules.torch_pin(c.w, c.elfs, _torch_libraries(p)))),
+    ("torch-abi", _only(lambda c, p: link_rules.torch_pin(c.w, c.elfs, _torch_libraries(p), c.chains.where))),
     ("build-manifest", _only(lambda c, p: manifest_rules.manifest(c.w, c.w.elfs, p, c.uses))),
     ("cuda", lambda c, p: cuda_rules.cuda(c.w, c.kernel_payload, p, c.system)),
     ("cuda-listing", lambda c, p: cuda_rules.listing(c.w)),

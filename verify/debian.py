@@ -40,11 +40,18 @@ def make_root(python: str, where: Path | None = None) -> Path:
         raise Unavailable(f"no Debian suite ships CPython {python} (known: {known})")
     if (root / "usr" / "bin" / f"python{python}").exists():
         return root
+    suite = interpreters.DEBIAN_SUITES[python]
+    return debootstrap(suite, root, [f"python{python}", f"python{python}-venv"], f"python{python}")
+
+
+def debootstrap(suite: str, root: Path, include: list[str], what: str) -> Path:
+    """A minimal Debian `suite` root at `root` holding `include`, made by debootstrap from the Debian mirror
+    (the folder that holds it the running user's alone); Unavailable where this machine cannot, VerifyError
+    where debootstrap fails."""
     if os.geteuid() != 0:
         raise Unavailable(f"debootstrap and chroot need root to make {root}: run verify_install as root")
     if shutil.which("debootstrap") is None:
         raise Unavailable("debootstrap is not installed: apt-get install debootstrap (it fetches Debian's packages)")
-    suite = interpreters.DEBIAN_SUITES[python]
     try:
         cachedir.owned(root.parent, "Debian roots folder")  # nobody else may plant a root that root then runs
     except cachedir.CacheError as exc:
@@ -52,9 +59,9 @@ def make_root(python: str, where: Path | None = None) -> Path:
     tmp = swap.part(root)  # base.swap.sweep removes a killed one
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.parent.mkdir(parents=True, exist_ok=True)
-    print(f"[{python_tag(python)}] debootstrap {suite} (python{python}) into {root} ...", flush=True)
+    print(f"[debian] debootstrap {suite} ({what}) into {root} ...", flush=True)
     got = subprocess.run(
-        ["debootstrap", "--variant=minbase", f"--include=python{python},python{python}-venv", suite, str(tmp), MIRROR],
+        ["debootstrap", "--variant=minbase", f"--include={','.join(include)}", suite, str(tmp), MIRROR],
         capture_output=True,
         text=True,
         check=False,

@@ -162,16 +162,25 @@ def _requirement(w: WheelFacts, name: str) -> Requirement | None:
     return None
 
 
-def torch_cxx(e: ElfFacts, torch_libs: Sequence[str]) -> list[str]:
-    """The torch C++ symbols `e` binds (unversioned, in torch's namespaces) where it needs a torch library."""
-    if e.link is None or not any(fnmatch.fnmatch(lib, p) for lib in e.needed for p in torch_libs):
+def torch_cxx(
+    e: ElfFacts, torch_libs: Sequence[str], where: Mapping[tuple[str, str], str | None] | None = None
+) -> list[str]:
+    """The torch C++ symbols `e` binds (unversioned, in torch's namespaces) where it needs a torch library from
+    outside its wheel (`where`: elf_rules.load_chains; torch's own wheel ships the libraries it binds)."""
+    outside = [lib for lib in e.needed if (where or {}).get((e.member, lib)) is None]
+    if e.link is None or not any(fnmatch.fnmatch(lib, p) for lib in outside for p in torch_libs):
         return []
     return sorted({n for n, v, _ in e.link.undefined if not v and TORCH_CXX.match(n)})
 
 
-def torch_pin(w: WheelFacts, elfs: Iterable[ElfFacts], torch_libs: Sequence[str]) -> list[Finding]:
-    """A wheel whose ELF files bind torch's C++ ABI requires torch exactly."""
-    users = [(e.member, syms) for e in elfs if (syms := torch_cxx(e, torch_libs))]
+def torch_pin(
+    w: WheelFacts,
+    elfs: Iterable[ElfFacts],
+    torch_libs: Sequence[str],
+    where: Mapping[tuple[str, str], str | None] | None = None,
+) -> list[Finding]:
+    """A wheel whose ELF files bind torch's C++ ABI from outside it requires torch exactly."""
+    users = [(e.member, syms) for e in elfs if (syms := torch_cxx(e, torch_libs, where))]
     if not users:
         return []
     req = _requirement(w, "torch")
