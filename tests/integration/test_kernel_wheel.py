@@ -13,6 +13,11 @@ import pytest
 from tests.conftest import KT_SRC, ROOT
 from tests.integration.conftest import SCRIPTS, Venv
 
+# The ladder's feature names (iced-x86) as the Linux kernel spells them in /proc/cpuinfo: the independent
+# source that decides which variants this host must run (never kt_kernel's own detection, which is under
+# test); the glibc proof runs the variants by the same map.
+from verify.glibc_proof import CPUINFO_FLAG
+
 LADDER = json.loads((KT_SRC / "cpu_variants.json").read_text())["variants"]
 VARIANTS = [v["name"] for v in LADDER]
 # Numerics bounds, relative L2 (scripts/numerics.py, fixed seeds), each measured on the avx2 variant
@@ -27,24 +32,6 @@ QUANT_TOL = {("int8", 0): 0.01, ("rawint4", 32): 0.11, ("rawint4", 64): 0.12, ("
 # What a user sees (kernel vs fp32 on the original weights; the SiLU-gated product amplifies
 # int4's weight error): measured int8 2.4%, g32 19.6%, g64 22.6%, g128 24.0%; margin ~1.15x.
 E2E_TOL = {("int8", 0): 0.035, ("rawint4", 32): 0.225, ("rawint4", 64): 0.26, ("rawint4", 128): 0.275}
-# The ladder's feature names (iced-x86) as the Linux kernel spells them in /proc/cpuinfo: the
-# independent source that decides which variants this host must run (never kt_kernel's own
-# detection, which is under test).
-CPUINFO_FLAG = {
-    "AVX2": "avx2",
-    "FMA": "fma",
-    "F16C": "f16c",
-    "AVX512F": "avx512f",
-    "AVX512BW": "avx512bw",
-    "AVX512DQ": "avx512dq",
-    "AVX512VL": "avx512vl",
-    "AVX512_VNNI": "avx512_vnni",
-    "AVX512_VBMI": "avx512vbmi",
-    "AVX512_BF16": "avx512_bf16",
-    "AMX_TILE": "amx_tile",
-    "AMX_INT8": "amx_int8",
-    "AMX_BF16": "amx_bf16",
-}
 
 
 def out_of_bounds(cases: list[dict[str, Any]]) -> list[dict[str, Any]]:
