@@ -11,8 +11,9 @@ event; a failed or skipped job skips its dependants. `uses:` steps other than ch
 setup-python, upload-artifact and download-artifact are errors before anything runs.
 
 Steps that cannot run here are replaced by their local equivalent with a visible note, never
-silently: cibuildwheel's container build by the host build (`nox -s build_cuda`; a Python the host
-lacks gets the host wheel relabelled for it, a FIXTURE that must never be installed), and the
+silently: cibuildwheel's container build by the host build (`nox -s build_cuda`: the same link against glibc
+2.28's stubs in both, kernel/tools/glibc_floor.py, so the same manylinux tag; a Python the host lacks gets the
+host wheel relabelled for it, a FIXTURE that must never be installed), and the
 publish jobs' index by a pypiserver on 127.0.0.1 (attestations need the CI's OIDC identity: off).
 """
 
@@ -323,7 +324,12 @@ def replace_run(script: str, env: Mapping[str, str], local: Local) -> tuple[str,
     m = re.search(r'nox -s build_wheels -- --python "?(?:\$\{?(\w+)\}?|(cp3\d+))"?', script)
     if m:
         python = m.group(2) or env.get(m.group(1), m.group(1))
-        notes.append("cibuildwheel needs a container engine: replaced by the host build (nox -s build_cuda)")
+        notes.append(
+            "cibuildwheel needs a container engine: replaced by the host build (nox -s build_cuda), equivalent for "
+            "the wheel's glibc floor: both link against glibc 2.28's stubs (kernel/tools/glibc_floor.py), not the "
+            "glibc of the machine or image that builds, so both give manylinux_2_24 (the container's own glibc is "
+            "2.28 too)"
+        )
         cmd = "nox -s build_cuda && mkdir -p build/wheelhouse"
         if python == HOST_PYTHON:
             cmd += " && cp build/kt-kernel/out/*.whl build/wheelhouse/"
