@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -276,7 +277,7 @@ def _misstated_wheel(tmp_path: Path, requires: tuple[str, ...] = ()) -> Path:
     return path
 
 
-def _repack(tmp_path: Path, src: Path, **changes: object) -> tuple[str, dict[str, bytes]]:
+def _repack(tmp_path: Path, src: Path, **changes: Any) -> tuple[str, dict[str, bytes]]:
     import dataclasses
 
     from carriers import wheelio
