@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import io
 import struct
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, BinaryIO
 
@@ -44,6 +45,27 @@ class DynSymbols:
 
 
 DF_TEXTREL = 0x4
+# Version entries (and their auxiliaries) one section may hold: glibc's libc.so.6 defines about 40, and a
+# damaged count (sh_info, vn_cnt) with a zero `next` offset would have pyelftools yield the same entry billions
+# of times.
+MAX_VERSION_ENTRIES = 1 << 14
+
+
+def bounded_versions(sec: Any) -> Iterator[tuple[Any, list[Any]]]:
+    """pyelftools' (entry, auxiliaries) of a GNU version section, at most MAX_VERSION_ENTRIES in all (a
+    ValueError beyond: the section is damaged)."""
+    seen = 0
+    for entry, auxs in sec.iter_versions():
+        listed = []
+        for aux in auxs:
+            seen += 1
+            if seen > MAX_VERSION_ENTRIES:
+                break
+            listed.append(aux)
+        seen += 1
+        if seen > MAX_VERSION_ENTRIES:
+            raise ValueError(f"{sec.name}: more than {MAX_VERSION_ENTRIES} version entries (a damaged count)")
+        yield entry, listed
 
 
 @dataclass
@@ -136,12 +158,12 @@ def read_tables(
             found = Dynamic.of(sec)
             needed, rpath, runpath, soname = found.needed, found.rpath, found.runpath, found.soname
         elif isinstance(sec, GNUVerDefSection):
-            for verdef, auxs in sec.iter_versions():
+            for verdef, auxs in bounded_versions(sec):
                 given = [str(a.name) for a in auxs]
                 if given and not verdef["vd_flags"] & 0x1:  # VER_FLG_BASE names the file itself
                     defs[int(verdef["vd_ndx"])] = given[0]
         elif isinstance(sec, GNUVerNeedSection):
-            for verneed, auxs in sec.iter_versions():
+            for verneed, auxs in bounded_versions(sec):
                 for a in auxs:
                     needs[int(a["vna_other"]) & 0x7FFF] = (str(a.name), str(verneed.name))
     names: set[str] = set()

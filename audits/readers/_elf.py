@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from functools import cache
 from typing import Any, BinaryIO, cast
 
-from ._dynsym import Dynamic, DynSymbols, read_tables
+from ._dynsym import Dynamic, DynSymbols, bounded_versions, read_tables
 
 # pyelftools is imported where an ELF file is read (90 ms that a wheel without one never needs).
 
@@ -435,7 +435,7 @@ def read_elf_stream(
             if sec["sh_type"] == "SHT_RELA" and sec["sh_entsize"] == 24 and sec["sh_size"]:
                 rela.append((sec["sh_offset"], sec["sh_size"]))
             if isinstance(sec, GNUVerNeedSection):
-                for verneed, auxs in sec.iter_versions():
+                for verneed, auxs in bounded_versions(sec):
                     needs.append((str(verneed.name), tuple(str(a.name) for a in auxs)))
             if isinstance(sec, DynamicSection):
                 dyn = Dynamic.of(sec)

@@ -79,6 +79,28 @@ def _fresh(dest: Path, zig: str) -> bool:
     return all((dest / n).is_file() and _sha256(dest / n) == h for n, h in data.get("files", {}).items())
 
 
+def _nonshared(archive: Path, dest: Path, work: Path) -> None:
+    """2.28's libc_nonshared.a as the wheels may link it: its objects (atexit, the stat wrappers...) without
+    their debug information, which names the folders zig ran in, and archived deterministically (sorted,
+    no timestamps): the same bytes wherever and whenever the floor is made, so the wheel is too."""
+    tools = {t: shutil.which(t) for t in ("ar", "objcopy")}
+    if None in tools.values():
+        raise FloorError("binutils' ar and objcopy are needed to make the glibc floor: apt-get install binutils")
+    ar, objcopy = str(tools["ar"]), str(tools["objcopy"])
+    work.mkdir()
+    listed = subprocess.run([ar, "t", str(archive)], capture_output=True, text=True, check=True).stdout.split()
+    names = []
+    for i, member in enumerate(listed):  # zig names each member by its object's path in zig's cache, still there
+        made = Path(member) if Path(member).is_absolute() else Path.cwd() / member
+        if not made.is_file():
+            raise FloorError(f"{archive}: its member {member} is not in zig's cache any more; make the floor again")
+        name = f"{i:03d}-{made.name}"
+        shutil.copyfile(made, work / name)
+        subprocess.run([objcopy, "--strip-debug", str(work / name)], check=True)
+        names.append(name)
+    subprocess.run([ar, "rcsD", str(dest), *sorted(names)], cwd=work, check=True)
+
+
 def floor(out: Path = OUT) -> Path:
     """The floor's folder under `out` (made, or reused when floor.json still matches)."""
     zig = _zig_version()
@@ -102,7 +124,10 @@ def floor(out: Path = OUT) -> Path:
         made = tmp / "floor"
         made.mkdir()
         for stub in stubs:
-            shutil.copyfile(stub, made / SONAMES.get(stub.name, stub.name))
+            if stub.name == "libc_nonshared.a":
+                _nonshared(stub, made / stub.name, tmp / "nonshared")
+            else:
+                shutil.copyfile(stub, made / SONAMES.get(stub.name, stub.name))
         for name, script in SCRIPTS.items():
             target = script.split()[2].replace("{d}/", "")
             if (made / target).is_file():

@@ -169,6 +169,37 @@ def test_an_elf_member_with_a_mutated_header(tmp_path: Path, capsys: pytest.Capt
     assert (f["member"], "malformed ELF" in f["message"]) == ("demo_pkg/_native.so", True)
 
 
+def test_a_version_section_whose_count_loops_is_refused_quickly(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A .gnu.version_r whose count (sh_info) claims 2**31 entries and whose first entry's vn_next is 0: pyelftools
+    yields that one entry again and again; the reader stops at its bound (a CI fuzz mutant ran the audit out of
+    memory on exactly this)."""
+    import subprocess
+
+    from elftools.elf.elffile import ELFFile
+
+    (tmp_path / "v.c").write_text(
+        "#include <string.h>\nvoid *f(void *a, const void *b, size_t n) { return memcpy(a, b, n); }\n"
+    )
+    subprocess.run(["gcc", "-shared", "-fPIC", "-o", str(tmp_path / "v.so"), str(tmp_path / "v.c")], check=True)
+    data = bytearray((tmp_path / "v.so").read_bytes())
+    elf = ELFFile(io.BytesIO(bytes(data)))
+    i = next(n for n, sec in enumerate(elf.iter_sections()) if sec["sh_type"] == "SHT_GNU_verneed")
+    header = elf["e_shoff"] + i * elf["e_shentsize"]
+    struct.pack_into("<I", data, header + 44, 2**31)  # sh_info: the number of entries
+    first = elf.get_section(i)["sh_offset"]
+    struct.pack_into("<I", data, first + 12, 0)  # vn_next of the first entry: itself, forever
+    members = pure_wheel_members()
+    members["demo_pkg/_native.so"] = bytes(data)
+    t0 = time.perf_counter()
+    code, report, _ = _audit(_pair(tmp_path, members), capsys)
+    assert time.perf_counter() - t0 < 30
+    assert code == 1
+    (f,) = _rules(report)["wheel.unreadable"]
+    assert "more than 16384 version entries" in f["message"]
+
+
 @pytest.fixture(scope="module")
 def release(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
     work = tmp_path_factory.mktemp("hostile-release")
