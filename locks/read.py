@@ -9,6 +9,7 @@ CPython 3.11 lock (``--hash`` on every pin, a header naming its generator); inst
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -68,6 +69,14 @@ def parse_pins(text: str, path: Path | str) -> dict[str, Pin]:
         name = canonicalize_name(req.name)
         pins[name] = Pin(name, Version(spec.version), hashes)
     return pins
+
+
+def render_pins(pins: Iterable[Pin]) -> str:
+    """Pins as a hash-locked requirements text (`name==version \\` and one `--hash` line each): the form
+    parse_pins reads."""
+    return "".join(
+        f"{p.name}=={p.version} \\\n" + " \\\n".join(f"    --hash=sha256:{h}" for h in p.hashes) + "\n" for p in pins
+    )
 
 
 def directive(path: Path, key: str) -> list[str]:

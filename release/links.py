@@ -17,28 +17,29 @@ import json
 import shutil
 import subprocess
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from base import distdir, paths, progress
 from base.version import python_tag
 from locks import indexes
-from locks.read import parse_pins
+from locks.read import LOCKDIR, PLATFORM, Pin, directive, parse_pins, render_pins
 
 WORK = paths.LINK_WORK
-PLATFORM = "x86_64-manylinux_2_34"  # what the install profiles resolve for (their `#:uv-args`)
 
 
-def _third_party(text: str, ours: set[str]) -> str:
-    """The install file without the release's own pins (their wheels are the ones audited)."""
-    blocks = text.replace("\\\n", "\0").splitlines()
-    kept = []
-    for line in blocks:
-        name = line.split("==", 1)[0].strip().lower() if "==" in line else ""
-        if name and name in ours:
-            continue
-        kept.append(line.replace("\0", "\\\n"))
-    return "\n".join(kept) + "\n"
+def _platform(profile: str) -> str:
+    """The platform the profile's locks resolve for: its input's `#:uv-args --python-platform`."""
+    args = directive(LOCKDIR / f"{profile}.in", "uv-args")
+    return args[args.index("--python-platform") + 1] if "--python-platform" in args else PLATFORM
+
+
+def _third_party(text: str, pins: Mapping[str, Pin], ours: set[str]) -> str:
+    """The install file without the release's own pins (their wheels are the ones audited): its option lines
+    (an index the closure comes from), then every other pin with its hashes."""
+    options = [ln for ln in text.splitlines() if ln.startswith("-")]
+    return "".join(f"{ln}\n" for ln in options) + render_pins(p for n, p in pins.items() if n not in ours)
 
 
 def scopes(dist: Path, work: Path = WORK, uv: str | None = None) -> tuple[list[dict[str, Any]], list[str]]:
@@ -61,11 +62,11 @@ def scopes(dist: Path, work: Path = WORK, uv: str | None = None) -> tuple[list[d
         target = work / name
         subset = work / f"{name}.txt"
         work.mkdir(parents=True, exist_ok=True)
-        subset.write_text(_third_party(text, ours))
+        subset.write_text(_third_party(text, pins, ours))
         adapted = indexes.for_install(subset, work / f"{name}.install.txt")
         shutil.rmtree(target, ignore_errors=True)
         argv = [uv, "pip", "install", "--quiet", "--target", str(target), "--no-deps", "--require-hashes"]
-        argv += ["--python-platform", PLATFORM, "--python-version", python, "-r", str(adapted)]
+        argv += ["--python-platform", _platform(entry.profile), "--python-version", python, "-r", str(adapted)]
         t0 = time.perf_counter()
         progress.say("links", f"{name}: installing its third-party closure into {target} ...")
         got = subprocess.run(argv, capture_output=True, text=True, check=False)

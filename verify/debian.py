@@ -87,13 +87,9 @@ def package_list(root: Path) -> str:
 def _third_party(path: Path, carriers: set[str]) -> str:
     """The install file's pins (locks.read.parse_lock) without the release's own wheels, which come from
     dist/, not the index; each with its hashes, in the file's own form."""
-    from locks.read import parse_lock
+    from locks.read import parse_lock, render_pins
 
-    return "".join(
-        f"{p.name}=={p.version} \\\n" + " \\\n".join(f"    --hash=sha256:{h}" for h in p.hashes) + "\n"
-        for p in parse_lock(path).values()
-        if p.name not in carriers
-    )
+    return render_pins(p for p in parse_lock(path).values() if p.name not in carriers)
 
 
 class _Root:
