@@ -148,6 +148,13 @@ def glibc_of(platform: str) -> tuple[int, int] | None:
     return (int(m.group(1)), int(m.group(2))) if m else None
 
 
+def wheel_glibc(filename: str) -> tuple[int, int] | None:
+    """The newest glibc a wheel's filename tags name (its glibc floor), or None for a wheel with no manylinux tag."""
+    from packaging.utils import parse_wheel_filename
+
+    return max((g for t in parse_wheel_filename(filename)[3] if (g := glibc_of(t.platform))), default=None)
+
+
 def tag_archs(platform: str) -> set[str]:
     """The architectures one platform tag names, as auditwheel reads them (x86_64, aarch64, ...)."""
     return {arch for name, arch in TAG_ARCHS.items() if platform.endswith("_" + name)}

@@ -174,12 +174,11 @@ def glibc_floor(dist: Path, manifest: distdir.Manifest, audit: dict[str, Any]) -
     """The oldest glibc the release installs on, one line: per install profile on the first Python (its whole
     closure, the pylock's wheels and ours: the wheel that sets it, and for one of ours the ELF file, from the
     audit's verdict), and the release's own wheels alone."""
-    import tomllib
-
-    from audits.platforms import glibc_of
+    from audits.platforms import wheel_glibc
+    from locks.read import LockError, read_pylock
 
     def floor(filename: str) -> tuple[int, int]:
-        return max((g for t in parse_wheel_filename(filename)[3] if (g := glibc_of(t.platform))), default=(0, 0))
+        return wheel_glibc(filename) or (0, 0)
 
     why = {
         w["filename"]: f"{n['elf']} needs {n['version']}"
@@ -191,12 +190,11 @@ def glibc_floor(dist: Path, manifest: distdir.Manifest, audit: dict[str, Any]) -
     parts = []
     for entry in [f for f in manifest.install or () if f.python == python and f.format == "pylock"]:
         try:
-            lock = tomllib.loads((dist / entry.file).read_text())
-        except (OSError, tomllib.TOMLDecodeError):
+            lock = read_pylock(dist / entry.file)
+        except LockError:
             continue
-        names = {str(p.get("name", "")) for p in lock.get("packages", [])}
-        files = [str(w.get("name") or str(w.get("url", "")).rsplit("/", 1)[-1]) for p in lock.get("packages", [])
-                 for w in p.get("wheels", [])]  # fmt: skip
+        names = {p.name for p in lock.packages}
+        files = [w.filename for p in lock.packages for w in p.wheels or ()]
         files += [f for f in ours if parse_wheel_filename(f)[0] in names]
         top = max(files, key=lambda f: (floor(f), f in why), default="")  # a tie: ours, whose ELF is named
         if top and floor(top) > (0, 0):

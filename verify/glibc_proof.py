@@ -30,8 +30,7 @@ import zipfile
 from pathlib import Path
 from typing import Any
 
-from packaging.utils import parse_wheel_filename
-
+from audits.platforms import wheel_glibc
 from base import paths
 
 from .debian import Unavailable, debootstrap
@@ -72,13 +71,6 @@ def runnable(flags: set[str]) -> dict[str, list[str]]:
     return {v["name"]: [CPUINFO_FLAG[f] for f in v["features"] if CPUINFO_FLAG[f] not in flags] for v in ladder}
 
 
-def _glibc(wheel: str) -> tuple[int, int] | None:
-    from audits.platforms import glibc_of
-
-    found = [g for t in parse_wheel_filename(wheel)[3] if (g := glibc_of(t.platform))]
-    return max(found) if found else None
-
-
 def _is_elf(data: bytes) -> bool:
     return data[:4] == b"\x7fELF"
 
@@ -92,7 +84,7 @@ def copy_release(dist: Path, into: Path, every: bool = False) -> tuple[list[str]
     newer: list[str] = []
     parts: list[tuple[int, Path, str]] = []
     for wheel in sorted(dist.glob("*.whl")):
-        floor = _glibc(wheel.name)
+        floor = wheel_glibc(wheel.name)
         with zipfile.ZipFile(wheel) as zf:
             for name in zf.namelist():
                 m = re.search(r"/_kt_payload/cuda\.tar\.zst\.(\d+)-of-\d+$", name)

@@ -381,12 +381,14 @@ def test_the_glibc_floor_names_the_wheel_and_the_elf_that_set_it(tmp_path: Path)
 
     ours = "kt_kernel-1.0-cp311-abi3-manylinux_2_24_x86_64.whl"
     sg = "sglang_kt-1.0-cp311-cp311-manylinux_2_34_x86_64.whl"
-    pylock = (
-        'lock-version = "1.0"\n[[packages]]\nname = "torch"\nversion = "2.14.1"\n'
-        'wheels = [{ url = "https://x/torch-2.14.1-cp311-cp311-manylinux_2_28_x86_64.whl" }]\n'
+    sha = '{ sha256 = "' + "0" * 64 + '" }'
+    pylock = (  # a valid PEP 751 lock, as the release's install files are (packaging.pylock reads it)
+        'lock-version = "1.0"\ncreated-by = "test"\n[[packages]]\nname = "torch"\nversion = "2.14.1"\n'
+        f'wheels = [{{ url = "https://x/torch-2.14.1-cp311-cp311-manylinux_2_28_x86_64.whl", hashes = {sha} }}]\n'
         '[[packages]]\nname = "sglang-kt"\nversion = "1.0"\n'
+        f'wheels = [{{ name = "{sg}", path = "../{sg}", hashes = {sha} }}]\n'
         '[[packages]]\nname = "crypto"\nversion = "1"\n'
-        'wheels = [{ url = "https://x/crypto-1-cp311-abi3-manylinux_2_34_x86_64.whl" }]\n'
+        f'wheels = [{{ url = "https://x/crypto-1-cp311-abi3-manylinux_2_34_x86_64.whl", hashes = {sha} }}]\n'
     )
     dist = tmp_path / "dist"
     manifest = distkit.make_release(
