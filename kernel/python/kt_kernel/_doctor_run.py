@@ -209,23 +209,31 @@ def _major(name: str) -> tuple[str, str] | None:
     return (m.group(1), m.group(2)) if m else None
 
 
-def unresolved(files: list[Path], env: dict[str, Path]) -> dict[str, list[str]]:
-    """file -> the DT_NEEDED entries the dynamic loader (`ldd`) cannot find, with this environment's
-    library folders on its path; the driver's libraries aside."""
+def _ldd(files: list[Path], env: dict[str, Path], *flags: str) -> dict[Path, str]:
+    """file -> what `ldd FLAGS file` says (stdout and stderr), this environment's library folders first on the
+    loader's path."""
     ldd = shutil.which("ldd")
     if ldd is None:
         raise FileNotFoundError("ldd is not installed (glibc's libc-bin)")
     path = ":".join(sorted({str(p.parent) for p in env.values()}))
-    run_env = {
-        **os.environ,
-        "LD_LIBRARY_PATH": path + (":" + os.environ["LD_LIBRARY_PATH"] if os.environ.get("LD_LIBRARY_PATH") else ""),
-    }
-    out: dict[str, list[str]] = {}
+    run_env = {**os.environ, "LD_LIBRARY_PATH": ":".join(x for x in (path, os.environ.get("LD_LIBRARY_PATH")) if x)}
+    out = {}
     for f in files:
-        proc = subprocess.run([ldd, str(f)], capture_output=True, text=True, check=False, env=run_env)
-        missing = [ln.split()[0] for ln in proc.stdout.splitlines() if "=> not found" in ln]
-        missing = [n for n in missing if n not in DRIVER]
-        if missing:
+        proc = subprocess.run([ldd, *flags, str(f)], capture_output=True, text=True, check=False, env=run_env)
+        out[f] = proc.stdout + proc.stderr
+    return out
+
+
+def _not_found(text: str) -> list[str]:
+    return [ln.split()[0] for ln in text.splitlines() if "=> not found" in ln]
+
+
+def unresolved(files: list[Path], env: dict[str, Path]) -> dict[str, list[str]]:
+    """file -> the DT_NEEDED entries the dynamic loader (`ldd`) cannot find, with this environment's
+    library folders on its path; the driver's libraries aside."""
+    out: dict[str, list[str]] = {}
+    for f, text in _ldd(files, env).items():
+        if missing := [n for n in _not_found(text) if n not in DRIVER]:
             out[str(f)] = missing
     return out
 
@@ -238,16 +246,9 @@ def undefined_symbols(files: list[Path], env: dict[str, Path]) -> dict[str, list
     libraries with the environment's library folders on its path and performs every relocation, running no
     code of theirs). Python's own symbols (Py*, bound by the interpreter that imports it) aside, and the
     driver's API (cu*, nvml*) where its library is absent (a machine without a GPU)."""
-    ldd = shutil.which("ldd")
-    if ldd is None:
-        raise FileNotFoundError("ldd is not installed (glibc's libc-bin)")
-    path = ":".join(sorted({str(p.parent) for p in env.values()}))
-    run_env = {**os.environ, "LD_LIBRARY_PATH": ":".join(x for x in (path, os.environ.get("LD_LIBRARY_PATH")) if x)}
     out: dict[str, list[str]] = {}
-    for f in files:
-        proc = subprocess.run([ldd, "-r", str(f)], capture_output=True, text=True, check=False, env=run_env)
-        text = proc.stdout + proc.stderr
-        absent = {ln.split()[0] for ln in text.splitlines() if "=> not found" in ln} & DRIVER
+    for f, text in _ldd(files, env, "-r").items():
+        absent = set(_not_found(text)) & DRIVER
         names = []
         for ln in text.splitlines():
             m = _UNDEFINED.match(ln.strip())
