@@ -69,7 +69,10 @@ def scopes(dist: Path, work: Path = WORK, uv: str | None = None) -> tuple[list[d
         argv += ["--python-platform", _platform(entry.profile), "--python-version", python, "-r", str(adapted)]
         t0 = time.perf_counter()
         progress.say("links", f"{name}: installing its third-party closure into {target} ...")
-        got = subprocess.run(argv, capture_output=True, text=True, check=False)
+        try:
+            got = subprocess.run(argv, capture_output=True, text=True, check=False)
+        except OSError as exc:  # no uv here (run outside nox -s audit, which installs lockfiles/links.txt)
+            got = subprocess.CompletedProcess(argv, 127, "", f"{uv} cannot be run: {exc.strerror or exc}")
         if got.returncode != 0:
             why = (got.stderr.strip() or got.stdout.strip()).splitlines()[-1:] or ["no output"]
             skipped.append(

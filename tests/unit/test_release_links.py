@@ -75,3 +75,10 @@ def test_a_closure_that_cannot_be_installed_is_not_checked_and_the_others_go_on(
     (line,) = skipped
     assert line.startswith("serve-cp311: NOT CHECKED: its closure could not be installed (error: Failed to fetch")
     assert "--link SITE_PACKAGES" in line
+
+
+def test_no_uv_is_not_checked_named_not_a_traceback(tmp_path: Path) -> None:
+    found, skipped = links.scopes(_dist(tmp_path), tmp_path / "link", str(tmp_path / "no-such-uv"))
+    assert found == []
+    assert [s.split(":", 1)[0] for s in skipped] == ["serve-cp311", "sft-cp311"]
+    assert "no-such-uv cannot be run: No such file or directory" in skipped[0]
