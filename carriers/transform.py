@@ -3,6 +3,7 @@ dependency-only repacks, and the generated umbrella."""
 
 from __future__ import annotations
 
+import io
 import json
 import re
 import shutil
@@ -177,6 +178,13 @@ def _unconditional(line: str) -> Requirement | None:
     return None if req.marker is not None and "extra" in str(req.marker) else req
 
 
+def _required(meta: str) -> set[str]:
+    """The names a METADATA text requires outside any extra."""
+    return {
+        canonicalize_name(r.name) for x in wheelio.metadata_field(meta, "Requires-Dist") if (r := _unconditional(x))
+    }
+
+
 def release_pins(cs: CarrierSet, upstream_inputs: Mapping[str, Sequence[Path]]) -> dict[str, str]:
     """name -> version for every name a carrier's `requires_pinned` lists: the one exact version (`==V`,
     outside any extra) at which the release's upstream inputs pin it (sglang pins torch==2.14.1). Read from
@@ -219,15 +227,13 @@ def honest_tags(c: Carrier, members: Mapping[str, bytes], src_name: str) -> list
     from audits import manylinux, platforms
     from audits.analyzers.elf_rules import load_chains
     from audits.policy import load_policy
-    from audits.readers import read_elf
+    from audits.readers import is_elf, read_elf_stream
 
-    meta = members[f"{wheelio.dist_info(members)}/METADATA"].decode("utf-8")
-    required = {
-        canonicalize_name(r.name)
-        for line in wheelio.metadata_field(meta, "Requires-Dist")
-        if (r := _unconditional(line))
-    }
-    elfs = [e for name, data in sorted(members.items()) if (e := read_elf(name, data)) is not None]
+    required = _required(members[f"{wheelio.dist_info(members)}/METADATA"].decode("utf-8"))
+    # the dynamic section and versions are all the verdict reads: no code, no export table
+    elfs = [
+        read_elf_stream(n, io.BytesIO(d), code=False, exports=False) for n, d in sorted(members.items()) if is_elf(d)
+    ]
     if not elfs:
         raise ConsistencyError(
             f"{c.name}: retag = true, but {src_name} holds no ELF file to take a tag from; remove retag from "
@@ -316,7 +322,7 @@ def derive_draft(
     )
     declared = set(wheelio.metadata_field(meta, "Provides-Extra"))
     add = [f"Requires-Dist: {d}=={versions[d]}" for d in c.requires]
-    has = {canonicalize_name(r.name) for x in wheelio.metadata_field(meta, "Requires-Dist") if (r := _unconditional(x))}
+    has = _required(meta)
     for dep in c.requires_pinned:
         if dep in has:
             raise ConsistencyError(

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from ._cuda import cuobjdump_tool, find_cuobjdump, list_archs
-    from ._elf import ElfFacts, read_elf, read_elf_stream
+    from ._elf import ElfFacts, is_elf, read_elf, read_elf_stream
     from ._isa import FeatureUse, feature_uses
     from ._json import hint, unknown_keys
     from ._python import Lookup, find_lookups
@@ -19,6 +19,7 @@ if TYPE_CHECKING:
 
 _WHERE = {
     "ElfFacts": "_elf",
+    "is_elf": "_elf",
     "read_elf": "_elf",
     "read_elf_stream": "_elf",
     "FeatureUse": "_isa",
@@ -45,6 +46,7 @@ __all__ = [
     "find_cuobjdump",
     "find_lookups",
     "hint",
+    "is_elf",
     "list_archs",
     "read_elf",
     "read_elf_stream",
