@@ -25,6 +25,7 @@ import shutil
 import subprocess
 import sys
 import tarfile
+import tempfile
 import time
 import zipfile
 from pathlib import Path
@@ -128,24 +129,31 @@ def prove(dist: Path, where: Path | None = None, every: bool = False) -> dict[st
     root = (where or paths.DEBIAN_ROOTS) / f"{SUITE}-minbase"
     if not (root / "usr" / "bin" / "ldd").is_file():  # made once, then reused
         debootstrap(SUITE, root, ["libstdc++6"], "glibc 2.31")
-    tree = root / "kt-proof"
-    shutil.rmtree(tree, ignore_errors=True)
-    tree.mkdir()
+    # this run's own folder in the root (a proof running beside it has its own), removed when it ends
+    tree = Path(tempfile.mkdtemp(dir=root, prefix="kt-proof-"))
+    try:
+        return _prove_in(root, tree, dist, every, t0)
+    finally:
+        shutil.rmtree(tree, ignore_errors=True)
+
+
+def _prove_in(root: Path, tree: Path, dist: Path, every: bool, t0: float) -> dict[str, Any]:
+    inside = f"/{tree.name}"  # the tree as the root sees it
     copied, newer = copy_release(dist, tree, every)
-    dirs = sorted({str(Path("/kt-proof") / Path(c).parent) for c in copied})
+    dirs = sorted({str(Path(inside) / Path(c).parent) for c in copied})
     chroot = shutil.which("chroot") or "/usr/sbin/chroot"
     env = {"PATH": "/usr/bin:/bin", "LD_LIBRARY_PATH": ":".join(dirs)}
     failures = []
     for rel in copied:
         got = subprocess.run(
-            [chroot, str(root), "/usr/bin/ldd", "-r", f"/kt-proof/{rel}"],
+            [chroot, str(root), "/usr/bin/ldd", "-r", f"{inside}/{rel}"],
             capture_output=True,
             text=True,
             env=env,
             check=False,
         )
         for version, by in sorted(set(MISSING_VERSION.findall(got.stdout + got.stderr))):
-            failures.append(f"{by.removeprefix('/kt-proof/')} needs {version}, which Debian {SUITE} (glibc 2.31) lacks")
+            failures.append(f"{by.removeprefix(inside + '/')} needs {version}, which Debian {SUITE} (glibc 2.31) lacks")
     harness = tree / "variant_selftest"
     gl = load_by_path("kt_glibc_floor", paths.KERNEL / "tools" / "glibc_floor.py").floor()  # the build's own
     cc = shutil.which("gcc") or "gcc"
@@ -162,7 +170,7 @@ def prove(dist: Path, where: Path | None = None, every: bool = False) -> dict[st
             variants[name] = {"skipped": why}
             continue
         got = subprocess.run(
-            [chroot, str(root), "/kt-proof/variant_selftest", f"/kt-proof/{lib}"],
+            [chroot, str(root), f"{inside}/variant_selftest", f"{inside}/{lib}"],
             capture_output=True,
             text=True,
             env=env,
