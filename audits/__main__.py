@@ -42,19 +42,23 @@ def _write(path: Path, text: str, what: str) -> None:
         raise AuditError(f"{path}: cannot write the {what} ({exc.strerror}); choose a writable path") from None
 
 
-def _scopes(path: Path | None) -> tuple[Any, ...]:
-    """The link scopes a --link-scopes file names (AuditError naming the file and what is wrong in it)."""
+def _scopes(path: Path | None) -> tuple[tuple[Any, ...], dict[str, str]]:
+    """The link scopes a --link-scopes file names, and those it says could not be had ({"name", "not_checked":
+    why}); AuditError naming the file and what is wrong in it."""
     if path is None:
-        return ()
+        return (), {}
     try:
         raw = json.loads(path.read_text())
-        return tuple(
+        unchecked = {str(s["name"]): str(s["not_checked"]) for s in raw if "not_checked" in s}
+        scopes = tuple(
             core.link_scope(str(s["name"]), [Path(f) for f in s["folders"]], frozenset(map(str, s["wheels"])))
             for s in raw
+            if "not_checked" not in s
         )
+        return scopes, unchecked
     except OSError as exc:
         raise AuditError(f"{path}: cannot read the link scopes ({exc.strerror})") from None
-    except (ValueError, TypeError, KeyError) as exc:
+    except (ValueError, TypeError, KeyError, AttributeError) as exc:
         raise AuditError(
             f'{path}: not a list of {{"name", "folders", "wheels"}} link scopes ({type(exc).__name__}: {exc})'
         ) from None
@@ -96,7 +100,8 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     terminal = sys.stderr if args.json is not None and str(args.json) == "-" else sys.stdout
     try:
-        result = core.run(args.paths, load_policy(args.policy), args.baseline, args.link, _scopes(args.link_scopes))
+        scopes, unchecked = _scopes(args.link_scopes)
+        result = core.run(args.paths, load_policy(args.policy), args.baseline, args.link, scopes, unchecked)
         if args.json:
             _write(args.json, report.to_json(result), "JSON report")
         if args.markdown:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import fnmatch
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -410,10 +410,12 @@ def run(
     baseline_file: Path | None = None,
     link: list[Path] | None = None,
     scopes: tuple[link_rules.Scope, ...] = (),
+    unchecked: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
     """Audit every wheel; returns the report (schema: audits/schemas/audit-report.schema.json). `link`: folders
     whose libraries every wheel's ELF files are resolved against (an installed environment's site-packages);
-    `scopes`: link scopes of their own (an install profile's closure for the wheels it installs)."""
+    `scopes`: link scopes of their own (an install profile's closure for the wheels it installs); `unchecked`:
+    scope -> why its closure could not be had (the report says NOT CHECKED, never a pass)."""
     if link:
         scopes = (*scopes, link_scope("given", link))
     baseline = None
@@ -481,6 +483,7 @@ def run(
         "cuda_architectures": {r.wheel: r.cuda for r in results if r.cuda},
         "sizes": {r.wheel: r.sizes for r in results},
         "payload": payload_section,
+        **({"links_not_checked": dict(unchecked)} if unchecked else {}),
         "tools": {"cuobjdump": tool.as_dict() if (tool := cuobjdump_tool()) else None},
     }
 

@@ -85,10 +85,13 @@ def scopes(dist: Path, work: Path = WORK, uv: str | None = None) -> tuple[list[d
     return out, skipped
 
 
-def write(dist: Path, work: Path = WORK) -> tuple[Path, list[str]]:
-    """scopes() into work/scopes.json; (its path, the NOT CHECKED lines)."""
-    found, skipped = scopes(dist, work)
+def write(dist: Path, work: Path = WORK, skip: str = "") -> tuple[Path, list[str]]:
+    """scopes() into work/scopes.json, each profile that could not be had as {"name", "not_checked"} (the audit
+    report's `links_not_checked`: the verdict's INCOMPLETE, never a pass); `skip`: why none is tried
+    (--no-links). (Its path, the NOT CHECKED lines.)"""
+    found, skipped = ([], [f"links: NOT CHECKED ({skip})"]) if skip else scopes(dist, work)
+    unchecked = [{"name": line.split(":", 1)[0], "not_checked": line} for line in skipped]
     work.mkdir(parents=True, exist_ok=True)
     path = work / "scopes.json"
-    path.write_text(json.dumps(found, indent=2) + "\n")
+    path.write_text(json.dumps(found + unchecked, indent=2) + "\n")
     return path, skipped

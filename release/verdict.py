@@ -206,9 +206,13 @@ def audit_items(audit: Mapping[str, Any]) -> list[Item]:
     if not audit:
         return [Item("audit", "missing", "no audit of these wheels (nox -s audit)")]
     errors = sum(f.get("severity") == "error" for f in audit.get("findings", []))
+    unlinked = [
+        Item(f"links:{scope}", "missing", f"NOT CHECKED: {why}")
+        for scope, why in sorted((audit.get("links_not_checked") or {}).items())
+    ]
     if not audit.get("passed"):
-        return [Item("audit", "failed", f"{errors} error findings (dist/audit-report.md)")]
-    return [Item("audit", "passed")]
+        return [Item("audit", "failed", f"{errors} error findings (dist/audit-report.md)"), *unlinked]
+    return [Item("audit", "passed"), *unlinked]
 
 
 def vulnerability_items(data: Any, today: datetime.date | None = None) -> list[Item]:

@@ -163,3 +163,16 @@ def test_baseline_from_a_previous_report_flags_growth(tmp_path: Path, capsys: py
     assert code == 2
     assert "shape.json: cannot read the size baseline" in err
     assert "Traceback" not in err
+
+
+def test_link_scopes_not_had_are_reported_not_checked(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    scopes = tmp_path / "scopes.json"
+    scopes.write_text(json.dumps([{"name": "serve-cp311", "not_checked": "serve-cp311: NOT CHECKED: offline"}]))
+    code, out, _ = run(capsys, str(_pure(tmp_path)), "--link-scopes", str(scopes), "--json", "-")
+    report = json.loads(out)
+    assert report["links_not_checked"] == {"serve-cp311": "serve-cp311: NOT CHECKED: offline"}
+    import jsonschema
+
+    schema = Path(cli.__file__).parent / "schemas" / "audit-report.schema.json"
+    jsonschema.validate(report, json.loads(schema.read_text()))
+    assert code == 0  # the wheels passed; what the link rules could not check is the verdict's INCOMPLETE

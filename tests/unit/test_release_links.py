@@ -8,6 +8,8 @@ import json
 import stat
 from pathlib import Path
 
+import pytest
+
 from release import links
 from tests import distkit
 
@@ -82,3 +84,17 @@ def test_no_uv_is_not_checked_named_not_a_traceback(tmp_path: Path) -> None:
     assert found == []
     assert [s.split(":", 1)[0] for s in skipped] == ["serve-cp311", "sft-cp311"]
     assert "no-such-uv cannot be run: No such file or directory" in skipped[0]
+
+
+def test_the_scopes_file_carries_what_was_not_checked(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A profile not had goes into scopes.json as {"name", "not_checked"} (the audit report's links_not_checked,
+    the verdict's INCOMPLETE); with --no-links, one entry says so."""
+    import json
+
+    had = {"name": "sft-cp311", "folders": ["x"], "wheels": []}
+    monkeypatch.setattr(links, "scopes", lambda dist, work: ([had], ["serve-cp311: NOT CHECKED: offline"]))
+    path, skipped = links.write(tmp_path / "dist", tmp_path / "link")
+    assert json.loads(path.read_text()) == [had, {"name": "serve-cp311", "not_checked": skipped[0]}]
+    path, skipped = links.write(tmp_path / "dist", tmp_path / "link", skip="--no-links")
+    assert json.loads(path.read_text()) == [{"name": "links", "not_checked": "links: NOT CHECKED (--no-links)"}]
+    assert skipped == ["links: NOT CHECKED (--no-links)"]

@@ -294,3 +294,13 @@ def test_each_published_install_file_is_an_item_passed_only_when_installed_as_pu
     assert "--profile serve --python 3.11" in items["published:serve-cp311.txt"].detail
     assert items["published:sft-cp312.txt"].state == "missing"  # a failed run exercised nothing
     assert "not exercised on CPython 3.12" in items["published:sft-cp312.txt"].detail
+
+
+def test_a_profile_whose_closure_the_link_check_could_not_have_is_incomplete_not_passed() -> None:
+    """The audit passed, but the serve profile's closure could not be installed for the link rules: a
+    `links:serve-cp311` item is missing (INCOMPLETE, naming why), never folded into the audit's pass."""
+    audit = {"passed": True, "links_not_checked": {"serve-cp311": "serve-cp311: NOT CHECKED: offline"}}
+    items = v.audit_items(audit)
+    assert [(i.name, i.state) for i in items] == [("audit", "passed"), ("links:serve-cp311", "missing")]
+    judged = v.Verdict([*_items()[:2], *items])
+    assert judged.verdict == v.INCOMPLETE
